@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs wagma's build and test dependencies from Debian's registry.
+# Idempotent: packages already present are not fetched again; apt-get update runs
+# only when something is missing. Needs root (or sudo) on Debian 12.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git ca-certificates curl procps psmisc iproute2
+  etcd-server etcd-client
+  libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev
+  libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
+  libcurl4-openssl-dev dataset-fashion-mnist
+  openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { echo "deps: need root to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
