@@ -1,0 +1,102 @@
+/* transport.h — private contract between the engine (engine.c, coll.c) and the transports
+ * (tcp.c today, nccl later). Not installed; nothing outside collective/ includes it.
+ *
+ * A transport moves framed messages between the members of one epoch. It owns a progress
+ * thread that writes queued frames and reads incoming ones into a mailbox; engine threads
+ * take messages out of the mailbox by matching (src, kind, round, group, seq) with a deadline.
+ * Every frame header is validated (frame.h) before any payload buffer is allocated or touched.
+ *
+ * Threads: send, recv, peer_alive and interrupt may be called from any thread concurrently.
+ * close must be called once, from one thread, after no other call is in progress or while
+ * calls are blocked in recv (they return WAGMA_ECLOSED). */
+#ifndef WAGMA_COLLECTIVE_TRANSPORT_H
+#define WAGMA_COLLECTIVE_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frame.h"
+#include "wagma/collective.h"
+
+typedef struct wg_transport wg_transport_t;
+
+/* A received message. Ownership: the receiver frees it with wg_message_free. */
+typedef struct wg_message {
+  wg_frame_header_t header;
+  uint8_t *payload; /* header.length bytes, NULL when 0; 64-byte aligned */
+  struct wg_message *next; /* mailbox link, transport-private */
+} wg_message_t;
+
+void wg_message_free(wg_message_t *message);
+
+/* Matching rule for recv: a field equal to WG_ANY matches everything. */
+#define WG_ANY UINT64_MAX
+typedef struct wg_match {
+  uint64_t src;   /* source rank or WG_ANY */
+  uint64_t kinds; /* bit mask of (1u << wg_frame_kind); 0 = any kind */
+  uint64_t round; /* or WG_ANY */
+  uint64_t group; /* or WG_ANY */
+  uint64_t seq;   /* or WG_ANY */
+} wg_match_t;
+
+/* Fills every field with WG_ANY (kinds with 0). */
+void wg_match_any(wg_match_t *match);
+
+typedef struct wg_transport_config {
+  const wagma_plan_t *plan; /* addresses of the members; only read during open */
+  int rank;
+  uint64_t epoch;
+  size_t max_payload;       /* frames announcing more are rejected as WAGMA_EPROTO */
+  size_t max_queued_bytes;  /* per peer outbound queue; beyond it the peer is declared dead */
+  double connect_timeout_s; /* members not connected by then are marked dead */
+  wagma_log_fn log;
+  void *log_user;
+} wg_transport_config_t;
+
+typedef struct wg_transport_stats {
+  uint64_t bytes_sent;     /* payload + header bytes handed to the kernel */
+  uint64_t bytes_received; /* payload + header bytes of accepted frames */
+  uint64_t frames_rejected;
+} wg_transport_stats_t;
+
+typedef struct wg_transport_ops {
+  const char *name;
+
+  /* Binds the address of cfg->rank, connects to every other member (retrying until the
+   * connect deadline), exchanges a HELLO frame (epoch, rank) on each connection and starts the
+   * progress thread. Members that did not connect in time are marked dead; that is not an
+   * error. Ownership: *out is the caller's, released with close. */
+  int (*open)(const wg_transport_config_t *cfg, wg_transport_t **out);
+
+  /* Queues one frame for dst and returns without waiting for the wire: the header is
+   * completed (magic, version, epoch, src, length) and the payload copied. Thread-safe; frames
+   * to one peer leave in the order they were queued. Returns WAGMA_EPEER if dst is dead or
+   * its queue overflowed (it is then marked dead), WAGMA_ECLOSED after close began. */
+  int (*send)(wg_transport_t *t, int dst, wg_frame_header_t *header, const void *payload,
+              size_t length);
+
+  /* Takes the oldest mailbox message that matches, waiting until deadline (absolute
+   * CLOCK_MONOTONIC seconds, see wg_now). Returns 0 and *out, WAGMA_ETIMEDOUT,
+   * WAGMA_EPEER if match->src is a single rank that is dead and nothing matching is queued,
+   * or WAGMA_ECLOSED (close began or interrupt was called). */
+  int (*recv)(wg_transport_t *t, const wg_match_t *match, double deadline, wg_message_t **out);
+
+  /* 1 if rank is connected and not declared dead, else 0. */
+  int (*peer_alive)(wg_transport_t *t, int rank);
+
+  /* Wakes every recv waiter with WAGMA_ECLOSED, now and for every later recv. Used by the
+   * engine to stop its round thread before close. */
+  void (*interrupt)(wg_transport_t *t);
+
+  void (*stats)(wg_transport_t *t, wg_transport_stats_t *out);
+
+  /* Stops the progress thread, closes every socket, frees queued messages and frames. */
+  void (*close)(wg_transport_t *t);
+} wg_transport_ops_t;
+
+extern const wg_transport_ops_t wg_tcp_transport;
+
+/* CLOCK_MONOTONIC in seconds. */
+double wg_now(void);
+
+#endif
