@@ -1,0 +1,314 @@
+/* wagma/api.h — the contracts shared by the coordinator, the agents and wagmactl:
+ * JSON codecs (jansson) of the job spec, job status, progress, agent registration and
+ * assignment records, the error body of the REST API, and the etcd key layout.
+ *
+ * All decoders validate fully and name the offending field in a wagma_api_error_t
+ * ("optimizer.lr", "workers", ...). The job spec decoder rejects unknown fields; the decoders
+ * of records that agents write (progress, agent registration) ignore unknown fields so that
+ * newer agents can add fields. Encoders return a NUL-terminated string the caller frees with
+ * free(), or write into a json_t the caller owns.
+ *
+ * Where things live (see docs/api.md for the full contract):
+ *   <prefix>/agents/<agent>              agent registration, leased by the agent
+ *   <prefix>/assignments/<agent>         {"job","epoch"}: the job an agent works on (coordinator)
+ *   <prefix>/jobs/<job>/spec             the job spec with defaults filled in (coordinator)
+ *   <prefix>/jobs/<job>/status           the job status (coordinator)
+ *   <prefix>/jobs/<job>/plan             the averaging plan (coordinator; collective.h codec)
+ *   <prefix>/jobs/<job>/progress/<agent> progress, state "running" | "done" | "failed" (agent)
+ *   <prefix>/jobs/<job>/checkpoint       the last checkpoint (agent rank 0)
+ *   <prefix>/coordinator/leader          the leading coordinator, leased */
+#ifndef WAGMA_API_H
+#define WAGMA_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "wagma/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WAGMA_API_NAME_MAX 64    /* job and agent names, including the NUL */
+#define WAGMA_API_ADDR_MAX 64    /* "host:port", including the NUL */
+#define WAGMA_API_PATH_MAX 256   /* checkpoint path, including the NUL */
+#define WAGMA_API_REASON_MAX 256 /* status reason, including the NUL */
+#define WAGMA_API_MAX_WORKERS 10000
+#define WAGMA_API_PREFIX_MAX 128
+
+/* A decoding or validation error: the field (dotted path, "" for the whole body) and why. */
+typedef struct wagma_api_error {
+  char field[96];
+  char message[224];
+} wagma_api_error_t;
+
+/* ------------------------------------------------------------------------------------------
+ * Names
+ * ---------------------------------------------------------------------------------------- */
+
+/* A valid job or agent name: 1..63 characters of [A-Za-z0-9._-], not starting with '.' or
+ * '-'. Names are used verbatim inside etcd keys and URL paths. Returns 1 if valid. */
+int wagma_api_name_valid(const char *name);
+
+/* ------------------------------------------------------------------------------------------
+ * Job spec
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum wagma_model {
+  WAGMA_MODEL_SOFTMAX = 0,
+  WAGMA_MODEL_MLP,
+  WAGMA_MODEL_LENET5
+} wagma_model_t;
+typedef enum wagma_dataset {
+  WAGMA_DATASET_FASHION_MNIST = 0,
+  WAGMA_DATASET_SYNTHETIC
+} wagma_dataset_t;
+typedef enum wagma_algorithm {
+  WAGMA_ALGO_WAGMA = 0,
+  WAGMA_ALGO_ALLREDUCE,
+  WAGMA_ALGO_LOCAL_SGD
+} wagma_algorithm_t;
+typedef enum wagma_sync { WAGMA_SYNC_BARRIER = 0, WAGMA_SYNC_WAIT_AVOIDING } wagma_sync_t;
+typedef enum wagma_optimizer_type { WAGMA_OPT_SGD = 0, WAGMA_OPT_ADAM } wagma_optimizer_type_t;
+typedef enum wagma_device { WAGMA_DEVICE_CPU = 0, WAGMA_DEVICE_CUDA } wagma_device_t;
+
+typedef struct wagma_optimizer_spec {
+  wagma_optimizer_type_t type; /* default sgd */
+  double lr;                   /* (0, 10], default 0.05 */
+  double momentum;             /* [0, 1), default 0.9 for sgd, ignored by adam */
+  int nesterov;                /* default false; needs momentum > 0 */
+  double weight_decay;         /* [0, 1), default 0 */
+  uint64_t warmup;             /* iterations of linear lr warmup, default 0 */
+} wagma_optimizer_spec_t;
+
+typedef struct wagma_checkpoint_spec {
+  uint64_t every;                /* iterations between checkpoints, 0 = never (default) */
+  char path[WAGMA_API_PATH_MAX]; /* directory; required when every > 0 */
+} wagma_checkpoint_spec_t;
+
+typedef struct wagma_job_spec {
+  char name[WAGMA_API_NAME_MAX]; /* the job id; default "job-<8 hex>" chosen by the server */
+  wagma_model_t model;           /* default softmax */
+  wagma_dataset_t dataset;       /* default fashion-mnist */
+  wagma_algorithm_t algorithm;   /* default wagma */
+  int workers;                   /* target size, required, 1..10000 */
+  int min_workers;               /* default = workers; 1 <= min_workers <= workers */
+  int max_workers;               /* default = workers; workers <= max_workers <= 10000 */
+  int group_size;                /* S, 2..1024, default 4 */
+  int staleness_bound;           /* tau, 1..1000000, default 8 */
+  wagma_sync_t global_sync;      /* default barrier */
+  wagma_optimizer_spec_t optimizer;
+  int batch_size;        /* 1..65536, default 64 */
+  uint64_t iterations;   /* default 1000 when epochs is not given; 0 when epochs is */
+  uint64_t epochs;       /* 0 unless given; exclusive with iterations */
+  uint64_t eval_every;   /* iterations between evaluations, 0 = never, default 100 */
+  uint64_t seed;         /* default 1 */
+  wagma_device_t device; /* default cpu */
+  wagma_checkpoint_spec_t checkpoint;
+} wagma_job_spec_t;
+
+/* Sets every field to its default (name "", workers 0: the caller must set workers). */
+void wagma_job_spec_init(wagma_job_spec_t *spec);
+
+/* Decodes and validates a job spec. Unknown fields are rejected. name may be absent (spec->name
+ * is then ""). On error fills *err (may be NULL) and returns WAGMA_EINVAL. */
+int wagma_job_spec_from_json(const char *json, size_t len, wagma_job_spec_t *spec,
+                             wagma_api_error_t *err);
+int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_api_error_t *err);
+
+/* Validates cross-field rules (ranges, min <= workers <= max, checkpoint path). */
+int wagma_job_spec_validate(const wagma_job_spec_t *spec, wagma_api_error_t *err);
+
+/* Encodes every field (defaults included). Ownership: the caller owns the result. */
+json_t *wagma_job_spec_to_value(const wagma_job_spec_t *spec);
+int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json);
+
+/* A PATCH body: only the mutable fields. Today: workers, min_workers, max_workers, eval_every.
+ * Each has_* is 1 if the field was present. Unknown fields are rejected; known immutable spec
+ * fields are rejected with message "immutable". */
+typedef struct wagma_job_patch {
+  int has_workers, has_min_workers, has_max_workers, has_eval_every;
+  int workers, min_workers, max_workers;
+  uint64_t eval_every;
+} wagma_job_patch_t;
+
+int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
+                              wagma_api_error_t *err);
+
+/* Applies the patch to a copy of spec and validates the result. */
+int wagma_job_patch_apply(const wagma_job_patch_t *patch, wagma_job_spec_t *spec,
+                          wagma_api_error_t *err);
+
+/* Enum names as they appear in JSON ("softmax", "fashion-mnist", "wait-avoiding", ...). */
+const char *wagma_model_name(wagma_model_t v);
+const char *wagma_dataset_name(wagma_dataset_t v);
+const char *wagma_algorithm_name(wagma_algorithm_t v);
+const char *wagma_sync_name(wagma_sync_t v);
+const char *wagma_optimizer_name(wagma_optimizer_type_t v);
+const char *wagma_device_name(wagma_device_t v);
+
+/* ------------------------------------------------------------------------------------------
+ * Job status (written by the coordinator)
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum wagma_job_state {
+  WAGMA_JOB_PENDING = 0,
+  WAGMA_JOB_RUNNING,
+  WAGMA_JOB_SUCCEEDED,
+  WAGMA_JOB_FAILED,
+  WAGMA_JOB_STOPPED,
+} wagma_job_state_t;
+
+const char *wagma_job_state_name(wagma_job_state_t s);
+int wagma_job_state_from_name(const char *name, wagma_job_state_t *s);
+/* 1 for succeeded, failed, stopped. */
+int wagma_job_state_terminal(wagma_job_state_t s);
+
+typedef struct wagma_job_status {
+  wagma_job_state_t state;
+  char reason[WAGMA_API_REASON_MAX]; /* why the job is in this state, "" if nothing to say */
+  uint64_t epoch;                    /* plan epoch, 0 = no plan yet */
+  uint64_t iteration;                /* highest iteration reported by a member */
+  uint64_t start_round;              /* start_round of the current plan */
+  uint64_t regroupings;              /* plans published after the first */
+  double created;                    /* unix seconds */
+  double started;                    /* first plan, 0 = not yet */
+  double finished;                   /* terminal state reached, 0 = not yet */
+  int nmembers;
+  char (*members)[WAGMA_API_NAME_MAX]; /* member names in rank order, nmembers entries */
+} wagma_job_status_t;
+
+/* Releases members and zeroes the status. */
+void wagma_job_status_free(wagma_job_status_t *st);
+/* Sets members (copied). */
+int wagma_job_status_set_members(wagma_job_status_t *st, const char *const *names, int n);
+json_t *wagma_job_status_to_value(const wagma_job_status_t *st);
+int wagma_job_status_to_json(const wagma_job_status_t *st, char **json);
+/* Ownership: on success *st owns members (wagma_job_status_free). */
+int wagma_job_status_from_json(const char *json, size_t len, wagma_job_status_t *st,
+                               wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
+ * Progress (written by an agent to <prefix>/jobs/<job>/progress/<agent>, at most ~1/s)
+ * ---------------------------------------------------------------------------------------- */
+
+typedef enum wagma_progress_state {
+  WAGMA_PROGRESS_RUNNING = 0,
+  WAGMA_PROGRESS_DONE,   /* reached the job's iterations (or epochs): completion signal */
+  WAGMA_PROGRESS_FAILED, /* cannot continue (error holds why): the job fails */
+} wagma_progress_state_t;
+
+const char *wagma_progress_state_name(wagma_progress_state_t s);
+
+typedef struct wagma_progress {
+  wagma_progress_state_t state; /* default running */
+  uint64_t epoch;               /* plan epoch the agent runs */
+  uint64_t iteration;           /* iterations completed */
+  double loss;                  /* training loss (running mean), NaN = unknown */
+  double accuracy;              /* last evaluation accuracy in [0,1], NaN = none yet */
+  double step_time;             /* seconds per iteration (recent mean) */
+  uint64_t staleness;           /* max staleness seen in recent rounds */
+  uint64_t rounds_activated;
+  uint64_t rounds_joined;
+  uint64_t rounds_left_out;
+  uint64_t rounds_skipped;
+  double time;                      /* unix seconds of this report */
+  char error[WAGMA_API_REASON_MAX]; /* with state failed */
+} wagma_progress_t;
+
+void wagma_progress_init(wagma_progress_t *p);
+json_t *wagma_progress_to_value(const wagma_progress_t *p);
+int wagma_progress_to_json(const wagma_progress_t *p, char **json);
+/* Required: iteration. Unknown fields are ignored. */
+int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *p,
+                             wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
+ * Agent registration (written by the agent under its lease) and assignment (coordinator)
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct wagma_agent_info {
+  char address[WAGMA_API_ADDR_MAX]; /* "host:port" its collective listens on (required) */
+  wagma_device_t device;            /* default cpu */
+  int capacity;                     /* workers it can host, >= 1, default 1 */
+  char version[32];                 /* wagma version, default "" */
+  double started;                   /* unix seconds the agent started, default 0 */
+} wagma_agent_info_t;
+
+json_t *wagma_agent_info_to_value(const wagma_agent_info_t *a);
+int wagma_agent_info_to_json(const wagma_agent_info_t *a, char **json);
+/* Required: address. Unknown fields are ignored. */
+int wagma_agent_info_from_json(const char *json, size_t len, wagma_agent_info_t *a,
+                               wagma_api_error_t *err);
+
+typedef struct wagma_assignment {
+  char job[WAGMA_API_NAME_MAX]; /* the job the agent works on */
+  uint64_t epoch;               /* the plan epoch that added it */
+} wagma_assignment_t;
+
+int wagma_assignment_to_json(const wagma_assignment_t *a, char **json);
+int wagma_assignment_from_json(const char *json, size_t len, wagma_assignment_t *a,
+                               wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
+ * REST error body: {"error":{"code":"...","message":"...","field":"..."}}
+ * ---------------------------------------------------------------------------------------- */
+
+/* field may be NULL or "" (then omitted). Ownership: the caller frees the result. */
+char *wagma_api_error_body(const char *code, const char *message, const char *field);
+
+/* ------------------------------------------------------------------------------------------
+ * etcd key layout
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct wagma_keys {
+  char prefix[WAGMA_API_PREFIX_MAX]; /* no trailing '/', e.g. "/wagma" */
+} wagma_keys_t;
+
+/* prefix: NULL or "" = "/wagma". Must start with '/', no trailing '/' (one is stripped),
+ * no "//", at most 100 characters. */
+int wagma_keys_init(wagma_keys_t *keys, const char *prefix);
+
+/* Each writes a NUL-terminated key into buf and returns 0, WAGMA_EINVAL for an invalid name
+ * or WAGMA_ERANGE if buf is too small. */
+int wagma_key_agent(const wagma_keys_t *k, const char *agent, char *buf, size_t len);
+int wagma_key_agents_prefix(const wagma_keys_t *k, char *buf, size_t len); /* ".../agents/" */
+int wagma_key_assignment(const wagma_keys_t *k, const char *agent, char *buf, size_t len);
+int wagma_key_assignments_prefix(const wagma_keys_t *k, char *buf, size_t len);
+int wagma_key_jobs_prefix(const wagma_keys_t *k, char *buf, size_t len); /* ".../jobs/" */
+int wagma_key_job_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_spec(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_status(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_plan(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_checkpoint(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_progress_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_progress(const wagma_keys_t *k, const char *job, const char *agent, char *buf,
+                           size_t len);
+int wagma_key_leader(const wagma_keys_t *k, char *buf, size_t len);
+/* The whole tree: "<prefix>/". */
+int wagma_key_root(const wagma_keys_t *k, char *buf, size_t len);
+
+typedef enum wagma_key_kind {
+  WAGMA_KEY_UNKNOWN = 0,
+  WAGMA_KEY_AGENT,
+  WAGMA_KEY_ASSIGNMENT,
+  WAGMA_KEY_JOB_SPEC,
+  WAGMA_KEY_JOB_STATUS,
+  WAGMA_KEY_JOB_PLAN,
+  WAGMA_KEY_JOB_PROGRESS,
+  WAGMA_KEY_JOB_CHECKPOINT,
+  WAGMA_KEY_LEADER,
+} wagma_key_kind_t;
+
+/* Classifies a key (not NUL-terminated, len bytes). Fills job and agent (each
+ * WAGMA_API_NAME_MAX bytes, may be NULL) when the key has them. Returns the kind;
+ * WAGMA_KEY_UNKNOWN for keys outside the layout or with invalid names. */
+wagma_key_kind_t wagma_key_parse(const wagma_keys_t *k, const char *key, size_t len, char *job,
+                                 char *agent);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,421 @@
+/* api/records.c — codecs of the records kept in etcd besides the spec: job status
+ * (coordinator), progress and agent registration (agents), assignment (coordinator), and the
+ * REST error body. Decoders of agent-written records ignore unknown fields (newer agents may
+ * add some); the status decoder is strict about types only. Pure functions, thread-safe. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_util.h"
+#include "wagma/api.h"
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+#define U64MAX_JSON ((uint64_t)INT64_MAX)
+
+static const char *const state_names[] = {"pending", "running", "succeeded", "failed", "stopped"};
+static const char *const progress_state_names[] = {"running", "done", "failed"};
+static const char *const device_names[] = {"cpu", "cuda"};
+
+const char *wagma_job_state_name(wagma_job_state_t s) {
+  return (int)s >= 0 && (int)s < NELEM(state_names) ? state_names[s] : "?";
+}
+
+int wagma_job_state_from_name(const char *name, wagma_job_state_t *s) {
+  for (int i = 0; i < NELEM(state_names); i++) {
+    if (name && strcmp(name, state_names[i]) == 0) {
+      *s = (wagma_job_state_t)i;
+      return 0;
+    }
+  }
+  return WAGMA_EINVAL;
+}
+
+int wagma_job_state_terminal(wagma_job_state_t s) {
+  return s == WAGMA_JOB_SUCCEEDED || s == WAGMA_JOB_FAILED || s == WAGMA_JOB_STOPPED;
+}
+
+const char *wagma_progress_state_name(wagma_progress_state_t s) {
+  return (int)s >= 0 && (int)s < NELEM(progress_state_names) ? progress_state_names[s] : "?";
+}
+
+/* ---- job status ------------------------------------------------------------------------ */
+
+void wagma_job_status_free(wagma_job_status_t *st) {
+  free(st->members);
+  memset(st, 0, sizeof *st);
+}
+
+int wagma_job_status_set_members(wagma_job_status_t *st, const char *const *names, int n) {
+  char(*m)[WAGMA_API_NAME_MAX] = NULL;
+  if (n < 0)
+    return WAGMA_EINVAL;
+  if (n > 0) {
+    m = calloc((size_t)n, sizeof *m);
+    if (!m)
+      return WAGMA_ENOMEM;
+    for (int i = 0; i < n; i++) {
+      if (!wagma_api_name_valid(names[i])) {
+        free(m);
+        return WAGMA_EINVAL;
+      }
+      strcpy(m[i], names[i]);
+    }
+  }
+  free(st->members);
+  st->members = m;
+  st->nmembers = n;
+  return 0;
+}
+
+json_t *wagma_job_status_to_value(const wagma_job_status_t *st) {
+  json_t *o = json_object();
+  json_t *m = json_array();
+  if (!o || !m) {
+    json_decref(o);
+    json_decref(m);
+    return NULL;
+  }
+  json_object_set_new(o, "state", json_string(wagma_job_state_name(st->state)));
+  json_object_set_new(o, "reason", json_string(st->reason));
+  json_object_set_new(o, "epoch", json_integer((json_int_t)st->epoch));
+  json_object_set_new(o, "iteration", json_integer((json_int_t)st->iteration));
+  json_object_set_new(o, "start_round", json_integer((json_int_t)st->start_round));
+  json_object_set_new(o, "regroupings", json_integer((json_int_t)st->regroupings));
+  json_object_set_new(o, "created", json_real(st->created));
+  json_object_set_new(o, "started", json_real(st->started));
+  json_object_set_new(o, "finished", json_real(st->finished));
+  for (int i = 0; i < st->nmembers; i++)
+    json_array_append_new(m, json_string(st->members[i]));
+  json_object_set_new(o, "members", m);
+  return o;
+}
+
+int wagma_job_status_to_json(const wagma_job_status_t *st, char **json) {
+  json_t *v = wagma_job_status_to_value(st);
+  int e = wg_api_dump(v, json);
+  json_decref(v);
+  return e;
+}
+
+int wagma_job_status_from_json(const char *json, size_t len, wagma_job_status_t *st,
+                               wagma_api_error_t *err) {
+  wagma_job_status_t s;
+  const char *key;
+  json_t *v;
+  int e = 0;
+  memset(&s, 0, sizeof s);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  json_t *state = json_object_get(root, "state");
+  if (!state) {
+    e = wg_api_fail(err, "state", "is required");
+    goto out;
+  }
+  json_object_foreach(root, key, v) {
+    if (strcmp(key, "state") == 0) {
+      int x;
+      if ((e = wg_api_enum(v, key, state_names, NELEM(state_names), &x, err)))
+        goto out;
+      s.state = (wagma_job_state_t)x;
+    } else if (strcmp(key, "reason") == 0) {
+      if ((e = wg_api_str(v, key, s.reason, sizeof s.reason, err)))
+        goto out;
+    } else if (strcmp(key, "epoch") == 0) {
+      if ((e = wg_api_u64(v, key, U64MAX_JSON, &s.epoch, err)))
+        goto out;
+    } else if (strcmp(key, "iteration") == 0) {
+      if ((e = wg_api_u64(v, key, U64MAX_JSON, &s.iteration, err)))
+        goto out;
+    } else if (strcmp(key, "start_round") == 0) {
+      if ((e = wg_api_u64(v, key, U64MAX_JSON, &s.start_round, err)))
+        goto out;
+    } else if (strcmp(key, "regroupings") == 0) {
+      if ((e = wg_api_u64(v, key, U64MAX_JSON, &s.regroupings, err)))
+        goto out;
+    } else if (strcmp(key, "created") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1e12, 0, &s.created, err)))
+        goto out;
+    } else if (strcmp(key, "started") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1e12, 0, &s.started, err)))
+        goto out;
+    } else if (strcmp(key, "finished") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1e12, 0, &s.finished, err)))
+        goto out;
+    } else if (strcmp(key, "members") == 0) {
+      if (!json_is_array(v) || json_array_size(v) > WAGMA_API_MAX_WORKERS) {
+        e = wg_api_fail(err, key, "must be an array of at most %d names", WAGMA_API_MAX_WORKERS);
+        goto out;
+      }
+      size_t n = json_array_size(v);
+      if (n) {
+        s.members = calloc(n, sizeof *s.members);
+        if (!s.members) {
+          e = WAGMA_ENOMEM;
+          goto out;
+        }
+      }
+      for (size_t i = 0; i < n; i++) {
+        char f[32];
+        snprintf(f, sizeof f, "members[%zu]", i);
+        if ((e = wg_api_str(json_array_get(v, i), f, s.members[i], WAGMA_API_NAME_MAX, err)))
+          goto out;
+        if (!wagma_api_name_valid(s.members[i])) {
+          e = wg_api_fail(err, f, "invalid agent name");
+          goto out;
+        }
+      }
+      s.nmembers = (int)n;
+    }
+  }
+  *st = s;
+  s.members = NULL;
+out:
+  free(s.members);
+  json_decref(root);
+  return e;
+}
+
+/* ---- progress ------------------------------------------------------------------------- */
+
+void wagma_progress_init(wagma_progress_t *p) {
+  memset(p, 0, sizeof *p);
+  p->loss = NAN;
+  p->accuracy = NAN;
+}
+
+static void set_num_or_null(json_t *o, const char *key, double x) {
+  json_object_set_new(o, key, isfinite(x) ? json_real(x) : json_null());
+}
+
+json_t *wagma_progress_to_value(const wagma_progress_t *p) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "state", json_string(wagma_progress_state_name(p->state)));
+  json_object_set_new(o, "epoch", json_integer((json_int_t)p->epoch));
+  json_object_set_new(o, "iteration", json_integer((json_int_t)p->iteration));
+  set_num_or_null(o, "loss", p->loss);
+  set_num_or_null(o, "accuracy", p->accuracy);
+  json_object_set_new(o, "step_time", json_real(p->step_time));
+  json_object_set_new(o, "staleness", json_integer((json_int_t)p->staleness));
+  json_object_set_new(o, "rounds_activated", json_integer((json_int_t)p->rounds_activated));
+  json_object_set_new(o, "rounds_joined", json_integer((json_int_t)p->rounds_joined));
+  json_object_set_new(o, "rounds_left_out", json_integer((json_int_t)p->rounds_left_out));
+  json_object_set_new(o, "rounds_skipped", json_integer((json_int_t)p->rounds_skipped));
+  json_object_set_new(o, "time", json_real(p->time));
+  if (p->error[0])
+    json_object_set_new(o, "error", json_string(p->error));
+  return o;
+}
+
+int wagma_progress_to_json(const wagma_progress_t *p, char **json) {
+  json_t *v = wagma_progress_to_value(p);
+  int e = wg_api_dump(v, json);
+  json_decref(v);
+  return e;
+}
+
+/* A number field that may be null (NaN). */
+static int num_or_null(const json_t *v, const char *f, double *out, wagma_api_error_t *err) {
+  if (json_is_null(v)) {
+    *out = NAN;
+    return 0;
+  }
+  if (!json_is_number(v))
+    return wg_api_fail(err, f, "must be a number or null");
+  *out = json_number_value(v);
+  return 0;
+}
+
+int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out,
+                             wagma_api_error_t *err) {
+  wagma_progress_t p;
+  const char *key;
+  json_t *v;
+  int e = 0;
+  wagma_progress_init(&p);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  if (!json_object_get(root, "iteration")) {
+    e = wg_api_fail(err, "iteration", "is required");
+    goto out;
+  }
+  json_object_foreach(root, key, v) {
+    uint64_t *u = NULL;
+    if (strcmp(key, "state") == 0) {
+      int x;
+      if ((e = wg_api_enum(v, key, progress_state_names, NELEM(progress_state_names), &x, err)))
+        goto out;
+      p.state = (wagma_progress_state_t)x;
+    } else if (strcmp(key, "epoch") == 0) {
+      u = &p.epoch;
+    } else if (strcmp(key, "iteration") == 0) {
+      u = &p.iteration;
+    } else if (strcmp(key, "staleness") == 0) {
+      u = &p.staleness;
+    } else if (strcmp(key, "rounds_activated") == 0) {
+      u = &p.rounds_activated;
+    } else if (strcmp(key, "rounds_joined") == 0) {
+      u = &p.rounds_joined;
+    } else if (strcmp(key, "rounds_left_out") == 0) {
+      u = &p.rounds_left_out;
+    } else if (strcmp(key, "rounds_skipped") == 0) {
+      u = &p.rounds_skipped;
+    } else if (strcmp(key, "loss") == 0) {
+      if ((e = num_or_null(v, key, &p.loss, err)))
+        goto out;
+    } else if (strcmp(key, "accuracy") == 0) {
+      if ((e = num_or_null(v, key, &p.accuracy, err)))
+        goto out;
+    } else if (strcmp(key, "step_time") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1e9, 0, &p.step_time, err)))
+        goto out;
+    } else if (strcmp(key, "time") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1e12, 0, &p.time, err)))
+        goto out;
+    } else if (strcmp(key, "error") == 0) {
+      if (!json_is_string(v)) {
+        e = wg_api_fail(err, key, "must be a string");
+        goto out;
+      }
+      snprintf(p.error, sizeof p.error, "%s", json_string_value(v)); /* truncates */
+    }
+    if (u && (e = wg_api_u64(v, key, U64MAX_JSON, u, err)))
+      goto out;
+  }
+  *out = p;
+out:
+  json_decref(root);
+  return e;
+}
+
+/* ---- agent registration and assignment -------------------------------------------------- */
+
+json_t *wagma_agent_info_to_value(const wagma_agent_info_t *a) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "address", json_string(a->address));
+  json_object_set_new(o, "device", json_string(wagma_device_name(a->device)));
+  json_object_set_new(o, "capacity", json_integer(a->capacity));
+  json_object_set_new(o, "version", json_string(a->version));
+  json_object_set_new(o, "started", json_real(a->started));
+  return o;
+}
+
+int wagma_agent_info_to_json(const wagma_agent_info_t *a, char **json) {
+  json_t *v = wagma_agent_info_to_value(a);
+  int e = wg_api_dump(v, json);
+  json_decref(v);
+  return e;
+}
+
+int wagma_agent_info_from_json(const char *json, size_t len, wagma_agent_info_t *out,
+                               wagma_api_error_t *err) {
+  wagma_agent_info_t a;
+  json_t *v;
+  int e = 0;
+  int64_t i64;
+  memset(&a, 0, sizeof a);
+  a.capacity = 1;
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  if (!(v = json_object_get(root, "address"))) {
+    e = wg_api_fail(err, "address", "is required");
+    goto out;
+  }
+  if ((e = wg_api_str(v, "address", a.address, sizeof a.address, err)))
+    goto out;
+  if (!a.address[0] || !strchr(a.address, ':')) {
+    e = wg_api_fail(err, "address", "must be host:port");
+    goto out;
+  }
+  if ((v = json_object_get(root, "device"))) {
+    int d;
+    if ((e = wg_api_enum(v, "device", device_names, NELEM(device_names), &d, err)))
+      goto out;
+    a.device = (wagma_device_t)d;
+  }
+  if ((v = json_object_get(root, "capacity"))) {
+    if ((e = wg_api_int(v, "capacity", 1, 1024, &i64, err)))
+      goto out;
+    a.capacity = (int)i64;
+  }
+  if ((v = json_object_get(root, "version")) &&
+      (e = wg_api_str(v, "version", a.version, sizeof a.version, err)))
+    goto out;
+  if ((v = json_object_get(root, "started")) &&
+      (e = wg_api_num(v, "started", 0, 0, 1e12, 0, &a.started, err)))
+    goto out;
+  *out = a;
+out:
+  json_decref(root);
+  return e;
+}
+
+int wagma_assignment_to_json(const wagma_assignment_t *a, char **json) {
+  json_t *o = json_object();
+  if (!o)
+    return WAGMA_ENOMEM;
+  json_object_set_new(o, "job", json_string(a->job));
+  json_object_set_new(o, "epoch", json_integer((json_int_t)a->epoch));
+  int e = wg_api_dump(o, json);
+  json_decref(o);
+  return e;
+}
+
+int wagma_assignment_from_json(const char *json, size_t len, wagma_assignment_t *out,
+                               wagma_api_error_t *err) {
+  wagma_assignment_t a;
+  json_t *v;
+  int e = 0;
+  memset(&a, 0, sizeof a);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  if (!(v = json_object_get(root, "job"))) {
+    e = wg_api_fail(err, "job", "is required");
+    goto out;
+  }
+  if ((e = wg_api_str(v, "job", a.job, sizeof a.job, err)))
+    goto out;
+  if (!wagma_api_name_valid(a.job)) {
+    e = wg_api_fail(err, "job", "invalid job name");
+    goto out;
+  }
+  if ((v = json_object_get(root, "epoch")) &&
+      (e = wg_api_u64(v, "epoch", U64MAX_JSON, &a.epoch, err)))
+    goto out;
+  *out = a;
+out:
+  json_decref(root);
+  return e;
+}
+
+/* ---- REST error body ------------------------------------------------------------------ */
+
+char *wagma_api_error_body(const char *code, const char *message, const char *field) {
+  json_t *o = json_object(), *inner = json_object();
+  char *s = NULL;
+  if (!o || !inner) {
+    json_decref(o);
+    json_decref(inner);
+    return NULL;
+  }
+  json_object_set_new(inner, "code", json_string(code ? code : "error"));
+  /* json_string rejects invalid UTF-8: fall back to a fixed message. */
+  json_t *msg = json_string(message ? message : "");
+  json_object_set_new(inner, "message", msg ? msg : json_string("(message not UTF-8)"));
+  if (field && *field) {
+    json_t *f = json_string(field);
+    if (f)
+      json_object_set_new(inner, "field", f);
+  }
+  json_object_set_new(o, "error", inner);
+  s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  json_decref(o);
+  return s;
+}

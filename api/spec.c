@@ -1,0 +1,430 @@
+/* api/spec.c — the job spec codec: defaults, strict decoding (unknown fields rejected, every
+ * error names its field as a dotted path), cross-field validation, encoding with every field,
+ * and the PATCH body (mutable fields only).
+ *
+ * Defaults live in wagma_job_spec_init and are documented in api/openapi.yaml and docs/api.md;
+ * keep the three in agreement. Pure functions, thread-safe. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_util.h"
+#include "wagma/api.h"
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *const model_names[] = {"softmax", "mlp", "lenet5"};
+static const char *const dataset_names[] = {"fashion-mnist", "synthetic"};
+static const char *const algorithm_names[] = {"wagma", "allreduce", "local-sgd"};
+static const char *const sync_names[] = {"barrier", "wait-avoiding"};
+static const char *const optimizer_names[] = {"sgd", "adam"};
+static const char *const device_names[] = {"cpu", "cuda"};
+
+#define ENUM_NAME(table, v) ((int)(v) >= 0 && (int)(v) < NELEM(table) ? table[(int)(v)] : "?")
+const char *wagma_model_name(wagma_model_t v) {
+  return ENUM_NAME(model_names, v);
+}
+const char *wagma_dataset_name(wagma_dataset_t v) {
+  return ENUM_NAME(dataset_names, v);
+}
+const char *wagma_algorithm_name(wagma_algorithm_t v) {
+  return ENUM_NAME(algorithm_names, v);
+}
+const char *wagma_sync_name(wagma_sync_t v) {
+  return ENUM_NAME(sync_names, v);
+}
+const char *wagma_optimizer_name(wagma_optimizer_type_t v) {
+  return ENUM_NAME(optimizer_names, v);
+}
+const char *wagma_device_name(wagma_device_t v) {
+  return ENUM_NAME(device_names, v);
+}
+
+#define MAX_ITERATIONS 1000000000000ULL /* 1e12 */
+#define MAX_EPOCHS 1000000ULL
+
+int wagma_api_name_valid(const char *name) {
+  if (!name)
+    return 0;
+  size_t n = strlen(name);
+  if (n == 0 || n >= WAGMA_API_NAME_MAX || name[0] == '.' || name[0] == '-')
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    char c = name[i];
+    int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '.' || c == '_' || c == '-';
+    if (!ok)
+      return 0;
+  }
+  return 1;
+}
+
+void wagma_job_spec_init(wagma_job_spec_t *s) {
+  memset(s, 0, sizeof *s);
+  s->model = WAGMA_MODEL_SOFTMAX;
+  s->dataset = WAGMA_DATASET_FASHION_MNIST;
+  s->algorithm = WAGMA_ALGO_WAGMA;
+  s->group_size = 4;
+  s->staleness_bound = 8;
+  s->global_sync = WAGMA_SYNC_BARRIER;
+  s->optimizer.type = WAGMA_OPT_SGD;
+  s->optimizer.lr = 0.05;
+  s->optimizer.momentum = 0.9;
+  s->batch_size = 64;
+  s->iterations = 1000;
+  s->eval_every = 100;
+  s->seed = 1;
+  s->device = WAGMA_DEVICE_CPU;
+}
+
+static int decode_optimizer(const json_t *obj, wagma_optimizer_spec_t *o, int *has_momentum,
+                            wagma_api_error_t *err) {
+  const char *key;
+  json_t *v;
+  char f[96];
+  int64_t i64;
+  int e;
+  if (!json_is_object(obj))
+    return wg_api_fail(err, "optimizer", "must be an object");
+  json_object_foreach((json_t *)obj, key, v) {
+    wg_api_path(f, sizeof f, "optimizer", key);
+    if (strcmp(key, "type") == 0) {
+      int t = 0;
+      if ((e = wg_api_enum(v, f, optimizer_names, NELEM(optimizer_names), &t, err)))
+        return e;
+      o->type = (wagma_optimizer_type_t)t;
+    } else if (strcmp(key, "lr") == 0) {
+      if ((e = wg_api_num(v, f, 0, 1, 10, 0, &o->lr, err)))
+        return e;
+    } else if (strcmp(key, "momentum") == 0) {
+      if ((e = wg_api_num(v, f, 0, 0, 1, 1, &o->momentum, err)))
+        return e;
+      *has_momentum = 1;
+    } else if (strcmp(key, "nesterov") == 0) {
+      if ((e = wg_api_bool(v, f, &o->nesterov, err)))
+        return e;
+    } else if (strcmp(key, "weight_decay") == 0) {
+      if ((e = wg_api_num(v, f, 0, 0, 1, 1, &o->weight_decay, err)))
+        return e;
+    } else if (strcmp(key, "warmup") == 0) {
+      if ((e = wg_api_int(v, f, 0, (int64_t)MAX_ITERATIONS, &i64, err)))
+        return e;
+      o->warmup = (uint64_t)i64;
+    } else {
+      return wg_api_fail(err, f, "unknown field");
+    }
+  }
+  return 0;
+}
+
+static int decode_checkpoint(const json_t *obj, wagma_checkpoint_spec_t *c,
+                             wagma_api_error_t *err) {
+  const char *key;
+  json_t *v;
+  char f[96];
+  int e;
+  if (!json_is_object(obj))
+    return wg_api_fail(err, "checkpoint", "must be an object");
+  json_object_foreach((json_t *)obj, key, v) {
+    wg_api_path(f, sizeof f, "checkpoint", key);
+    if (strcmp(key, "every") == 0) {
+      if ((e = wg_api_u64(v, f, MAX_ITERATIONS, &c->every, err)))
+        return e;
+    } else if (strcmp(key, "path") == 0) {
+      if ((e = wg_api_str(v, f, c->path, sizeof c->path, err)))
+        return e;
+    } else {
+      return wg_api_fail(err, f, "unknown field");
+    }
+  }
+  return 0;
+}
+
+static int decode_enum_field(const json_t *v, const char *f, const char *const *names, int n,
+                             int *out, wagma_api_error_t *err) {
+  return wg_api_enum(v, f, names, n, out, err);
+}
+
+int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_api_error_t *err) {
+  wagma_job_spec_t s;
+  const char *key;
+  json_t *v;
+  int64_t i64;
+  int en, e = 0;
+  int has_workers = 0, has_min = 0, has_max = 0, has_iter = 0, has_epochs = 0, has_mom = 0;
+  wagma_job_spec_init(&s);
+  if (!json_is_object(root))
+    return wg_api_fail(err, "", "must be a JSON object");
+  json_object_foreach((json_t *)root, key, v) {
+    if (strcmp(key, "name") == 0) {
+      if ((e = wg_api_str(v, "name", s.name, sizeof s.name, err)))
+        goto out;
+      if (!wagma_api_name_valid(s.name)) {
+        e = wg_api_fail(err, "name",
+                        "must be 1-63 characters of [A-Za-z0-9._-], not starting with '.' or '-'");
+        goto out;
+      }
+    } else if (strcmp(key, "model") == 0) {
+      if ((e = decode_enum_field(v, key, model_names, NELEM(model_names), &en, err)))
+        goto out;
+      s.model = (wagma_model_t)en;
+    } else if (strcmp(key, "dataset") == 0) {
+      if ((e = decode_enum_field(v, key, dataset_names, NELEM(dataset_names), &en, err)))
+        goto out;
+      s.dataset = (wagma_dataset_t)en;
+    } else if (strcmp(key, "algorithm") == 0) {
+      if ((e = decode_enum_field(v, key, algorithm_names, NELEM(algorithm_names), &en, err)))
+        goto out;
+      s.algorithm = (wagma_algorithm_t)en;
+    } else if (strcmp(key, "global_sync") == 0) {
+      if ((e = decode_enum_field(v, key, sync_names, NELEM(sync_names), &en, err)))
+        goto out;
+      s.global_sync = (wagma_sync_t)en;
+    } else if (strcmp(key, "device") == 0) {
+      if ((e = decode_enum_field(v, key, device_names, NELEM(device_names), &en, err)))
+        goto out;
+      s.device = (wagma_device_t)en;
+    } else if (strcmp(key, "workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      s.workers = (int)i64;
+      has_workers = 1;
+    } else if (strcmp(key, "min_workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      s.min_workers = (int)i64;
+      has_min = 1;
+    } else if (strcmp(key, "max_workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      s.max_workers = (int)i64;
+      has_max = 1;
+    } else if (strcmp(key, "group_size") == 0) {
+      if ((e = wg_api_int(v, key, 2, 1024, &i64, err)))
+        goto out;
+      s.group_size = (int)i64;
+    } else if (strcmp(key, "staleness_bound") == 0) {
+      if ((e = wg_api_int(v, key, 1, 1000000, &i64, err)))
+        goto out;
+      s.staleness_bound = (int)i64;
+    } else if (strcmp(key, "batch_size") == 0) {
+      if ((e = wg_api_int(v, key, 1, 65536, &i64, err)))
+        goto out;
+      s.batch_size = (int)i64;
+    } else if (strcmp(key, "iterations") == 0) {
+      if ((e = wg_api_int(v, key, 1, (int64_t)MAX_ITERATIONS, &i64, err)))
+        goto out;
+      s.iterations = (uint64_t)i64;
+      has_iter = 1;
+    } else if (strcmp(key, "epochs") == 0) {
+      if ((e = wg_api_int(v, key, 1, (int64_t)MAX_EPOCHS, &i64, err)))
+        goto out;
+      s.epochs = (uint64_t)i64;
+      has_epochs = 1;
+    } else if (strcmp(key, "eval_every") == 0) {
+      if ((e = wg_api_u64(v, key, MAX_ITERATIONS, &s.eval_every, err)))
+        goto out;
+    } else if (strcmp(key, "seed") == 0) {
+      if ((e = wg_api_u64(v, key, (uint64_t)INT64_MAX, &s.seed, err)))
+        goto out;
+    } else if (strcmp(key, "optimizer") == 0) {
+      if ((e = decode_optimizer(v, &s.optimizer, &has_mom, err)))
+        goto out;
+    } else if (strcmp(key, "checkpoint") == 0) {
+      if ((e = decode_checkpoint(v, &s.checkpoint, err)))
+        goto out;
+    } else {
+      e = wg_api_fail(err, key, "unknown field");
+      goto out;
+    }
+  }
+  if (!has_workers) {
+    e = wg_api_fail(err, "workers", "is required");
+    goto out;
+  }
+  if (has_iter && has_epochs) {
+    e = wg_api_fail(err, "epochs", "give iterations or epochs, not both");
+    goto out;
+  }
+  if (has_epochs)
+    s.iterations = 0;
+  if (!has_min)
+    s.min_workers = has_max && s.max_workers < s.workers ? s.max_workers : s.workers;
+  if (!has_max)
+    s.max_workers = s.workers;
+  if (s.optimizer.type == WAGMA_OPT_ADAM && !has_mom)
+    s.optimizer.momentum = 0;
+  if ((e = wagma_job_spec_validate(&s, err)))
+    goto out;
+  *spec = s;
+out:
+  return e;
+}
+
+int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
+  if (s->name[0] && !wagma_api_name_valid(s->name))
+    return wg_api_fail(err, "name", "invalid name");
+  if (s->workers < 1 || s->workers > WAGMA_API_MAX_WORKERS)
+    return wg_api_fail(err, "workers", "must be between 1 and %d", WAGMA_API_MAX_WORKERS);
+  if (s->min_workers < 1 || s->min_workers > s->workers)
+    return wg_api_fail(err, "min_workers", "must be between 1 and workers (%d)", s->workers);
+  if (s->max_workers < s->workers || s->max_workers > WAGMA_API_MAX_WORKERS)
+    return wg_api_fail(err, "max_workers", "must be between workers (%d) and %d", s->workers,
+                       WAGMA_API_MAX_WORKERS);
+  if (s->group_size < 2 || s->group_size > 1024)
+    return wg_api_fail(err, "group_size", "must be between 2 and 1024");
+  if (s->staleness_bound < 1 || s->staleness_bound > 1000000)
+    return wg_api_fail(err, "staleness_bound", "must be between 1 and 1000000");
+  if (s->batch_size < 1 || s->batch_size > 65536)
+    return wg_api_fail(err, "batch_size", "must be between 1 and 65536");
+  if ((s->iterations == 0) == (s->epochs == 0))
+    return wg_api_fail(err, "iterations", "exactly one of iterations and epochs must be > 0");
+  if (s->optimizer.nesterov && !(s->optimizer.momentum > 0))
+    return wg_api_fail(err, "optimizer.nesterov", "needs optimizer.momentum > 0");
+  if (s->optimizer.type == WAGMA_OPT_ADAM && s->optimizer.nesterov)
+    return wg_api_fail(err, "optimizer.nesterov", "applies to sgd only");
+  if (!(s->optimizer.lr > 0 && s->optimizer.lr <= 10))
+    return wg_api_fail(err, "optimizer.lr", "must be in (0, 10]");
+  if (s->checkpoint.every > 0 && s->checkpoint.path[0] == '\0')
+    return wg_api_fail(err, "checkpoint.path", "is required when checkpoint.every > 0");
+  return 0;
+}
+
+int wagma_job_spec_from_json(const char *json, size_t len, wagma_job_spec_t *spec,
+                             wagma_api_error_t *err) {
+  int e;
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  e = wagma_job_spec_from_value(root, spec, err);
+  json_decref(root);
+  return e;
+}
+
+json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
+  json_t *o = json_object();
+  json_t *opt = json_object();
+  json_t *ck = json_object();
+  if (!o || !opt || !ck) {
+    json_decref(o);
+    json_decref(opt);
+    json_decref(ck);
+    return NULL;
+  }
+  json_object_set_new(o, "name", json_string(s->name));
+  json_object_set_new(o, "model", json_string(wagma_model_name(s->model)));
+  json_object_set_new(o, "dataset", json_string(wagma_dataset_name(s->dataset)));
+  json_object_set_new(o, "algorithm", json_string(wagma_algorithm_name(s->algorithm)));
+  json_object_set_new(o, "workers", json_integer(s->workers));
+  json_object_set_new(o, "min_workers", json_integer(s->min_workers));
+  json_object_set_new(o, "max_workers", json_integer(s->max_workers));
+  json_object_set_new(o, "group_size", json_integer(s->group_size));
+  json_object_set_new(o, "staleness_bound", json_integer(s->staleness_bound));
+  json_object_set_new(o, "global_sync", json_string(wagma_sync_name(s->global_sync)));
+  json_object_set_new(opt, "type", json_string(wagma_optimizer_name(s->optimizer.type)));
+  json_object_set_new(opt, "lr", json_real(s->optimizer.lr));
+  json_object_set_new(opt, "momentum", json_real(s->optimizer.momentum));
+  json_object_set_new(opt, "nesterov", json_boolean(s->optimizer.nesterov));
+  json_object_set_new(opt, "weight_decay", json_real(s->optimizer.weight_decay));
+  json_object_set_new(opt, "warmup", json_integer((json_int_t)s->optimizer.warmup));
+  json_object_set_new(o, "optimizer", opt);
+  json_object_set_new(o, "batch_size", json_integer(s->batch_size));
+  if (s->epochs)
+    json_object_set_new(o, "epochs", json_integer((json_int_t)s->epochs));
+  else
+    json_object_set_new(o, "iterations", json_integer((json_int_t)s->iterations));
+  json_object_set_new(o, "eval_every", json_integer((json_int_t)s->eval_every));
+  json_object_set_new(o, "seed", json_integer((json_int_t)s->seed));
+  json_object_set_new(o, "device", json_string(wagma_device_name(s->device)));
+  json_object_set_new(ck, "every", json_integer((json_int_t)s->checkpoint.every));
+  json_object_set_new(ck, "path", json_string(s->checkpoint.path));
+  json_object_set_new(o, "checkpoint", ck);
+  return o;
+}
+
+int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {
+  json_t *v = wagma_job_spec_to_value(spec);
+  int e = wg_api_dump(v, json);
+  json_decref(v);
+  return e;
+}
+
+/* Fields of the spec that exist but cannot change after submission. */
+static const char *const immutable_fields[] = {
+    "name",        "model",     "dataset",    "algorithm",  "group_size", "staleness_bound",
+    "global_sync", "optimizer", "batch_size", "iterations", "epochs",     "seed",
+    "device",      "checkpoint"};
+
+int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
+                              wagma_api_error_t *err) {
+  wagma_job_patch_t p;
+  const char *key;
+  json_t *v;
+  int64_t i64;
+  int e = 0;
+  memset(&p, 0, sizeof p);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  json_object_foreach(root, key, v) {
+    if (strcmp(key, "workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      p.workers = (int)i64;
+      p.has_workers = 1;
+    } else if (strcmp(key, "min_workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      p.min_workers = (int)i64;
+      p.has_min_workers = 1;
+    } else if (strcmp(key, "max_workers") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_WORKERS, &i64, err)))
+        goto out;
+      p.max_workers = (int)i64;
+      p.has_max_workers = 1;
+    } else if (strcmp(key, "eval_every") == 0) {
+      if ((e = wg_api_u64(v, key, MAX_ITERATIONS, &p.eval_every, err)))
+        goto out;
+      p.has_eval_every = 1;
+    } else {
+      int known = 0;
+      for (int i = 0; i < NELEM(immutable_fields); i++)
+        known |= strcmp(key, immutable_fields[i]) == 0;
+      e = wg_api_fail(err, key,
+                      known ? "immutable: cannot change after submission" : "unknown field");
+      goto out;
+    }
+  }
+  if (!p.has_workers && !p.has_min_workers && !p.has_max_workers && !p.has_eval_every) {
+    e = wg_api_fail(err, "",
+                    "nothing to change: give workers, min_workers, max_workers or "
+                    "eval_every");
+    goto out;
+  }
+  *patch = p;
+out:
+  json_decref(root);
+  return e;
+}
+
+int wagma_job_patch_apply(const wagma_job_patch_t *p, wagma_job_spec_t *spec,
+                          wagma_api_error_t *err) {
+  wagma_job_spec_t s = *spec;
+  int e;
+  if (p->has_workers)
+    s.workers = p->workers;
+  if (p->has_min_workers)
+    s.min_workers = p->min_workers;
+  if (p->has_max_workers)
+    s.max_workers = p->max_workers;
+  if (p->has_eval_every)
+    s.eval_every = p->eval_every;
+  /* Name the field the caller changed when the combination is out of range. */
+  if (p->has_workers && (s.workers < s.min_workers || s.workers > s.max_workers))
+    return wg_api_fail(err, "workers", "must be between min_workers (%d) and max_workers (%d)",
+                       s.min_workers, s.max_workers);
+  if ((e = wagma_job_spec_validate(&s, err)))
+    return e;
+  *spec = s;
+  return 0;
+}

@@ -1,0 +1,441 @@
+/* Unit tests of wagma_api: job spec codec (defaults, round trip, a table of bad specs each
+ * naming its field), PATCH bodies, status / progress / agent / assignment codecs, the REST
+ * error body, and the etcd key layout. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "wagma/api.h"
+
+static int spec_parse(const char *json, wagma_job_spec_t *s, wagma_api_error_t *err) {
+  memset(err, 0, sizeof *err);
+  return wagma_job_spec_from_json(json, strlen(json), s, err);
+}
+
+static void test_spec_defaults(void **state) {
+  (void)state;
+  wagma_job_spec_t s;
+  wagma_api_error_t err;
+  assert_int_equal(spec_parse("{\"workers\":8}", &s, &err), 0);
+  assert_string_equal(s.name, "");
+  assert_int_equal(s.model, WAGMA_MODEL_SOFTMAX);
+  assert_int_equal(s.dataset, WAGMA_DATASET_FASHION_MNIST);
+  assert_int_equal(s.algorithm, WAGMA_ALGO_WAGMA);
+  assert_int_equal(s.workers, 8);
+  assert_int_equal(s.min_workers, 8);
+  assert_int_equal(s.max_workers, 8);
+  assert_int_equal(s.group_size, 4);
+  assert_int_equal(s.staleness_bound, 8);
+  assert_int_equal(s.global_sync, WAGMA_SYNC_BARRIER);
+  assert_int_equal(s.optimizer.type, WAGMA_OPT_SGD);
+  assert_true(fabs(s.optimizer.lr - 0.05) < 1e-12);
+  assert_true(fabs(s.optimizer.momentum - 0.9) < 1e-12);
+  assert_int_equal(s.batch_size, 64);
+  assert_int_equal(s.iterations, 1000);
+  assert_int_equal(s.epochs, 0);
+  assert_int_equal(s.eval_every, 100);
+  assert_int_equal(s.seed, 1);
+  assert_int_equal(s.device, WAGMA_DEVICE_CPU);
+  assert_int_equal(s.checkpoint.every, 0);
+
+  /* adam without momentum gets momentum 0; epochs replaces iterations */
+  assert_int_equal(
+      spec_parse("{\"workers\":2,\"optimizer\":{\"type\":\"adam\",\"lr\":0.001},\"epochs\":3}", &s,
+                 &err),
+      0);
+  assert_int_equal(s.optimizer.type, WAGMA_OPT_ADAM);
+  assert_true(s.optimizer.momentum == 0);
+  assert_int_equal(s.iterations, 0);
+  assert_int_equal(s.epochs, 3);
+
+  /* max_workers below workers by default is an error, min_workers follows max when smaller */
+  assert_int_equal(spec_parse("{\"workers\":4,\"min_workers\":2,\"max_workers\":16}", &s, &err), 0);
+  assert_int_equal(s.min_workers, 2);
+  assert_int_equal(s.max_workers, 16);
+}
+
+static void test_spec_round_trip(void **state) {
+  (void)state;
+  const char *full =
+      "{\"name\":\"fmnist-1\",\"model\":\"lenet5\",\"dataset\":\"synthetic\","
+      "\"algorithm\":\"local-sgd\",\"workers\":16,\"min_workers\":4,\"max_workers\":32,"
+      "\"group_size\":8,\"staleness_bound\":3,\"global_sync\":\"wait-avoiding\","
+      "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.2,\"momentum\":0.5,\"nesterov\":true,"
+      "\"weight_decay\":0.0001,\"warmup\":50},\"batch_size\":128,\"iterations\":777,"
+      "\"eval_every\":0,\"seed\":42,\"device\":\"cuda\","
+      "\"checkpoint\":{\"every\":100,\"path\":\"/tmp/ck\"}}";
+  wagma_job_spec_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  assert_int_equal(spec_parse(full, &a, &err), 0);
+  assert_string_equal(a.name, "fmnist-1");
+  assert_int_equal(a.model, WAGMA_MODEL_LENET5);
+  assert_int_equal(a.dataset, WAGMA_DATASET_SYNTHETIC);
+  assert_int_equal(a.algorithm, WAGMA_ALGO_LOCAL_SGD);
+  assert_int_equal(a.global_sync, WAGMA_SYNC_WAIT_AVOIDING);
+  assert_int_equal(a.optimizer.nesterov, 1);
+  assert_int_equal(a.optimizer.warmup, 50);
+  assert_int_equal(a.device, WAGMA_DEVICE_CUDA);
+  assert_string_equal(a.checkpoint.path, "/tmp/ck");
+  assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  assert_int_equal(spec_parse(json, &b, &err), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  free(json);
+}
+
+struct bad_spec {
+  const char *json;
+  const char *field;
+};
+
+static const struct bad_spec bad_specs[] = {
+    {"{}", "workers"},
+    {"{\"workers\":0}", "workers"},
+    {"{\"workers\":10001}", "workers"},
+    {"{\"workers\":\"4\"}", "workers"},
+    {"{\"workers\":4.5}", "workers"},
+    {"{\"workers\":4,\"colour\":\"red\"}", "colour"},
+    {"{\"workers\":4,\"name\":\"has space\"}", "name"},
+    {"{\"workers\":4,\"name\":\"a/b\"}", "name"},
+    {"{\"workers\":4,\"name\":\"\"}", "name"},
+    {"{\"workers\":4,\"name\":7}", "name"},
+    {"{\"workers\":4,\"model\":\"resnet\"}", "model"},
+    {"{\"workers\":4,\"dataset\":\"imagenet\"}", "dataset"},
+    {"{\"workers\":4,\"algorithm\":\"asgd\"}", "algorithm"},
+    {"{\"workers\":4,\"min_workers\":5}", "min_workers"},
+    {"{\"workers\":4,\"min_workers\":0}", "min_workers"},
+    {"{\"workers\":4,\"max_workers\":3,\"min_workers\":1}", "max_workers"},
+    {"{\"workers\":4,\"group_size\":1}", "group_size"},
+    {"{\"workers\":4,\"staleness_bound\":0}", "staleness_bound"},
+    {"{\"workers\":4,\"global_sync\":\"never\"}", "global_sync"},
+    {"{\"workers\":4,\"optimizer\":[]}", "optimizer"},
+    {"{\"workers\":4,\"optimizer\":{\"type\":\"rmsprop\"}}", "optimizer.type"},
+    {"{\"workers\":4,\"optimizer\":{\"lr\":0}}", "optimizer.lr"},
+    {"{\"workers\":4,\"optimizer\":{\"lr\":-1}}", "optimizer.lr"},
+    {"{\"workers\":4,\"optimizer\":{\"momentum\":1.0}}", "optimizer.momentum"},
+    {"{\"workers\":4,\"optimizer\":{\"nesterov\":1}}", "optimizer.nesterov"},
+    {"{\"workers\":4,\"optimizer\":{\"nesterov\":true,\"momentum\":0}}", "optimizer.nesterov"},
+    {"{\"workers\":4,\"optimizer\":{\"weight_decay\":-0.1}}", "optimizer.weight_decay"},
+    {"{\"workers\":4,\"optimizer\":{\"warmup\":-1}}", "optimizer.warmup"},
+    {"{\"workers\":4,\"optimizer\":{\"beta\":0.9}}", "optimizer.beta"},
+    {"{\"workers\":4,\"batch_size\":0}", "batch_size"},
+    {"{\"workers\":4,\"iterations\":0}", "iterations"},
+    {"{\"workers\":4,\"iterations\":10,\"epochs\":1}", "epochs"},
+    {"{\"workers\":4,\"epochs\":0}", "epochs"},
+    {"{\"workers\":4,\"eval_every\":-5}", "eval_every"},
+    {"{\"workers\":4,\"seed\":-1}", "seed"},
+    {"{\"workers\":4,\"device\":\"tpu\"}", "device"},
+    {"{\"workers\":4,\"checkpoint\":{\"every\":10}}", "checkpoint.path"},
+    {"{\"workers\":4,\"checkpoint\":{\"path\":3}}", "checkpoint.path"},
+    {"{\"workers\":4,\"checkpoint\":{\"dir\":\"/x\"}}", "checkpoint.dir"},
+    {"{\"workers\":4,\"checkpoint\":\"yes\"}", "checkpoint"},
+    {"[1,2]", ""},
+    {"{\"workers\":4", ""},
+    {"", ""},
+    {"{\"workers\":4,\"workers\":5}", ""},
+};
+
+static void test_spec_bad_table(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof bad_specs / sizeof bad_specs[0]; i++) {
+    wagma_job_spec_t s;
+    wagma_api_error_t err;
+    int rc = spec_parse(bad_specs[i].json, &s, &err);
+    if (rc != WAGMA_EINVAL || strcmp(err.field, bad_specs[i].field) != 0)
+      fail_msg("spec %zu %s: rc %d field '%s' (want '%s'): %s", i, bad_specs[i].json, rc, err.field,
+               bad_specs[i].field, err.message);
+    assert_true(strlen(err.message) > 0);
+  }
+}
+
+static void test_patch(void **state) {
+  (void)state;
+  wagma_job_spec_t s;
+  wagma_job_patch_t p;
+  wagma_api_error_t err;
+  assert_int_equal(spec_parse("{\"workers\":4,\"min_workers\":2,\"max_workers\":8}", &s, &err), 0);
+  const char *ok = "{\"workers\":6}";
+  assert_int_equal(wagma_job_patch_from_json(ok, strlen(ok), &p, &err), 0);
+  assert_int_equal(wagma_job_patch_apply(&p, &s, &err), 0);
+  assert_int_equal(s.workers, 6);
+
+  const char *too_many = "{\"workers\":9}";
+  assert_int_equal(wagma_job_patch_from_json(too_many, strlen(too_many), &p, &err), 0);
+  assert_int_equal(wagma_job_patch_apply(&p, &s, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "workers");
+  assert_int_equal(s.workers, 6); /* unchanged on error */
+
+  const char *both = "{\"workers\":10,\"max_workers\":12}";
+  assert_int_equal(wagma_job_patch_from_json(both, strlen(both), &p, &err), 0);
+  assert_int_equal(wagma_job_patch_apply(&p, &s, &err), 0);
+  assert_int_equal(s.workers, 10);
+  assert_int_equal(s.max_workers, 12);
+
+  const char *imm = "{\"model\":\"mlp\"}";
+  assert_int_equal(wagma_job_patch_from_json(imm, strlen(imm), &p, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "model");
+  assert_non_null(strstr(err.message, "immutable"));
+  const char *unk = "{\"replicas\":3}";
+  assert_int_equal(wagma_job_patch_from_json(unk, strlen(unk), &p, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "replicas");
+  const char *empty = "{}";
+  assert_int_equal(wagma_job_patch_from_json(empty, strlen(empty), &p, &err), WAGMA_EINVAL);
+  const char *badtype = "{\"workers\":true}";
+  assert_int_equal(wagma_job_patch_from_json(badtype, strlen(badtype), &p, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "workers");
+}
+
+static void test_status_codec(void **state) {
+  (void)state;
+  wagma_job_status_t a = {0}, b = {0};
+  wagma_api_error_t err;
+  const char *names[] = {"agent-0", "agent-1", "agent-2"};
+  char *json = NULL;
+  a.state = WAGMA_JOB_RUNNING;
+  snprintf(a.reason, sizeof a.reason, "3 of 4 workers");
+  a.epoch = 7;
+  a.iteration = 1234;
+  a.start_round = 1200;
+  a.regroupings = 6;
+  a.created = 1700000000.5;
+  a.started = 1700000001.25;
+  assert_int_equal(wagma_job_status_set_members(&a, names, 3), 0);
+  assert_int_equal(wagma_job_status_to_json(&a, &json), 0);
+  assert_int_equal(wagma_job_status_from_json(json, strlen(json), &b, &err), 0);
+  assert_int_equal(b.state, WAGMA_JOB_RUNNING);
+  assert_string_equal(b.reason, a.reason);
+  assert_int_equal(b.epoch, 7);
+  assert_int_equal(b.iteration, 1234);
+  assert_int_equal(b.start_round, 1200);
+  assert_int_equal(b.regroupings, 6);
+  assert_true(b.created == a.created && b.started == a.started && b.finished == 0);
+  assert_int_equal(b.nmembers, 3);
+  assert_string_equal(b.members[2], "agent-2");
+  free(json);
+  wagma_job_status_free(&a);
+  wagma_job_status_free(&b);
+
+  const char *bad = "{\"state\":\"exploded\"}";
+  assert_int_equal(wagma_job_status_from_json(bad, strlen(bad), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "state");
+  const char *badm = "{\"state\":\"running\",\"members\":[\"ok\",\"not ok\"]}";
+  assert_int_equal(wagma_job_status_from_json(badm, strlen(badm), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "members[1]");
+
+  for (int s = WAGMA_JOB_PENDING; s <= WAGMA_JOB_STOPPED; s++) {
+    wagma_job_state_t back;
+    assert_int_equal(wagma_job_state_from_name(wagma_job_state_name(s), &back), 0);
+    assert_int_equal(back, s);
+    assert_int_equal(wagma_job_state_terminal(s), s >= WAGMA_JOB_SUCCEEDED);
+  }
+}
+
+static void test_progress_codec(void **state) {
+  (void)state;
+  wagma_progress_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  wagma_progress_init(&a);
+  a.state = WAGMA_PROGRESS_DONE;
+  a.epoch = 3;
+  a.iteration = 500;
+  a.loss = 0.25;
+  a.step_time = 0.01;
+  a.staleness = 2;
+  a.rounds_activated = 100;
+  a.rounds_joined = 300;
+  a.time = 1700000000;
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"accuracy\":null"));
+  assert_int_equal(wagma_progress_from_json(json, strlen(json), &b, &err), 0);
+  assert_int_equal(b.state, WAGMA_PROGRESS_DONE);
+  assert_int_equal(b.iteration, 500);
+  assert_true(b.loss == 0.25);
+  assert_true(isnan(b.accuracy));
+  assert_int_equal(b.rounds_joined, 300);
+  free(json);
+
+  /* unknown fields are ignored; iteration is required; types are checked */
+  const char *fwd = "{\"iteration\":5,\"gpu_util\":0.9,\"state\":\"failed\",\"error\":\"oom\"}";
+  assert_int_equal(wagma_progress_from_json(fwd, strlen(fwd), &b, &err), 0);
+  assert_int_equal(b.state, WAGMA_PROGRESS_FAILED);
+  assert_string_equal(b.error, "oom");
+  const char *noit = "{\"loss\":1}";
+  assert_int_equal(wagma_progress_from_json(noit, strlen(noit), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "iteration");
+  const char *badloss = "{\"iteration\":1,\"loss\":\"low\"}";
+  assert_int_equal(wagma_progress_from_json(badloss, strlen(badloss), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "loss");
+}
+
+static void test_agent_and_assignment(void **state) {
+  (void)state;
+  wagma_agent_info_t a = {0}, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  snprintf(a.address, sizeof a.address, "10.0.0.5:7100");
+  a.device = WAGMA_DEVICE_CUDA;
+  a.capacity = 2;
+  snprintf(a.version, sizeof a.version, "0.1.0");
+  a.started = 1700000000;
+  assert_int_equal(wagma_agent_info_to_json(&a, &json), 0);
+  assert_int_equal(wagma_agent_info_from_json(json, strlen(json), &b, &err), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  free(json);
+  const char *noaddr = "{\"device\":\"cpu\"}";
+  assert_int_equal(wagma_agent_info_from_json(noaddr, strlen(noaddr), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "address");
+  const char *badcap = "{\"address\":\"h:1\",\"capacity\":0}";
+  assert_int_equal(wagma_agent_info_from_json(badcap, strlen(badcap), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "capacity");
+  const char *minimal = "{\"address\":\"h:1\",\"extra\":[1]}";
+  assert_int_equal(wagma_agent_info_from_json(minimal, strlen(minimal), &b, &err), 0);
+  assert_int_equal(b.capacity, 1);
+  assert_int_equal(b.device, WAGMA_DEVICE_CPU);
+
+  wagma_assignment_t s = {.epoch = 9}, t;
+  snprintf(s.job, sizeof s.job, "job-1");
+  assert_int_equal(wagma_assignment_to_json(&s, &json), 0);
+  assert_string_equal(json, "{\"job\":\"job-1\",\"epoch\":9}");
+  assert_int_equal(wagma_assignment_from_json(json, strlen(json), &t, &err), 0);
+  assert_string_equal(t.job, "job-1");
+  assert_int_equal(t.epoch, 9);
+  free(json);
+  const char *badjob = "{\"job\":\"../x\"}";
+  assert_int_equal(wagma_assignment_from_json(badjob, strlen(badjob), &t, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "job");
+}
+
+static void test_error_body(void **state) {
+  (void)state;
+  char *b = wagma_api_error_body("invalid_spec", "must be \"x\"", "optimizer.lr");
+  assert_string_equal(
+      b, "{\"error\":{\"code\":\"invalid_spec\",\"message\":\"must be \\\"x\\\"\",\"field\":"
+         "\"optimizer.lr\"}}");
+  free(b);
+  b = wagma_api_error_body("not_found", "no such job", NULL);
+  assert_string_equal(b, "{\"error\":{\"code\":\"not_found\",\"message\":\"no such job\"}}");
+  free(b);
+  b = wagma_api_error_body("x", "bad \xff utf8", "");
+  assert_non_null(b);
+  free(b);
+}
+
+static void test_keys(void **state) {
+  (void)state;
+  wagma_keys_t k;
+  char buf[256], job[WAGMA_API_NAME_MAX], agent[WAGMA_API_NAME_MAX];
+  assert_int_equal(wagma_keys_init(&k, NULL), 0);
+  assert_string_equal(k.prefix, "/wagma");
+  assert_int_equal(wagma_keys_init(&k, "/x/y/"), 0);
+  assert_string_equal(k.prefix, "/x/y");
+  assert_int_equal(wagma_keys_init(&k, "x"), WAGMA_EINVAL);
+  assert_int_equal(wagma_keys_init(&k, "/"), WAGMA_EINVAL);
+  assert_int_equal(wagma_keys_init(&k, "/a//b"), WAGMA_EINVAL);
+  assert_int_equal(wagma_keys_init(&k, "/a b"), WAGMA_EINVAL);
+  assert_int_equal(wagma_keys_init(&k, "/wagma"), 0);
+
+  assert_int_equal(wagma_key_agent(&k, "a0", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/agents/a0");
+  assert_int_equal(wagma_key_agent(&k, "a/0", buf, sizeof buf), WAGMA_EINVAL);
+  assert_int_equal(wagma_key_assignment(&k, "a0", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/assignments/a0");
+  assert_int_equal(wagma_key_job_spec(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/spec");
+  assert_int_equal(wagma_key_job_status(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/status");
+  assert_int_equal(wagma_key_job_plan(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/plan");
+  assert_int_equal(wagma_key_job_checkpoint(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/checkpoint");
+  assert_int_equal(wagma_key_job_progress(&k, "j", "a0", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/progress/a0");
+  assert_int_equal(wagma_key_job_progress_prefix(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/progress/");
+  assert_int_equal(wagma_key_job_prefix(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/");
+  assert_int_equal(wagma_key_jobs_prefix(&k, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/");
+  assert_int_equal(wagma_key_agents_prefix(&k, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/agents/");
+  assert_int_equal(wagma_key_leader(&k, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/coordinator/leader");
+  assert_int_equal(wagma_key_root(&k, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/");
+  assert_int_equal(wagma_key_job_spec(&k, "j", buf, 10), WAGMA_ERANGE);
+
+  struct {
+    const char *key;
+    wagma_key_kind_t kind;
+    const char *job, *agent;
+  } cases[] = {
+      {"/wagma/agents/a0", WAGMA_KEY_AGENT, "", "a0"},
+      {"/wagma/assignments/a1", WAGMA_KEY_ASSIGNMENT, "", "a1"},
+      {"/wagma/jobs/j1/spec", WAGMA_KEY_JOB_SPEC, "j1", ""},
+      {"/wagma/jobs/j1/status", WAGMA_KEY_JOB_STATUS, "j1", ""},
+      {"/wagma/jobs/j1/plan", WAGMA_KEY_JOB_PLAN, "j1", ""},
+      {"/wagma/jobs/j1/checkpoint", WAGMA_KEY_JOB_CHECKPOINT, "j1", ""},
+      {"/wagma/jobs/j1/progress/a2", WAGMA_KEY_JOB_PROGRESS, "j1", "a2"},
+      {"/wagma/coordinator/leader", WAGMA_KEY_LEADER, "", ""},
+      {"/wagma/jobs/j1/progress/", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/jobs/j1/progress/a/b", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/jobs/j1/other", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/agents/", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/agents/a/b", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagmax/agents/a", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/other/agents/a", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma", WAGMA_KEY_UNKNOWN, "", ""},
+      {"", WAGMA_KEY_UNKNOWN, "", ""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    job[0] = agent[0] = '\0';
+    wagma_key_kind_t kind = wagma_key_parse(&k, cases[i].key, strlen(cases[i].key), job, agent);
+    if (kind != cases[i].kind)
+      fail_msg("key %s: kind %d want %d", cases[i].key, kind, cases[i].kind);
+    if (kind != WAGMA_KEY_UNKNOWN) {
+      assert_string_equal(job, cases[i].job);
+      assert_string_equal(agent, cases[i].agent);
+    }
+  }
+}
+
+static void test_names(void **state) {
+  (void)state;
+  assert_true(wagma_api_name_valid("a"));
+  assert_true(wagma_api_name_valid("Job_1.v2-x"));
+  assert_false(wagma_api_name_valid(""));
+  assert_false(wagma_api_name_valid(".hidden"));
+  assert_false(wagma_api_name_valid("-x"));
+  assert_false(wagma_api_name_valid("a/b"));
+  assert_false(wagma_api_name_valid("a b"));
+  char longname[80];
+  memset(longname, 'a', sizeof longname);
+  longname[63] = '\0';
+  assert_true(wagma_api_name_valid(longname));
+  longname[63] = 'a';
+  longname[64] = '\0';
+  assert_false(wagma_api_name_valid(longname));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_spec_defaults),
+      cmocka_unit_test(test_spec_round_trip),
+      cmocka_unit_test(test_spec_bad_table),
+      cmocka_unit_test(test_patch),
+      cmocka_unit_test(test_status_codec),
+      cmocka_unit_test(test_progress_codec),
+      cmocka_unit_test(test_agent_and_assignment),
+      cmocka_unit_test(test_error_body),
+      cmocka_unit_test(test_keys),
+      cmocka_unit_test(test_names),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
