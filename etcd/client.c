@@ -1,0 +1,703 @@
+/* client.c — the etcd handle: endpoints and their gRPC channels, the unary-call engine
+ * with deadline and failover, the stream helper used by watch, status mapping and the
+ * per-thread detail messages.
+ *
+ * Owns: one grpc_channel per endpoint (thread-safe in gRPC), the errslot list.
+ * Threads: none of its own; any number of caller threads run calls concurrently. Each call
+ * uses its own pluck completion queue, drained with grpc_completion_queue_pluck before it is
+ * destroyed, with exactly one batch in flight.
+ * Invariants: `preferred` is always a valid endpoint index; every call carries a deadline;
+ * UNAVAILABLE moves to the next endpoint, with a short backoff after each full round. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+
+#include "etcd_internal.h"
+
+#define DEFAULT_CALL_TIMEOUT_MS 5000
+#define FAILOVER_BACKOFF_MIN_MS 50
+#define FAILOVER_BACKOFF_MAX_MS 500
+
+int64_t wg_etcd_now_ms(void) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+}
+
+static gpr_timespec deadline_from_ms(int64_t deadline_ms) {
+  int64_t left = deadline_ms - wg_etcd_now_ms();
+  if (left < 0)
+    left = 0;
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(left, GPR_TIMESPAN));
+}
+
+static void sleep_ms(int64_t ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* ---- detail messages ---------------------------------------------------------------- */
+
+static struct wg_etcd_errslot *errslot(wagma_etcd_t *etcd) {
+  struct wg_etcd_errslot *slot = pthread_getspecific(etcd->errkey);
+  if (slot != NULL)
+    return slot;
+  slot = calloc(1, sizeof *slot);
+  if (slot == NULL)
+    return NULL;
+  pthread_mutex_lock(&etcd->lock);
+  slot->next = etcd->slots;
+  etcd->slots = slot;
+  pthread_mutex_unlock(&etcd->lock);
+  pthread_setspecific(etcd->errkey, slot);
+  return slot;
+}
+
+void wg_etcd_set_error(wagma_etcd_t *etcd, const char *fmt, ...) {
+  struct wg_etcd_errslot *slot = errslot(etcd);
+  va_list args;
+  if (slot == NULL)
+    return;
+  va_start(args, fmt);
+  vsnprintf(slot->msg, sizeof slot->msg, fmt, args);
+  va_end(args);
+}
+
+const char *wagma_etcd_errmsg(wagma_etcd_t *etcd) {
+  struct wg_etcd_errslot *slot;
+  if (etcd == NULL)
+    return "no handle";
+  slot = errslot(etcd);
+  return slot == NULL ? "out of memory" : slot->msg;
+}
+
+static void clear_error(wagma_etcd_t *etcd) {
+  struct wg_etcd_errslot *slot = pthread_getspecific(etcd->errkey);
+  if (slot != NULL)
+    slot->msg[0] = '\0';
+}
+
+/* ---- status mapping ----------------------------------------------------------------- */
+
+static const char *status_name(grpc_status_code code) {
+  static const char *const names[] = {"OK",
+                                      "CANCELLED",
+                                      "UNKNOWN",
+                                      "INVALID_ARGUMENT",
+                                      "DEADLINE_EXCEEDED",
+                                      "NOT_FOUND",
+                                      "ALREADY_EXISTS",
+                                      "PERMISSION_DENIED",
+                                      "RESOURCE_EXHAUSTED",
+                                      "FAILED_PRECONDITION",
+                                      "ABORTED",
+                                      "OUT_OF_RANGE",
+                                      "UNIMPLEMENTED",
+                                      "INTERNAL",
+                                      "UNAVAILABLE",
+                                      "DATA_LOSS",
+                                      "UNAUTHENTICATED"};
+  if ((int)code < 0 || (size_t)code >= sizeof names / sizeof names[0])
+    return "?";
+  return names[code];
+}
+
+int wg_etcd_map_status(grpc_status_code code, const char *details) {
+  if (details != NULL) {
+    if (strstr(details, "compacted") != NULL)
+      return WAGMA_ECOMPACTED;
+    if (strstr(details, "lease not found") != NULL ||
+        strstr(details, "election: no leader") != NULL)
+      return WAGMA_ENOTFOUND;
+    if (strstr(details, "election: not leader") != NULL)
+      return WAGMA_EPERM;
+  }
+  switch (code) {
+  case GRPC_STATUS_OK: return WAGMA_OK;
+  case GRPC_STATUS_CANCELLED: return WAGMA_ECANCELED;
+  case GRPC_STATUS_INVALID_ARGUMENT: return WAGMA_EINVAL;
+  case GRPC_STATUS_DEADLINE_EXCEEDED: return WAGMA_ETIMEDOUT;
+  case GRPC_STATUS_NOT_FOUND: return WAGMA_ENOTFOUND;
+  case GRPC_STATUS_ALREADY_EXISTS: return WAGMA_EEXIST;
+  case GRPC_STATUS_PERMISSION_DENIED:
+  case GRPC_STATUS_UNAUTHENTICATED: return WAGMA_EPERM;
+  case GRPC_STATUS_RESOURCE_EXHAUSTED: return WAGMA_EBUSY;
+  case GRPC_STATUS_FAILED_PRECONDITION:
+  case GRPC_STATUS_ABORTED: return WAGMA_ECONFLICT;
+  case GRPC_STATUS_OUT_OF_RANGE: return WAGMA_ERANGE;
+  case GRPC_STATUS_UNIMPLEMENTED: return WAGMA_ENOSYS;
+  case GRPC_STATUS_UNAVAILABLE: return WAGMA_EUNAVAIL;
+  default: return WAGMA_EIO;
+  }
+}
+
+/* ---- handle ------------------------------------------------------------------------- */
+
+size_t wg_etcd_preferred(wagma_etcd_t *etcd) {
+  size_t index;
+  pthread_mutex_lock(&etcd->lock);
+  index = etcd->preferred;
+  pthread_mutex_unlock(&etcd->lock);
+  return index;
+}
+
+void wg_etcd_set_preferred(wagma_etcd_t *etcd, size_t endpoint) {
+  pthread_mutex_lock(&etcd->lock);
+  if (endpoint < etcd->n_endpoints)
+    etcd->preferred = endpoint;
+  pthread_mutex_unlock(&etcd->lock);
+}
+
+/* Splits "a,b,c" into trimmed host:port strings (scheme prefixes dropped). Allocates
+ * etcd->endpoints. */
+static int parse_endpoints(wagma_etcd_t *etcd, const char *list) {
+  const char *p = list;
+  size_t capacity = 0;
+  while (*p != '\0') {
+    const char *end = strchr(p, ',');
+    size_t len = end == NULL ? strlen(p) : (size_t)(end - p);
+    while (len > 0 && (*p == ' ' || *p == '\t'))
+      p++, len--;
+    while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t' || p[len - 1] == '/'))
+      len--;
+    if (len > 7 && strncmp(p, "http://", 7) == 0)
+      p += 7, len -= 7;
+    if (len > 0) {
+      if (etcd->n_endpoints == capacity) {
+        size_t grow = capacity == 0 ? 4 : capacity * 2;
+        char **bigger = realloc(etcd->endpoints, grow * sizeof *bigger);
+        if (bigger == NULL)
+          return WAGMA_ENOMEM;
+        etcd->endpoints = bigger;
+        capacity = grow;
+      }
+      etcd->endpoints[etcd->n_endpoints] = strndup(p, len);
+      if (etcd->endpoints[etcd->n_endpoints] == NULL)
+        return WAGMA_ENOMEM;
+      etcd->n_endpoints++;
+    }
+    if (end == NULL)
+      break;
+    p = end + 1;
+  }
+  return etcd->n_endpoints > 0 ? 0 : WAGMA_EINVAL;
+}
+
+int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
+  wagma_etcd_t *etcd = NULL;
+  grpc_channel_credentials *creds = NULL;
+  int rc = 0, key_made = 0, lock_made = 0, grpc_started = 0;
+  grpc_arg args[6];
+  grpc_channel_args channel_args = {.num_args = 6, .args = args};
+
+  if (out == NULL || options == NULL || options->endpoints == NULL)
+    return WAGMA_EINVAL;
+  *out = NULL;
+  etcd = calloc(1, sizeof *etcd);
+  if (etcd == NULL)
+    return WAGMA_ENOMEM;
+  etcd->call_timeout_ms =
+      options->call_timeout_ms > 0 ? options->call_timeout_ms : DEFAULT_CALL_TIMEOUT_MS;
+  etcd->log_fn = options->log_fn;
+  etcd->log_user = options->log_user;
+  if (pthread_mutex_init(&etcd->lock, NULL) != 0) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  lock_made = 1;
+  if (pthread_key_create(&etcd->errkey, NULL) != 0) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  key_made = 1;
+  rc = parse_endpoints(etcd, options->endpoints);
+  if (rc != 0)
+    goto out;
+  etcd->channels = calloc(etcd->n_endpoints, sizeof *etcd->channels);
+  if (etcd->channels == NULL) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+
+  grpc_init();
+  grpc_started = 1;
+  /* Reconnect quickly after an etcd restart; fail calls fast while it is down. */
+  args[0] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 100}};
+  args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 100}};
+  args[2] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}};
+  args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};
+  args[4] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}};
+  args[5] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_ENABLE_RETRIES, {.integer = 0}};
+  creds = grpc_insecure_credentials_create();
+  for (size_t i = 0; i < etcd->n_endpoints; i++) {
+    etcd->channels[i] = grpc_channel_create(etcd->endpoints[i], creds, &channel_args);
+    if (etcd->channels[i] == NULL) {
+      rc = WAGMA_EINVAL;
+      goto out;
+    }
+  }
+  *out = etcd;
+  etcd = NULL;
+out:
+  if (creds != NULL)
+    grpc_channel_credentials_release(creds);
+  if (etcd != NULL) {
+    for (size_t i = 0; etcd->channels != NULL && i < etcd->n_endpoints; i++)
+      if (etcd->channels[i] != NULL)
+        grpc_channel_destroy(etcd->channels[i]);
+    for (size_t i = 0; i < etcd->n_endpoints; i++)
+      free(etcd->endpoints[i]);
+    free(etcd->endpoints);
+    free(etcd->channels);
+    if (key_made)
+      pthread_key_delete(etcd->errkey);
+    if (lock_made)
+      pthread_mutex_destroy(&etcd->lock);
+    if (grpc_started)
+      grpc_shutdown();
+    free(etcd);
+  }
+  return rc;
+}
+
+void wagma_etcd_close(wagma_etcd_t *etcd) {
+  if (etcd == NULL)
+    return;
+  for (size_t i = 0; i < etcd->n_endpoints; i++) {
+    grpc_channel_destroy(etcd->channels[i]);
+    free(etcd->endpoints[i]);
+  }
+  free(etcd->channels);
+  free(etcd->endpoints);
+  while (etcd->slots != NULL) {
+    struct wg_etcd_errslot *next = etcd->slots->next;
+    free(etcd->slots);
+    etcd->slots = next;
+  }
+  pthread_key_delete(etcd->errkey);
+  pthread_mutex_destroy(&etcd->lock);
+  free(etcd);
+  grpc_shutdown();
+}
+
+/* ---- cancel ------------------------------------------------------------------------- */
+
+void wg_etcd_cancel_init(wg_etcd_cancel_t *cancel) {
+  pthread_mutex_init(&cancel->lock, NULL);
+  cancel->call = NULL;
+  cancel->canceled = 0;
+}
+
+void wg_etcd_cancel_destroy(wg_etcd_cancel_t *cancel) {
+  pthread_mutex_destroy(&cancel->lock);
+}
+
+void wg_etcd_cancel_fire(wg_etcd_cancel_t *cancel) {
+  pthread_mutex_lock(&cancel->lock);
+  cancel->canceled = 1;
+  if (cancel->call != NULL)
+    grpc_call_cancel(cancel->call, NULL);
+  pthread_mutex_unlock(&cancel->lock);
+}
+
+/* Registers call; returns nonzero (and registers nothing) when already canceled. */
+static int cancel_register(wg_etcd_cancel_t *cancel, grpc_call *call) {
+  int canceled;
+  if (cancel == NULL)
+    return 0;
+  pthread_mutex_lock(&cancel->lock);
+  canceled = cancel->canceled;
+  if (!canceled)
+    cancel->call = call;
+  pthread_mutex_unlock(&cancel->lock);
+  return canceled;
+}
+
+static void cancel_unregister(wg_etcd_cancel_t *cancel) {
+  if (cancel == NULL)
+    return;
+  pthread_mutex_lock(&cancel->lock);
+  cancel->call = NULL;
+  pthread_mutex_unlock(&cancel->lock);
+}
+
+static int cancel_fired(wg_etcd_cancel_t *cancel) {
+  int canceled;
+  if (cancel == NULL)
+    return 0;
+  pthread_mutex_lock(&cancel->lock);
+  canceled = cancel->canceled;
+  pthread_mutex_unlock(&cancel->lock);
+  return canceled;
+}
+
+/* ---- messages <-> byte buffers ------------------------------------------------------ */
+
+/* Packs message into a new byte buffer (caller destroys), NULL on allocation failure. */
+static grpc_byte_buffer *pack(const ProtobufCMessage *message) {
+  size_t size = protobuf_c_message_get_packed_size(message);
+  grpc_slice slice = grpc_slice_malloc(size);
+  grpc_byte_buffer *buffer;
+  protobuf_c_message_pack(message, GRPC_SLICE_START_PTR(slice));
+  buffer = grpc_raw_byte_buffer_create(&slice, 1);
+  grpc_slice_unref(slice);
+  return buffer;
+}
+
+/* Decodes buffer (not consumed) as type; NULL when it does not parse. */
+static ProtobufCMessage *unpack(grpc_byte_buffer *buffer, const ProtobufCMessageDescriptor *type) {
+  grpc_byte_buffer_reader reader;
+  grpc_slice slice;
+  ProtobufCMessage *message;
+  if (!grpc_byte_buffer_reader_init(&reader, buffer))
+    return NULL;
+  slice = grpc_byte_buffer_reader_readall(&reader);
+  grpc_byte_buffer_reader_destroy(&reader);
+  message =
+      protobuf_c_message_unpack(type, NULL, GRPC_SLICE_LENGTH(slice), GRPC_SLICE_START_PTR(slice));
+  grpc_slice_unref(slice);
+  return message;
+}
+
+static void destroy_cq(grpc_completion_queue *cq) {
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(cq);
+}
+
+/* ---- unary -------------------------------------------------------------------------- */
+
+/* One attempt on one endpoint. Returns the mapped status; *response set on 0. */
+static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method,
+                         grpc_byte_buffer *request, const ProtobufCMessageDescriptor *type,
+                         ProtobufCMessage **response, int64_t deadline_ms,
+                         wg_etcd_cancel_t *cancel) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_call *call;
+  grpc_metadata_array initial_md, trailing_md;
+  grpc_byte_buffer *answer = NULL;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  grpc_op ops[6];
+  grpc_event event;
+  char *details_text = NULL;
+  int rc = 0;
+
+  grpc_metadata_array_init(&initial_md);
+  grpc_metadata_array_init(&trailing_md);
+  call = grpc_channel_create_call(etcd->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+                                  grpc_slice_from_static_string(method), NULL,
+                                  deadline_from_ms(deadline_ms), NULL);
+  if (call == NULL) {
+    wg_etcd_set_error(etcd, "etcd %s %s: cannot create call", etcd->endpoints[endpoint], method);
+    rc = WAGMA_EINTERNAL;
+    goto out;
+  }
+  if (cancel_register(cancel, call)) {
+    wg_etcd_set_error(etcd, "etcd %s %s: canceled", etcd->endpoints[endpoint], method);
+    rc = WAGMA_ECANCELED;
+    goto out;
+  }
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = request;
+  ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+  ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+  ops[3].data.recv_initial_metadata.recv_initial_metadata = &initial_md;
+  ops[4].op = GRPC_OP_RECV_MESSAGE;
+  ops[4].data.recv_message.recv_message = &answer;
+  ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+  ops[5].data.recv_status_on_client.trailing_metadata = &trailing_md;
+  ops[5].data.recv_status_on_client.status = &status;
+  ops[5].data.recv_status_on_client.status_details = &details;
+  if (grpc_call_start_batch(call, ops, 6, (void *)1, NULL) != GRPC_CALL_OK) {
+    cancel_unregister(cancel);
+    wg_etcd_set_error(etcd, "etcd %s %s: cannot start call", etcd->endpoints[endpoint], method);
+    rc = WAGMA_EINTERNAL;
+    goto out;
+  }
+  /* The call's deadline guarantees completion. */
+  event = grpc_completion_queue_pluck(cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  cancel_unregister(cancel);
+  (void)event;
+  if (status != GRPC_STATUS_OK) {
+    details_text = grpc_slice_to_c_string(details);
+    rc = wg_etcd_map_status(status, details_text);
+    if (status == GRPC_STATUS_CANCELLED && cancel_fired(cancel))
+      rc = WAGMA_ECANCELED;
+    wg_etcd_set_error(etcd, "etcd %s %s: %s (%d): %s", etcd->endpoints[endpoint], method,
+                      status_name(status), (int)status, details_text);
+    goto out;
+  }
+  if (answer == NULL || (*response = unpack(answer, type)) == NULL) {
+    wg_etcd_set_error(etcd, "etcd %s %s: undecodable answer", etcd->endpoints[endpoint], method);
+    rc = WAGMA_EPROTO;
+    goto out;
+  }
+out:
+  gpr_free(details_text);
+  grpc_slice_unref(details);
+  if (answer != NULL)
+    grpc_byte_buffer_destroy(answer);
+  grpc_metadata_array_destroy(&initial_md);
+  grpc_metadata_array_destroy(&trailing_md);
+  if (call != NULL)
+    grpc_call_unref(call);
+  destroy_cq(cq);
+  return rc;
+}
+
+int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
+                  const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **response,
+                  int64_t deadline_ms, wg_etcd_cancel_t *cancel) {
+  grpc_byte_buffer *buffer = pack(request);
+  size_t endpoint = wg_etcd_preferred(etcd);
+  size_t tried_this_round = 0;
+  int64_t backoff = FAILOVER_BACKOFF_MIN_MS;
+  int attempts = 0;
+  int rc;
+
+  *response = NULL;
+  if (buffer == NULL)
+    return WAGMA_ENOMEM;
+  if (deadline_ms <= 0)
+    deadline_ms = wg_etcd_now_ms() + etcd->call_timeout_ms;
+  clear_error(etcd);
+  for (;;) {
+    attempts++;
+    rc =
+        unary_attempt(etcd, endpoint, method, buffer, response_type, response, deadline_ms, cancel);
+    if (rc == 0) {
+      wg_etcd_set_preferred(etcd, endpoint);
+      break;
+    }
+    if (rc != WAGMA_EUNAVAIL)
+      break;
+    wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_DEBUG, "%s", wagma_etcd_errmsg(etcd));
+    endpoint = (endpoint + 1) % etcd->n_endpoints;
+    if (++tried_this_round >= etcd->n_endpoints) {
+      /* Every endpoint refused: wait a little before the next round, within the deadline. */
+      int64_t left = deadline_ms - wg_etcd_now_ms();
+      tried_this_round = 0;
+      if (left <= backoff)
+        break;
+      sleep_ms(backoff);
+      backoff = backoff * 2 > FAILOVER_BACKOFF_MAX_MS ? FAILOVER_BACKOFF_MAX_MS : backoff * 2;
+    }
+    if (wg_etcd_now_ms() >= deadline_ms || cancel_fired(cancel))
+      break;
+  }
+  if (rc == WAGMA_EUNAVAIL) {
+    char last[WG_ETCD_ERRMSG_MAX];
+    snprintf(last, sizeof last, "%s", wagma_etcd_errmsg(etcd));
+    wg_etcd_set_error(etcd, "no etcd endpoint available after %d attempts; last: %s", attempts,
+                      last);
+  }
+  grpc_byte_buffer_destroy(buffer);
+  return rc;
+}
+
+/* ---- streams ------------------------------------------------------------------------ */
+
+int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t endpoint,
+                        const char *method, const ProtobufCMessage *first,
+                        wg_etcd_cancel_t *cancel) {
+  grpc_byte_buffer *buffer = NULL;
+  grpc_op ops[2];
+  grpc_event event;
+  int rc = 0;
+
+  memset(stream, 0, sizeof *stream);
+  stream->etcd = etcd;
+  stream->endpoint = endpoint;
+  grpc_metadata_array_init(&stream->initial_md);
+  stream->initial_md_pending = 1;
+  stream->cq = grpc_completion_queue_create_for_pluck(NULL);
+  stream->call = grpc_channel_create_call(etcd->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS,
+                                          stream->cq, grpc_slice_from_static_string(method), NULL,
+                                          gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  if (stream->call == NULL) {
+    rc = WAGMA_EINTERNAL;
+    goto out;
+  }
+  if (cancel_register(cancel, stream->call)) {
+    rc = WAGMA_ECANCELED;
+    goto out;
+  }
+  buffer = pack(first);
+  if (buffer == NULL) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  memset(ops, 0, sizeof ops);
+  ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[1].op = GRPC_OP_SEND_MESSAGE;
+  ops[1].data.send_message.send_message = buffer;
+  if (grpc_call_start_batch(stream->call, ops, 2, (void *)1, NULL) != GRPC_CALL_OK) {
+    rc = WAGMA_EINTERNAL;
+    goto out;
+  }
+  event =
+      grpc_completion_queue_pluck(stream->cq, (void *)1, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+  if (!event.success)
+    rc = WAGMA_EUNAVAIL; /* the status, collected by close, tells why */
+out:
+  if (buffer != NULL)
+    grpc_byte_buffer_destroy(buffer);
+  return rc;
+}
+
+int wg_etcd_stream_recv(wg_etcd_stream_t *stream, const ProtobufCMessageDescriptor *type,
+                        ProtobufCMessage **message, int timeout_ms) {
+  grpc_byte_buffer *buffer = NULL;
+  grpc_op ops[2];
+  size_t n = 0;
+  grpc_event event;
+  gpr_timespec deadline = timeout_ms < 0 ? gpr_inf_future(GPR_CLOCK_REALTIME)
+                                         : deadline_from_ms(wg_etcd_now_ms() + timeout_ms);
+  int rc = 0;
+
+  *message = NULL;
+  memset(ops, 0, sizeof ops);
+  if (stream->initial_md_pending) {
+    ops[n].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[n].data.recv_initial_metadata.recv_initial_metadata = &stream->initial_md;
+    n++;
+    stream->initial_md_pending = 0;
+  }
+  ops[n].op = GRPC_OP_RECV_MESSAGE;
+  ops[n].data.recv_message.recv_message = &buffer;
+  n++;
+  if (grpc_call_start_batch(stream->call, ops, n, (void *)2, NULL) != GRPC_CALL_OK)
+    return WAGMA_EINTERNAL;
+  event = grpc_completion_queue_pluck(stream->cq, (void *)2, deadline, NULL);
+  if (event.type == GRPC_QUEUE_TIMEOUT) {
+    grpc_call_cancel(stream->call, NULL);
+    event = grpc_completion_queue_pluck(stream->cq, (void *)2, gpr_inf_future(GPR_CLOCK_REALTIME),
+                                        NULL);
+    rc = WAGMA_ETIMEDOUT;
+    goto out;
+  }
+  if (!event.success || buffer == NULL) {
+    rc = WAGMA_EUNAVAIL; /* stream ended or broke: close() tells the status */
+    goto out;
+  }
+  *message = unpack(buffer, type);
+  if (*message == NULL)
+    rc = WAGMA_EPROTO;
+out:
+  if (buffer != NULL)
+    grpc_byte_buffer_destroy(buffer);
+  return rc;
+}
+
+int wg_etcd_stream_close(wg_etcd_stream_t *stream, const char *method, wg_etcd_cancel_t *cancel) {
+  grpc_metadata_array trailing_md;
+  grpc_status_code status = GRPC_STATUS_UNKNOWN;
+  grpc_slice details = grpc_empty_slice();
+  grpc_op op;
+  char *details_text = NULL;
+  int rc = 0;
+
+  grpc_metadata_array_init(&trailing_md);
+  if (stream->call != NULL) {
+    cancel_unregister(cancel);
+    /* etcd never ends a watch stream by itself: cancel, then collect the status. */
+    grpc_call_cancel(stream->call, NULL);
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.data.recv_status_on_client.trailing_metadata = &trailing_md;
+    op.data.recv_status_on_client.status = &status;
+    op.data.recv_status_on_client.status_details = &details;
+    if (grpc_call_start_batch(stream->call, &op, 1, (void *)3, NULL) == GRPC_CALL_OK)
+      grpc_completion_queue_pluck(stream->cq, (void *)3, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    if (status != GRPC_STATUS_OK && status != GRPC_STATUS_CANCELLED) {
+      details_text = grpc_slice_to_c_string(details);
+      rc = wg_etcd_map_status(status, details_text);
+      wg_etcd_set_error(stream->etcd, "etcd %s %s: %s (%d): %s",
+                        stream->etcd->endpoints[stream->endpoint], method, status_name(status),
+                        (int)status, details_text);
+    }
+    grpc_call_unref(stream->call);
+    stream->call = NULL;
+  }
+  gpr_free(details_text);
+  grpc_slice_unref(details);
+  grpc_metadata_array_destroy(&trailing_md);
+  grpc_metadata_array_destroy(&stream->initial_md);
+  if (stream->cq != NULL)
+    destroy_cq(stream->cq);
+  stream->cq = NULL;
+  return rc;
+}
+
+/* ---- helpers shared by kv, watch, election ----------------------------------------- */
+
+int wg_etcd_kv_copy(wagma_etcd_kv_t *dst, const Etcdserverpb__KeyValue *src) {
+  memset(dst, 0, sizeof *dst);
+  dst->key = malloc(src->key.len + 1);
+  dst->value = malloc(src->value.len + 1);
+  if (dst->key == NULL || dst->value == NULL) {
+    wg_etcd_kv_clear(dst);
+    return WAGMA_ENOMEM;
+  }
+  if (src->key.len > 0)
+    memcpy(dst->key, src->key.data, src->key.len);
+  dst->key[src->key.len] = '\0';
+  dst->key_len = src->key.len;
+  if (src->value.len > 0)
+    memcpy(dst->value, src->value.data, src->value.len);
+  dst->value[src->value.len] = '\0';
+  dst->value_len = src->value.len;
+  dst->create_revision = src->create_revision;
+  dst->mod_revision = src->mod_revision;
+  dst->version = src->version;
+  dst->lease = src->lease;
+  return 0;
+}
+
+void wg_etcd_kv_clear(wagma_etcd_kv_t *kv) {
+  free(kv->key);
+  free(kv->value);
+  memset(kv, 0, sizeof *kv);
+}
+
+void wagma_etcd_kv_free(wagma_etcd_kv_t *kv) {
+  if (kv == NULL)
+    return;
+  wg_etcd_kv_clear(kv);
+  free(kv);
+}
+
+int wg_etcd_prefix_end(const char *key, uint8_t **end, size_t *end_len) {
+  size_t len = strlen(key);
+  uint8_t *bytes = malloc(len + 1);
+  if (bytes == NULL)
+    return WAGMA_ENOMEM;
+  memcpy(bytes, key, len);
+  while (len > 0) {
+    if (bytes[len - 1] < 0xff) {
+      bytes[len - 1]++;
+      *end = bytes;
+      *end_len = len;
+      return 0;
+    }
+    len--;
+  }
+  bytes[0] = 0; /* every byte 0xff (or empty key): all keys from key on */
+  *end = bytes;
+  *end_len = 1;
+  return 0;
+}

@@ -1,0 +1,110 @@
+/* etcd_internal.h — private to libwagma_etcd: the handle, the unary-call engine with
+ * failover, the stream helper, and kv conversion. Nothing outside etcd/ includes this. */
+#ifndef WAGMA_ETCD_INTERNAL_H
+#define WAGMA_ETCD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+
+#include "etcd_v3.pb-c.h"
+#include "wagma/etcd.h"
+#include "wagma/log_internal.h"
+
+#define WG_ETCD_ERRMSG_MAX 512
+
+/* Per-thread detail message slot of one handle (linked so close can free them all). */
+struct wg_etcd_errslot {
+  struct wg_etcd_errslot *next;
+  char msg[WG_ETCD_ERRMSG_MAX];
+};
+
+struct wagma_etcd {
+  char **endpoints; /* host:port, n_endpoints of them */
+  grpc_channel **channels;
+  size_t n_endpoints;
+  int call_timeout_ms;
+  wagma_log_fn log_fn;
+  void *log_user;
+  pthread_mutex_t lock; /* guards preferred and slots */
+  size_t preferred;     /* index of the endpoint that last worked */
+  pthread_key_t errkey;
+  struct wg_etcd_errslot *slots;
+};
+
+/* Lets another thread cancel a call in flight (election campaign, watch stream). */
+typedef struct wg_etcd_cancel {
+  pthread_mutex_t lock;
+  grpc_call *call; /* the call in flight, or NULL */
+  int canceled;
+} wg_etcd_cancel_t;
+
+void wg_etcd_cancel_init(wg_etcd_cancel_t *cancel);
+void wg_etcd_cancel_destroy(wg_etcd_cancel_t *cancel);
+/* Marks canceled and cancels the call in flight, if any. Any thread. */
+void wg_etcd_cancel_fire(wg_etcd_cancel_t *cancel);
+
+/* Milliseconds on the monotonic clock. */
+int64_t wg_etcd_now_ms(void);
+
+/* Records the calling thread's detail message on the handle (printf-style). */
+void wg_etcd_set_error(wagma_etcd_t *etcd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Maps a gRPC status (and etcd's detail text) to a WAGMA_E* code. */
+int wg_etcd_map_status(grpc_status_code code, const char *details);
+
+/* One unary RPC (also used for one request/one answer on a bidi stream such as
+ * LeaseKeepAlive) with failover across endpoints until deadline_ms (absolute, monotonic;
+ * <= 0 = the handle's call timeout from now). request is packed; on 0, *response is the
+ * decoded answer (caller frees with protobuf_c_message_free_unpacked). cancel may be NULL.
+ * Errors: mapped status, with the thread's detail message set. */
+int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
+                  const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **response,
+                  int64_t deadline_ms, wg_etcd_cancel_t *cancel);
+
+/* A long-lived bidi/server stream on one endpoint, driven by one thread. */
+typedef struct wg_etcd_stream {
+  wagma_etcd_t *etcd;
+  size_t endpoint;
+  grpc_completion_queue *cq;
+  grpc_call *call;
+  grpc_metadata_array initial_md;
+  int initial_md_pending;
+} wg_etcd_stream_t;
+
+/* Opens the stream on endpoint index and sends first (initial metadata + message). The call
+ * is registered in cancel (which must stay valid until wg_etcd_stream_close). */
+int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t endpoint,
+                        const char *method, const ProtobufCMessage *first,
+                        wg_etcd_cancel_t *cancel);
+/* Receives one message. timeout_ms < 0: wait until a message, the end of the stream or a
+ * cancel. On a timeout the call is canceled and WAGMA_ETIMEDOUT returned. The end of the
+ * stream or a failure returns an error (the status once the stream is closed). */
+int wg_etcd_stream_recv(wg_etcd_stream_t *stream, const ProtobufCMessageDescriptor *type,
+                        ProtobufCMessage **message, int timeout_ms);
+/* Cancels (if still open), collects the status, frees everything, unregisters from cancel.
+ * Returns the mapped final status and records the message when it is an error. */
+int wg_etcd_stream_close(wg_etcd_stream_t *stream, const char *method, wg_etcd_cancel_t *cancel);
+
+/* Endpoint to start with, and note which one worked / failed. */
+size_t wg_etcd_preferred(wagma_etcd_t *etcd);
+void wg_etcd_set_preferred(wagma_etcd_t *etcd, size_t endpoint);
+
+/* Copies a protobuf KeyValue into a wagma_etcd_kv_t (fields allocated). */
+int wg_etcd_kv_copy(wagma_etcd_kv_t *dst, const Etcdserverpb__KeyValue *src);
+/* Frees the fields of a kv filled by wg_etcd_kv_copy (not the struct). */
+void wg_etcd_kv_clear(wagma_etcd_kv_t *kv);
+
+/* range_end for a prefix: key with its last byte below 0xff incremented (etcd's rule);
+ * "\0" (all keys) when every byte is 0xff. Caller frees *end. */
+int wg_etcd_prefix_end(const char *key, uint8_t **end, size_t *end_len);
+
+/* Starts a watch thread (watch.c): a plain watch (fn) or an election observer (leader_fn
+ * with election = the election name, key = its prefix). Waits for etcd's confirmation. */
+int wg_etcd_watch_begin(wagma_etcd_t *etcd, const char *key, int prefix, int64_t start_rev,
+                        int prev_kv, wagma_etcd_watch_fn fn, wagma_etcd_leader_fn leader_fn,
+                        const char *election, void *user, wagma_etcd_watch_t **out);
+
+#endif

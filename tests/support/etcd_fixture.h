@@ -1,0 +1,61 @@
+/* etcd_fixture.h — a real etcd for integration tests (CMake target wagma_test_etcd_fixture).
+ *
+ * Starts Debian's /usr/bin/etcd (override with $WAGMA_ETCD_BIN) on 127.0.0.1 only, with
+ * free client and peer ports and a private data dir under $TMPDIR (default /tmp), one
+ * process per member. Everything it starts it stops BY PID; the data dirs are removed.
+ * Children get PR_SET_PDEATHSIG(SIGKILL), so a crashed test leaves no etcd behind.
+ * Each member's log goes to <data dir>/../<member>.log (printed on a failed start).
+ *
+ *   etcd_fixture_t *etcd;
+ *   assert_int_equal(etcd_fixture_start(1, &etcd), 0);
+ *   ... wagma_etcd_open(&(wagma_etcd_options_t){.endpoints = etcd_fixture_endpoints(etcd)}, ...)
+ *   etcd_fixture_kill(etcd, 0);      // SIGKILL member 0 (calls now fail)
+ *   etcd_fixture_restart(etcd, 0);   // same ports, same data dir, waits until healthy
+ *   etcd_fixture_stop(etcd);
+ *
+ * Not thread-safe: drive a fixture from one thread. Functions return 0 or -1 (with a
+ * message on stderr: this is test code). */
+#ifndef WAGMA_TEST_ETCD_FIXTURE_H
+#define WAGMA_TEST_ETCD_FIXTURE_H
+
+#include <sys/types.h>
+
+#define ETCD_FIXTURE_MAX_MEMBERS 5
+#define ETCD_FIXTURE_START_TIMEOUT_MS 20000
+
+typedef struct etcd_fixture etcd_fixture_t;
+
+/* Starts a cluster of `members` (1..5; 1 = single node, 3 = the usual cluster) and waits
+ * until every member answers /health (deadline ETCD_FIXTURE_START_TIMEOUT_MS). */
+int etcd_fixture_start(int members, etcd_fixture_t **out);
+
+/* Kills every member still running (SIGKILL, by PID, reaped), removes the data dir and
+ * frees. NULL is a no-op. */
+void etcd_fixture_stop(etcd_fixture_t *fixture);
+
+/* "127.0.0.1:<client port>,..." of every member (running or not). Valid until stop. */
+const char *etcd_fixture_endpoints(const etcd_fixture_t *fixture);
+
+/* "127.0.0.1:<client port>" of one member. */
+const char *etcd_fixture_endpoint(const etcd_fixture_t *fixture, int member);
+
+int etcd_fixture_members(const etcd_fixture_t *fixture);
+
+/* PID of a member, or 0 when it is not running. */
+pid_t etcd_fixture_pid(const etcd_fixture_t *fixture, int member);
+
+/* SIGKILL one member and reap it. Its data dir and ports are kept. */
+int etcd_fixture_kill(etcd_fixture_t *fixture, int member);
+
+/* Starts a killed member again on the same data dir and ports; waits until healthy.
+ * (For a cluster, health needs a quorum of members running.) */
+int etcd_fixture_restart(etcd_fixture_t *fixture, int member);
+
+/* Waits until member answers /health with "true", up to timeout_ms. */
+int etcd_fixture_wait_healthy(etcd_fixture_t *fixture, int member, int timeout_ms);
+
+/* Runs `etcdctl --endpoints=<all> <args>` (ETCDCTL_API=3) through /bin/sh; args must be
+ * shell-safe. Output goes to the test's stderr. Returns etcdctl's exit status (or -1). */
+int etcd_fixture_etcdctl(const etcd_fixture_t *fixture, const char *args);
+
+#endif
