@@ -1,0 +1,19 @@
+/* fake_transport.h — an in-process transport for the engine's unit tests: P endpoints in one
+ * process (threads as ranks) sharing in-memory mailboxes. Implements wg_transport_ops_t with
+ * the same contracts as tcp.c; a test can kill a rank (peer_alive -> 0, its frames vanish)
+ * or freeze it (its recv delivers nothing until thawed, like SIGSTOP of its threads). */
+#ifndef WAGMA_TEST_FAKE_TRANSPORT_H
+#define WAGMA_TEST_FAKE_TRANSPORT_H
+
+#include "transport.h"
+
+extern const wg_transport_ops_t fake_transport;
+
+/* Creates the world of nranks endpoints that fake_transport.open attaches to (by rank). */
+void fake_world_init(int nranks);
+/* Frees what is left (messages never taken). Call after every endpoint closed. */
+void fake_world_free(void);
+void fake_kill(int rank);
+void fake_freeze(int rank, int frozen);
+
+#endif
