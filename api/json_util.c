@@ -127,6 +127,6 @@ json_t *wg_api_parse_object(const char *json, size_t len, wagma_api_error_t *err
 int wg_api_dump(json_t *v, char **json) {
   if (!v)
     return WAGMA_ENOMEM;
-  *json = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  *json = json_dumps(v, WG_JSON_FLAGS);
   return *json ? 0 : WAGMA_ENOMEM;
 }

@@ -415,7 +415,7 @@ char *wagma_api_error_body(const char *code, const char *message, const char *fi
       json_object_set_new(inner, "field", f);
   }
   json_object_set_new(o, "error", inner);
-  s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+  s = json_dumps(o, WG_JSON_FLAGS);
   json_decref(o);
   return s;
 }

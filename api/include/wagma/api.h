@@ -38,6 +38,9 @@ extern "C" {
 #define WAGMA_API_MAX_WORKERS 10000
 #define WAGMA_API_PREFIX_MAX 128
 
+/* jansson dump flags of every wagma JSON document: compact, fields in order, 15 digits. */
+#define WG_JSON_FLAGS (JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
+
 /* A decoding or validation error: the field (dotted path, "" for the whole body) and why. */
 typedef struct wagma_api_error {
   char field[96];

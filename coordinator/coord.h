@@ -1,0 +1,235 @@
+/* coordinator/coord.h — private header of wagma-coordinator: the shared state of one
+ * coordinator process and the interfaces between its parts.
+ *
+ *   main.c        options, logging, signals, start / stop order
+ *   http.c        libmicrohttpd glue: body accumulation and cap, auth header, responses
+ *   router.c      (method, path) -> route, 404 / 405 decisions (pure; fuzzed)
+ *   handlers_*.c  one function per endpoint, on wg_request_t / wg_response_t
+ *   store.c       etcd reads and writes of jobs for the handlers
+ *   scheduler.c   membership and lifecycle: the reconcile loop (leader writes, all observe)
+ *   planner.c     plan glue: members -> wagma_plan_build -> JSON, start_round rule
+ *   election.c    leader election on <prefix>/coordinator/leader (leased key)
+ *   metrics.c     counters, histograms and the Prometheus text
+ *
+ * Threads: MHD's pool runs the handlers; the scheduler thread reconciles; the election
+ * thread campaigns; the etcd library runs watch and keepalive threads. Shared mutable state
+ * is only in wg_metrics_t and wg_election_t (each with its own lock) and the atomics here. */
+#ifndef WAGMA_COORD_H
+#define WAGMA_COORD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wagma/api.h"
+#include "wagma/etcd.h"
+#include "wagma/status.h"
+
+/* ---- requests and responses (independent of libmicrohttpd) -------------------------------- */
+
+#define WG_MAX_QUERY 8
+
+typedef struct wg_request {
+  const char *method;
+  const char *path;
+  const char *content_type;  /* NULL if absent */
+  const char *authorization; /* NULL if absent */
+  const char *body;          /* NULL or body_len bytes (NUL-terminated by http.c) */
+  size_t body_len;
+  int body_too_large; /* the body exceeded --max-body (it was discarded) */
+  size_t max_body;
+  int nquery;
+  const char *query_key[WG_MAX_QUERY];
+  const char *query_value[WG_MAX_QUERY]; /* NULL for "?flag" */
+} wg_request_t;
+
+/* Returns the value of a query parameter, NULL when absent; *present (may be NULL) = 1 when
+ * the key appeared (even without value). */
+const char *wg_request_query(const wg_request_t *req, const char *key, int *present);
+
+typedef struct wg_response {
+  int status;
+  char *body; /* malloc'd, owned by the response */
+  size_t body_len;
+  const char *content_type; /* static string */
+  char location[192];       /* "" = none */
+  char allow[64];           /* "" = none */
+  int www_authenticate;     /* add WWW-Authenticate: Bearer */
+} wg_response_t;
+
+/* Sets an error response with the JSON error body. */
+void wg_response_error(wg_response_t *res, int status, const char *code, const char *field,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* Takes ownership of json (malloc'd string). */
+void wg_response_json(wg_response_t *res, int status, char *json);
+void wg_response_free(wg_response_t *res);
+
+/* ---- router ------------------------------------------------------------------------------ */
+
+typedef enum wg_route_id {
+  WG_ROUTE_NONE = 0,
+  WG_ROUTE_JOBS_LIST,
+  WG_ROUTE_JOBS_SUBMIT,
+  WG_ROUTE_JOB_GET,
+  WG_ROUTE_JOB_PATCH,
+  WG_ROUTE_JOB_DELETE,
+  WG_ROUTE_JOB_GROUPS,
+  WG_ROUTE_JOB_PLAN,
+  WG_ROUTE_AGENTS,
+  WG_ROUTE_HEALTHZ,
+  WG_ROUTE_READYZ,
+  WG_ROUTE_METRICS,
+} wg_route_id_t;
+
+typedef struct wg_route {
+  wg_route_id_t id;
+  int status;     /* 0 = matched; 404 or 405 otherwise */
+  char allow[64]; /* with 405: the methods the path has */
+  char job[WAGMA_API_NAME_MAX];
+  int mutation;      /* POST / PATCH / DELETE: needs the token when one is configured */
+  const char *label; /* low-cardinality path label for metrics ("/v1/jobs/{id}") */
+} wg_route_t;
+
+/* Pure. path has no query string. HEAD is treated as GET. */
+void wg_route(const char *method, const char *path, wg_route_t *out);
+
+/* ---- metrics ----------------------------------------------------------------------------- */
+
+typedef struct wg_metrics wg_metrics_t;
+int wg_metrics_create(wg_metrics_t **out);
+void wg_metrics_destroy(wg_metrics_t *m);
+void wg_metrics_http(wg_metrics_t *m, const char *method, const char *route, int status,
+                     double seconds);
+void wg_metrics_plan_time(wg_metrics_t *m, double seconds);
+void wg_metrics_regrouping(wg_metrics_t *m);
+/* Replaces the cluster snapshot text (lines of the scheduler's view); takes ownership. */
+void wg_metrics_set_snapshot(wg_metrics_t *m, char *text);
+/* Renders the whole exposition; caller frees. */
+char *wg_metrics_render(wg_metrics_t *m, int leader);
+
+/* ---- election ------------------------------------------------------------------------------ */
+
+typedef struct wg_election wg_election_t;
+/* Starts the campaign thread. Ownership: *out is the caller's (wg_election_stop). */
+int wg_election_start(wagma_etcd_t *etcd, const wagma_keys_t *keys, const char *id,
+                      const char *address, int ttl_s, wagma_log_fn log, void *log_user,
+                      wg_election_t **out);
+/* Resigns (revokes the lease), stops the thread, frees. NULL is a no-op. */
+void wg_election_stop(wg_election_t *e);
+/* 1 while we lead; *lease (may be NULL) = the lease our leader key is attached to. */
+int wg_election_is_leader(wg_election_t *e, int64_t *lease);
+
+/* ---- planner ------------------------------------------------------------------------------- */
+
+typedef struct wg_plan_member {
+  const char *name;
+  const char *address;
+  int joiner;
+} wg_plan_member_t;
+
+typedef struct wg_plan_request {
+  uint64_t epoch;
+  uint64_t start_round;
+  int group_size;
+  int staleness_bound;
+  wagma_sync_t global_sync;
+  int nmembers;
+  const wg_plan_member_t *members; /* rank order */
+} wg_plan_request_t;
+
+/* Builds the plan and encodes it. Ownership: *json is the caller's (free). */
+int wg_planner_build_json(const wg_plan_request_t *req, char **json, double *seconds);
+
+/* ---- the coordinator ---------------------------------------------------------------------- */
+
+typedef struct wg_scheduler wg_scheduler_t;
+
+typedef struct wg_coord {
+  /* configuration */
+  char id[WAGMA_API_NAME_MAX];
+  char listen_host[64];
+  int listen_port;
+  char token[256]; /* "" = no auth */
+  size_t max_body;
+  int lease_ttl_s;
+  int threads;
+  wagma_keys_t keys;
+  /* parts */
+  wagma_etcd_t *etcd;
+  wg_metrics_t *metrics;
+  wg_election_t *election;
+  wg_scheduler_t *scheduler;
+  wagma_log_fn log;
+  void *log_user;
+} wg_coord_t;
+
+/* http.c: the MHD daemon (opaque here). */
+struct MHD_Daemon;
+int wg_http_start(wg_coord_t *c, struct MHD_Daemon **out);
+void wg_http_stop(struct MHD_Daemon *d);
+
+/* Handles one request (router + auth + handler). Fills *res. */
+void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
+
+/* Handlers (handlers_jobs.c, handlers_misc.c). */
+void wg_h_jobs_list(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
+void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
+void wg_h_job_get(wg_coord_t *c, const char *job, wg_response_t *res);
+void wg_h_job_patch(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
+void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
+void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
+void wg_h_job_plan(wg_coord_t *c, const char *job, wg_response_t *res);
+void wg_h_agents(wg_coord_t *c, wg_response_t *res);
+void wg_h_healthz(wg_coord_t *c, wg_response_t *res);
+void wg_h_readyz(wg_coord_t *c, wg_response_t *res);
+void wg_h_metrics(wg_coord_t *c, wg_response_t *res);
+
+/* Maps an etcd failure onto a response (503 unavailable, 500 otherwise). */
+void wg_response_etcd_error(wg_coord_t *c, wg_response_t *res, int status);
+
+/* ---- store (store.c): one job read from etcd -------------------------------------------- */
+
+typedef struct wg_progress_entry {
+  char agent[WAGMA_API_NAME_MAX];
+  wagma_progress_t progress;
+} wg_progress_entry_t;
+
+typedef struct wg_job_record {
+  char id[WAGMA_API_NAME_MAX];
+  int has_spec, has_status;
+  wagma_job_spec_t spec;
+  int64_t spec_mod;
+  wagma_job_status_t status;
+  int64_t status_mod;
+  char *plan_json; /* NULL when no plan */
+  size_t plan_len;
+  int64_t plan_mod;
+  int nprogress;
+  wg_progress_entry_t *progress;
+} wg_job_record_t;
+
+/* Fills rec from the kvs of one job (keys under <prefix>/jobs/<id>/). Records that do not
+ * decode are skipped (logged). */
+int wg_job_record_from_kvs(wg_coord_t *c, const char *id, const wagma_etcd_kv_t *kvs, size_t n,
+                           wg_job_record_t *rec);
+void wg_job_record_free(wg_job_record_t *rec);
+/* Reads one job. WAGMA_ENOTFOUND when it has no spec. */
+int wg_store_load_job(wg_coord_t *c, const char *id, wg_job_record_t *rec);
+/* Highest iteration a member reported (progress), at least status.iteration. */
+uint64_t wg_job_record_iteration(const wg_job_record_t *rec);
+/* The REST view of a job: {"id","spec","status","members"} (members only when with_members). */
+json_t *wg_job_record_to_value(const wg_job_record_t *rec, int with_members);
+
+/* ---- scheduler --------------------------------------------------------------------------- */
+
+/* Starts the reconcile thread (observes always, writes when the election says we lead). */
+int wg_scheduler_start(wg_coord_t *c, wg_scheduler_t **out);
+void wg_scheduler_stop(wg_scheduler_t *s);
+/* Asks for a reconcile pass soon (e.g. after a REST mutation). */
+void wg_scheduler_poke(wg_scheduler_t *s);
+
+double wg_now(void);       /* unix seconds */
+double wg_monotonic(void); /* seconds */
+
+#endif

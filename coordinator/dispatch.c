@@ -1,0 +1,129 @@
+/* coordinator/dispatch.c — one request from router to handler: route, content type, bearer
+ * token, then the endpoint. Also the response helpers. Independent of libmicrohttpd so tests
+ * and fuzzers can drive it. Thread-safe (runs on MHD's pool threads). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "coord.h"
+
+const char *wg_request_query(const wg_request_t *req, const char *key, int *present) {
+  if (present)
+    *present = 0;
+  for (int i = 0; i < req->nquery; i++) {
+    if (strcmp(req->query_key[i], key) == 0) {
+      if (present)
+        *present = 1;
+      return req->query_value[i];
+    }
+  }
+  return NULL;
+}
+
+void wg_response_free(wg_response_t *res) {
+  free(res->body);
+  res->body = NULL;
+  res->body_len = 0;
+}
+
+void wg_response_json(wg_response_t *res, int status, char *json) {
+  wg_response_free(res);
+  res->status = json ? status : 500;
+  res->body = json ? json
+                   : strdup("{\"error\":{\"code\":\"internal\",\"message\":\"out of "
+                            "memory\"}}");
+  res->body_len = res->body ? strlen(res->body) : 0;
+  res->content_type = "application/json";
+}
+
+void wg_response_error(wg_response_t *res, int status, const char *code, const char *field,
+                       const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  wg_response_json(res, status, wagma_api_error_body(code, msg, field));
+  res->status = status;
+}
+
+void wg_response_etcd_error(wg_coord_t *c, wg_response_t *res, int status) {
+  const char *detail = c->etcd ? wagma_etcd_errmsg(c->etcd) : "";
+  if (status == WAGMA_EUNAVAIL || status == WAGMA_ETIMEDOUT)
+    wg_response_error(res, 503, "unavailable", NULL, "etcd unavailable: %s", detail);
+  else
+    wg_response_error(res, 500, "internal", NULL, "etcd: %s: %s", wagma_strerror(status), detail);
+}
+
+/* Constant-time comparison of the presented token with the configured one. */
+static int token_ok(const char *configured, const char *authorization) {
+  static const char scheme[] = "Bearer ";
+  if (!authorization || strncasecmp(authorization, scheme, sizeof scheme - 1) != 0)
+    return 0;
+  const char *t = authorization + sizeof scheme - 1;
+  while (*t == ' ')
+    t++;
+  size_t a = strlen(configured), b = strlen(t);
+  unsigned char diff = (unsigned char)(a != b);
+  for (size_t i = 0; i < a; i++)
+    diff |= (unsigned char)(configured[i] ^ (i < b ? t[i] : 0));
+  return diff == 0;
+}
+
+/* application/json, optionally with parameters (charset) and the merge-patch variant. */
+static int content_type_json(const char *ct) {
+  if (!ct)
+    return 0;
+  while (*ct == ' ')
+    ct++;
+  size_t n = strcspn(ct, "; ");
+  return (n == 16 && strncasecmp(ct, "application/json", 16) == 0) ||
+         (n == 28 && strncasecmp(ct, "application/merge-patch+json", 28) == 0);
+}
+
+void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) {
+  wg_route_t r;
+  wg_route(req->method, req->path, &r);
+  if (r.status == 404) {
+    wg_response_error(res, 404, "not_found", NULL, "no such path: %s", req->path);
+    return;
+  }
+  if (r.status == 405) {
+    wg_response_error(res, 405, "method_not_allowed", NULL, "%s is not allowed on %s (allowed: %s)",
+                      req->method, req->path, r.allow);
+    snprintf(res->allow, sizeof res->allow, "%s", r.allow);
+    return;
+  }
+  if (r.mutation && c->token[0] && !token_ok(c->token, req->authorization)) {
+    wg_response_error(res, 401, "unauthorized", NULL, "missing or wrong bearer token");
+    res->www_authenticate = 1;
+    return;
+  }
+  if (req->body_too_large) {
+    wg_response_error(res, 413, "too_large", NULL, "the body exceeds %zu bytes", req->max_body);
+    return;
+  }
+  if ((r.id == WG_ROUTE_JOBS_SUBMIT || r.id == WG_ROUTE_JOB_PATCH) &&
+      !content_type_json(req->content_type)) {
+    wg_response_error(res, 415, "unsupported_media_type", NULL,
+                      "the body must be application/json (got %s)",
+                      req->content_type ? req->content_type : "none");
+    return;
+  }
+  switch (r.id) {
+  case WG_ROUTE_JOBS_LIST: wg_h_jobs_list(c, req, res); break;
+  case WG_ROUTE_JOBS_SUBMIT: wg_h_jobs_submit(c, req, res); break;
+  case WG_ROUTE_JOB_GET: wg_h_job_get(c, r.job, res); break;
+  case WG_ROUTE_JOB_PATCH: wg_h_job_patch(c, r.job, req, res); break;
+  case WG_ROUTE_JOB_DELETE: wg_h_job_delete(c, r.job, req, res); break;
+  case WG_ROUTE_JOB_GROUPS: wg_h_job_groups(c, r.job, req, res); break;
+  case WG_ROUTE_JOB_PLAN: wg_h_job_plan(c, r.job, res); break;
+  case WG_ROUTE_AGENTS: wg_h_agents(c, res); break;
+  case WG_ROUTE_HEALTHZ: wg_h_healthz(c, res); break;
+  case WG_ROUTE_READYZ: wg_h_readyz(c, res); break;
+  case WG_ROUTE_METRICS: wg_h_metrics(c, res); break;
+  default: wg_response_error(res, 500, "internal", NULL, "unrouted"); break;
+  }
+}

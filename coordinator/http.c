@@ -1,0 +1,177 @@
+/* coordinator/http.c — the libmicrohttpd glue.
+ *
+ * Owns the MHD daemon (an epoll thread pool of c->threads threads). Per connection request it
+ * accumulates the body up to c->max_body bytes (beyond that the rest is read and discarded and
+ * the request is answered 413), collects headers and query arguments into a wg_request_t,
+ * calls wg_handle and queues the response. Handlers run on the pool threads. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+#include "wagma/log_internal.h"
+
+typedef struct conn_ctx {
+  char *body;
+  size_t len, cap;
+  int too_large;
+  double started;
+  wg_request_t req;
+} conn_ctx_t;
+
+static enum MHD_Result collect_query(void *cls, enum MHD_ValueKind kind, const char *key,
+                                     const char *value) {
+  (void)kind;
+  wg_request_t *req = cls;
+  if (req->nquery < WG_MAX_QUERY && key) {
+    req->query_key[req->nquery] = key;
+    req->query_value[req->nquery] = value;
+    req->nquery++;
+  }
+  return MHD_YES;
+}
+
+static void add_body(conn_ctx_t *ctx, const char *data, size_t n, size_t max) {
+  if (ctx->too_large)
+    return;
+  if (ctx->len + n > max) {
+    ctx->too_large = 1;
+    free(ctx->body);
+    ctx->body = NULL;
+    ctx->len = ctx->cap = 0;
+    return;
+  }
+  if (ctx->len + n + 1 > ctx->cap) {
+    size_t cap = ctx->cap ? ctx->cap : 1024;
+    while (cap < ctx->len + n + 1)
+      cap *= 2;
+    char *nb = realloc(ctx->body, cap);
+    if (!nb) {
+      ctx->too_large = 1; /* answered 413: we cannot hold it */
+      free(ctx->body);
+      ctx->body = NULL;
+      ctx->len = ctx->cap = 0;
+      return;
+    }
+    ctx->body = nb;
+    ctx->cap = cap;
+  }
+  memcpy(ctx->body + ctx->len, data, n);
+  ctx->len += n;
+  ctx->body[ctx->len] = '\0';
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls) {
+  (void)version;
+  wg_coord_t *c = cls;
+  conn_ctx_t *ctx = *con_cls;
+  if (!ctx) {
+    ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+      return MHD_NO;
+    ctx->started = wg_monotonic();
+    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > c->max_body)
+      ctx->too_large = 1;
+    *con_cls = ctx;
+    return MHD_YES;
+  }
+  if (*upload_data_size) {
+    add_body(ctx, upload_data, *upload_data_size, c->max_body);
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  wg_request_t *req = &ctx->req;
+  req->method = method;
+  req->path = url;
+  req->content_type = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Type");
+  req->authorization = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+  req->body = ctx->body;
+  req->body_len = ctx->len;
+  req->body_too_large = ctx->too_large;
+  req->max_body = c->max_body;
+  MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collect_query, req);
+
+  wg_response_t res = {0};
+  wg_handle(c, req, &res);
+  wg_route_t r;
+  wg_route(method, url, &r);
+  wg_metrics_http(c->metrics, method, r.label, res.status, wg_monotonic() - ctx->started);
+
+  struct MHD_Response *mr =
+      MHD_create_response_from_buffer(res.body_len, res.body ? res.body : (void *)"",
+                                      res.body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+  if (!mr) {
+    wg_response_free(&res);
+    return MHD_NO;
+  }
+  res.body = NULL; /* owned by MHD now */
+  if (res.content_type && res.status != 204)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, res.content_type);
+  if (res.location[0])
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_LOCATION, res.location);
+  if (res.allow[0])
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, res.allow);
+  if (res.www_authenticate)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"wagma\"");
+  if (res.status == 413)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)res.status, mr);
+  MHD_destroy_response(mr);
+  return ret;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  (void)cls;
+  (void)conn;
+  (void)toe;
+  conn_ctx_t *ctx = *con_cls;
+  if (ctx) {
+    free(ctx->body);
+    free(ctx);
+  }
+  *con_cls = NULL;
+}
+
+/* Starts the daemon on c->listen_host:c->listen_port. Ownership: the caller stops it with
+ * wg_http_stop. */
+int wg_http_start(wg_coord_t *c, struct MHD_Daemon **out) {
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)c->listen_port);
+  if (inet_pton(AF_INET, c->listen_host, &sa.sin_addr) != 1) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "listen: %s is not an IPv4 address",
+            c->listen_host);
+    return WAGMA_EINVAL;
+  }
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)c->listen_port, NULL, NULL,
+      on_request, c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
+      (unsigned)c->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+      MHD_OPTION_END);
+  if (!d) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot listen on %s:%d", c->listen_host,
+            c->listen_port);
+    return WAGMA_EIO;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  if (info && info->port)
+    c->listen_port = info->port;
+  *out = d;
+  return 0;
+}
+
+void wg_http_stop(struct MHD_Daemon *d) {
+  if (d)
+    MHD_stop_daemon(d);
+}

@@ -1,0 +1,256 @@
+/* coordinator/main.c — wagma-coordinator: options, logging, signals, start and stop order.
+ *
+ * Start: etcd handle -> metrics -> election (campaign thread) -> scheduler (reconcile thread)
+ * -> REST server. Stop (SIGINT / SIGTERM): REST server -> scheduler -> election (revokes the
+ * lease so a follower takes over at once) -> etcd. The main thread only waits for a signal. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "wagma/log_internal.h"
+
+static int g_log_level = WAGMA_LOG_INFO;
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void log_stderr(void *user, int level, const char *msg) {
+  const char *id = user;
+  if (level < g_log_level)
+    return;
+  struct timespec ts;
+  struct tm tm;
+  char when[32];
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  pthread_mutex_lock(&g_log_mu);
+  fprintf(stderr, "%s.%03ldZ %-5s coordinator[%s] %s\n", when, ts.tv_nsec / 1000000L,
+          wagma_log_level_name(level), id, msg);
+  pthread_mutex_unlock(&g_log_mu);
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: wagma-coordinator --etcd HOST:PORT[,HOST:PORT...] [options]\n"
+             "\n"
+             "The wagma control plane: REST/JSON API (docs/api.md, api/openapi.yaml), job\n"
+             "scheduling and plans, state in etcd. Run two or more for failover: one leads.\n"
+             "\n"
+             "  --listen HOST:PORT   REST address (default 127.0.0.1:8080; port 0 = any free)\n"
+             "  --etcd ENDPOINTS     etcd client endpoints, comma separated (required)\n"
+             "  --prefix PREFIX      etcd key prefix (default /wagma)\n"
+             "  --token-file FILE    bearer token for mutations (else $WAGMA_TOKEN; none = open)\n"
+             "  --id NAME            this replica's id (default <hostname>-<pid>)\n"
+             "  --lease-ttl SECONDS  leader lease TTL (default 5): failover time\n"
+             "  --max-body BYTES     request body limit (default 65536)\n"
+             "  --threads N          HTTP worker threads (default 4)\n"
+             "  --etcd-timeout-ms MS deadline of each etcd call (default 3000)\n"
+             "  --log-level LEVEL    debug, info, warn or error (default info)\n"
+             "  --help               this text\n");
+}
+
+static int parse_listen(const char *s, char *host, size_t hlen, int *port) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || (size_t)(colon - s) >= hlen)
+    return -1;
+  memcpy(host, s, (size_t)(colon - s));
+  host[colon - s] = '\0';
+  if (!host[0])
+    snprintf(host, hlen, "0.0.0.0");
+  char *end;
+  long p = strtol(colon + 1, &end, 10);
+  if (*end || p < 0 || p > 65535 || end == colon + 1)
+    return -1;
+  *port = (int)p;
+  return 0;
+}
+
+static int read_token(const char *path, char *out, size_t len) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(out, 1, len - 1, f);
+  int toolong = !feof(f) && n == len - 1;
+  fclose(f);
+  if (toolong)
+    return -1;
+  out[n] = '\0';
+  while (n && (out[n - 1] == '\n' || out[n - 1] == '\r' || out[n - 1] == ' '))
+    out[--n] = '\0';
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static struct option longopts[] = {{"listen", required_argument, 0, 'l'},
+                                     {"etcd", required_argument, 0, 'e'},
+                                     {"prefix", required_argument, 0, 'p'},
+                                     {"token-file", required_argument, 0, 't'},
+                                     {"id", required_argument, 0, 'i'},
+                                     {"lease-ttl", required_argument, 0, 'L'},
+                                     {"max-body", required_argument, 0, 'b'},
+                                     {"threads", required_argument, 0, 'T'},
+                                     {"log-level", required_argument, 0, 'v'},
+                                     {"etcd-timeout-ms", required_argument, 0, 'E'},
+                                     {"help", no_argument, 0, 'h'},
+                                     {0, 0, 0, 0}};
+  wg_coord_t c;
+  const char *listen = "127.0.0.1:8080", *endpoints = NULL, *prefix = "/wagma";
+  const char *token_file = NULL;
+  int etcd_timeout = 3000, opt, rc = 1;
+  struct MHD_Daemon *http = NULL;
+  sigset_t sigs;
+  memset(&c, 0, sizeof c);
+  c.max_body = 65536;
+  c.lease_ttl_s = 5;
+  c.threads = 4;
+  {
+    char host[48] = "coordinator";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    for (char *q = host; *q; q++)
+      if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+            *q == '-' || *q == '.' || *q == '_'))
+        *q = '-';
+    snprintf(c.id, sizeof c.id, "%s-%d", host, (int)getpid());
+  }
+  while ((opt = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    char *end = NULL;
+    switch (opt) {
+    case 'l': listen = optarg; break;
+    case 'e': endpoints = optarg; break;
+    case 'p': prefix = optarg; break;
+    case 't': token_file = optarg; break;
+    case 'i':
+      if (!wagma_api_name_valid(optarg)) {
+        fprintf(stderr, "wagma-coordinator: --id must be 1-63 characters of [A-Za-z0-9._-]\n");
+        return 2;
+      }
+      snprintf(c.id, sizeof c.id, "%s", optarg);
+      break;
+    case 'L':
+      c.lease_ttl_s = (int)strtol(optarg, &end, 10);
+      if (*end || c.lease_ttl_s < 1 || c.lease_ttl_s > 3600) {
+        fprintf(stderr, "wagma-coordinator: --lease-ttl must be 1..3600 seconds\n");
+        return 2;
+      }
+      break;
+    case 'b': {
+      long long v = strtoll(optarg, &end, 10);
+      if (*end || v < 256 || v > 64LL * 1024 * 1024) {
+        fprintf(stderr, "wagma-coordinator: --max-body must be 256..67108864\n");
+        return 2;
+      }
+      c.max_body = (size_t)v;
+      break;
+    }
+    case 'T':
+      c.threads = (int)strtol(optarg, &end, 10);
+      if (*end || c.threads < 1 || c.threads > 256) {
+        fprintf(stderr, "wagma-coordinator: --threads must be 1..256\n");
+        return 2;
+      }
+      break;
+    case 'E':
+      etcd_timeout = (int)strtol(optarg, &end, 10);
+      if (*end || etcd_timeout < 100 || etcd_timeout > 600000) {
+        fprintf(stderr, "wagma-coordinator: --etcd-timeout-ms must be 100..600000\n");
+        return 2;
+      }
+      break;
+    case 'v':
+      if (strcmp(optarg, "debug") == 0)
+        g_log_level = WAGMA_LOG_DEBUG;
+      else if (strcmp(optarg, "info") == 0)
+        g_log_level = WAGMA_LOG_INFO;
+      else if (strcmp(optarg, "warn") == 0)
+        g_log_level = WAGMA_LOG_WARN;
+      else if (strcmp(optarg, "error") == 0)
+        g_log_level = WAGMA_LOG_ERROR;
+      else {
+        fprintf(stderr, "wagma-coordinator: --log-level must be debug, info, warn or error\n");
+        return 2;
+      }
+      break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "wagma-coordinator: unexpected argument %s\n", argv[optind]);
+    usage(stderr);
+    return 2;
+  }
+  if (!endpoints) {
+    fprintf(stderr, "wagma-coordinator: --etcd is required\n");
+    usage(stderr);
+    return 2;
+  }
+  if (parse_listen(listen, c.listen_host, sizeof c.listen_host, &c.listen_port)) {
+    fprintf(stderr, "wagma-coordinator: --listen must be HOST:PORT\n");
+    return 2;
+  }
+  if (wagma_keys_init(&c.keys, prefix)) {
+    fprintf(stderr, "wagma-coordinator: bad --prefix %s (must start with '/')\n", prefix);
+    return 2;
+  }
+  if (token_file) {
+    if (read_token(token_file, c.token, sizeof c.token) || !c.token[0]) {
+      fprintf(stderr, "wagma-coordinator: cannot read a token from %s\n", token_file);
+      return 2;
+    }
+  } else if (getenv("WAGMA_TOKEN")) {
+    snprintf(c.token, sizeof c.token, "%s", getenv("WAGMA_TOKEN"));
+  }
+  c.log = log_stderr;
+  c.log_user = c.id;
+
+  /* Signals are taken synchronously by the main thread; every thread inherits the mask. */
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  wagma_etcd_options_t eo = {.endpoints = endpoints,
+                             .call_timeout_ms = etcd_timeout,
+                             .log_fn = c.log,
+                             .log_user = c.log_user};
+  if (wagma_etcd_open(&eo, &c.etcd)) {
+    fprintf(stderr, "wagma-coordinator: bad --etcd %s\n", endpoints);
+    return 2;
+  }
+  if (wg_metrics_create(&c.metrics))
+    goto out;
+  if (wg_http_start(&c, &http))
+    goto out;
+  char address[96];
+  snprintf(address, sizeof address, "%s:%d", c.listen_host, c.listen_port);
+  if (wg_election_start(c.etcd, &c.keys, c.id, address, c.lease_ttl_s, c.log, c.log_user,
+                        &c.election))
+    goto out;
+  if (wg_scheduler_start(&c, &c.scheduler))
+    goto out;
+  wg_logf(c.log, c.log_user, WAGMA_LOG_INFO,
+          "listening on http://%s, etcd %s, prefix %s, lease ttl %d s, auth %s", address, endpoints,
+          c.keys.prefix, c.lease_ttl_s, c.token[0] ? "bearer" : "off");
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&sigs, &sig) == 0 && (sig == SIGINT || sig == SIGTERM)) {
+      wg_logf(c.log, c.log_user, WAGMA_LOG_INFO, "signal %d: shutting down", sig);
+      break;
+    }
+  }
+  rc = 0;
+out:
+  wg_http_stop(http);
+  wg_scheduler_stop(c.scheduler);
+  wg_election_stop(c.election);
+  wg_metrics_destroy(c.metrics);
+  wagma_etcd_close(c.etcd);
+  return rc;
+}

@@ -1,0 +1,808 @@
+/* coordinator/scheduler.c — membership, assignment and job lifecycle (the reconcile loop).
+ *
+ * One thread. It watches everything under <prefix>/ and runs a reconcile pass after each
+ * burst of changes (at most every 50 ms) and at least once a second. A pass reads the whole
+ * tree with ONE Range (a consistent snapshot at one revision) and, when this replica leads,
+ * writes the differences; a follower only refreshes its metrics. Because every decision is
+ * recomputed from etcd, a restarted or newly elected coordinator simply resumes.
+ *
+ * Per job, oldest first (free agents go to the oldest jobs first):
+ *   - terminal: nothing (its assignments are cleaned up below).
+ *   - a current member reported progress state "failed" -> failed.
+ *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded.
+ *   - else the next membership: the live members in rank order (dead ones - agent key gone,
+ *     i.e. lease expired - drop out), cut to spec.workers (highest ranks leave), then free
+ *     agents (name order, device must match for cuda jobs) appended as joiners up to
+ *     spec.workers. A job without members starts only when min_workers agents are free.
+ *     If the membership changed: plan epoch + 1, start_round = the highest iteration any
+ *     member of the previous plan reported (never below the previous start_round), joiners
+ *     marked (none when nobody survived: a fresh start or a restart from a checkpoint).
+ *   Writes: the joiners' assignment keys first, in chunks (each put guarded by the
+ *   assignment's version / mod revision and the agent key's create revision), then the plan
+ *   and the status in ONE Txn guarded by the mod revisions of spec, status and plan as read.
+ *   Then stale assignments (job gone or finished, or agent not a member) are deleted in
+ *   chunks, each guarded by the assignment's mod revision.
+ * Every write also compares LEASE(<prefix>/coordinator/leader) == our lease: a coordinator
+ * that lost leadership cannot write. A failed compare just schedules another pass.
+ *
+ * Agents: an assignment only tells an agent which plan to watch; it trains in a job only
+ * while that job's plan lists it (docs/api.md). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "coord.h"
+#include "wagma/log_internal.h"
+
+#define CHUNK 60 /* keys per Txn: 2 compares each stays under etcd's default 128 ops */
+
+struct wg_scheduler {
+  wg_coord_t *c;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int stop;                  /* under mu */
+  int dirty;                 /* under mu */
+  int watch_dead;            /* under mu: the watch ended (compaction); restart it */
+  wagma_etcd_watch_t *watch; /* scheduler thread only */
+};
+
+/* ---- snapshot ---------------------------------------------------------------------------- */
+
+typedef struct agent_rec {
+  char name[WAGMA_API_NAME_MAX];
+  wagma_agent_info_t info;
+  int64_t create_rev;
+  int busy;    /* member of an active job (snapshot), or taken in this pass */
+  int touched; /* assignment written in this pass */
+} agent_rec_t;
+
+typedef struct assign_rec {
+  char agent[WAGMA_API_NAME_MAX];
+  wagma_assignment_t a;
+  int64_t mod;
+} assign_rec_t;
+
+typedef struct snapshot {
+  agent_rec_t *agents;
+  size_t nagents;
+  assign_rec_t *assigns;
+  size_t nassigns;
+  wg_job_record_t *jobs;
+  size_t njobs;
+  int64_t revision;
+} snapshot_t;
+
+static void snapshot_free(snapshot_t *s) {
+  for (size_t i = 0; i < s->njobs; i++)
+    wg_job_record_free(&s->jobs[i]);
+  free(s->jobs);
+  free(s->agents);
+  free(s->assigns);
+  memset(s, 0, sizeof *s);
+}
+
+static int load_snapshot(wg_coord_t *c, snapshot_t *s) {
+  char root[256];
+  wagma_etcd_range_t range = {0};
+  wagma_etcd_range_options_t opt = {.prefix = 1};
+  int e;
+  memset(s, 0, sizeof *s);
+  wagma_key_root(&c->keys, root, sizeof root);
+  if ((e = wagma_etcd_range(c->etcd, root, &opt, &range)))
+    return e;
+  s->revision = range.revision;
+  s->agents = calloc(range.n + 1, sizeof *s->agents);
+  s->assigns = calloc(range.n + 1, sizeof *s->assigns);
+  s->jobs = calloc(range.n + 1, sizeof *s->jobs);
+  if (!s->agents || !s->assigns || !s->jobs) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
+  size_t i = 0;
+  while (i < range.n) {
+    const wagma_etcd_kv_t *kv = &range.kvs[i];
+    char job[WAGMA_API_NAME_MAX] = "", agent[WAGMA_API_NAME_MAX] = "";
+    wagma_api_error_t err;
+    wagma_key_kind_t kind = wagma_key_parse(&c->keys, kv->key, kv->key_len, job, agent);
+    if (kind == WAGMA_KEY_AGENT) {
+      agent_rec_t *a = &s->agents[s->nagents];
+      if (wagma_agent_info_from_json(kv->value, kv->value_len, &a->info, &err) == 0) {
+        snprintf(a->name, sizeof a->name, "%s", agent);
+        a->create_rev = kv->create_revision;
+        s->nagents++;
+      } else {
+        wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "%s: bad registration (%s: %s)", kv->key,
+                err.field, err.message);
+      }
+      i++;
+    } else if (kind == WAGMA_KEY_ASSIGNMENT) {
+      assign_rec_t *a = &s->assigns[s->nassigns];
+      if (wagma_assignment_from_json(kv->value, kv->value_len, &a->a, &err) != 0)
+        memset(&a->a, 0, sizeof a->a); /* undecodable: treated as stale, deleted */
+      snprintf(a->agent, sizeof a->agent, "%s", agent);
+      a->mod = kv->mod_revision;
+      s->nassigns++;
+      i++;
+    } else if (job[0]) {
+      size_t j = i + 1;
+      while (j < range.n) {
+        char other[WAGMA_API_NAME_MAX] = "";
+        wagma_key_parse(&c->keys, range.kvs[j].key, range.kvs[j].key_len, other, NULL);
+        if (strcmp(other, job) != 0)
+          break;
+        j++;
+      }
+      if ((e = wg_job_record_from_kvs(c, job, range.kvs + i, j - i, &s->jobs[s->njobs])))
+        goto out;
+      if (s->jobs[s->njobs].has_spec && s->jobs[s->njobs].has_status)
+        s->njobs++;
+      else
+        wg_job_record_free(&s->jobs[s->njobs]);
+      i = j;
+    } else {
+      i++;
+    }
+  }
+out:
+  wagma_etcd_range_free(&range);
+  if (e)
+    snapshot_free(s);
+  return e;
+}
+
+static agent_rec_t *find_agent(snapshot_t *s, const char *name) {
+  size_t lo = 0, hi = s->nagents;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int d = strcmp(s->agents[mid].name, name);
+    if (d == 0)
+      return &s->agents[mid];
+    if (d < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return NULL;
+}
+
+static assign_rec_t *find_assign(snapshot_t *s, const char *name) {
+  size_t lo = 0, hi = s->nassigns;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    int d = strcmp(s->assigns[mid].agent, name);
+    if (d == 0)
+      return &s->assigns[mid];
+    if (d < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return NULL;
+}
+
+static const wagma_progress_t *find_progress(const wg_job_record_t *j, const char *agent) {
+  for (int i = 0; i < j->nprogress; i++)
+    if (strcmp(j->progress[i].agent, agent) == 0)
+      return &j->progress[i].progress;
+  return NULL;
+}
+
+static int is_member(const wg_job_record_t *j, const char *agent) {
+  for (int i = 0; i < j->status.nmembers; i++)
+    if (strcmp(j->status.members[i], agent) == 0)
+      return 1;
+  return 0;
+}
+
+static int cmp_created(const void *a, const void *b) {
+  const wg_job_record_t *x = a, *y = b;
+  if (x->status.created != y->status.created)
+    return x->status.created < y->status.created ? -1 : 1;
+  return strcmp(x->id, y->id);
+}
+
+/* ---- writes ------------------------------------------------------------------------------ */
+
+typedef struct pass {
+  wg_coord_t *c;
+  snapshot_t *s;
+  int leader;
+  int64_t lease;
+  char leader_key[256];
+  int again; /* another pass is needed soon */
+} pass_t;
+
+static wagma_etcd_cmp_t fence(pass_t *p) {
+  return (wagma_etcd_cmp_t){.key = p->leader_key,
+                            .target = WAGMA_ETCD_CMP_LEASE,
+                            .result = WAGMA_ETCD_EQUAL,
+                            .number = p->lease};
+}
+
+static int txn(pass_t *p, const wagma_etcd_cmp_t *cmps, size_t ncmps, const wagma_etcd_op_t *ops,
+               size_t nops, const char *what) {
+  int e = wagma_etcd_txn(p->c->etcd, cmps, ncmps, ops, nops, NULL, 0, NULL);
+  if (e == WAGMA_ECONFLICT) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_DEBUG, "%s: changed meanwhile, retrying", what);
+    p->again = 1;
+  } else if (e) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_WARN, "%s: %s", what,
+            wagma_etcd_errmsg(p->c->etcd));
+  }
+  return e;
+}
+
+/* Writes st (and plan_json when not NULL) guarded by the job's revisions. */
+static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st,
+                     const char *plan_json, const char *what) {
+  char skey[256], pkey[256], speckey[256], *sjson = NULL;
+  int e;
+  wagma_key_job_status(&p->c->keys, j->id, skey, sizeof skey);
+  wagma_key_job_plan(&p->c->keys, j->id, pkey, sizeof pkey);
+  wagma_key_job_spec(&p->c->keys, j->id, speckey, sizeof speckey);
+  if ((e = wagma_job_status_to_json(st, &sjson)))
+    return e;
+  wagma_etcd_cmp_t cmps[4] = {
+      fence(p),
+      {.key = skey,
+       .target = WAGMA_ETCD_CMP_MOD,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = j->status_mod},
+      {.key = speckey,
+       .target = WAGMA_ETCD_CMP_MOD,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = j->spec_mod},
+      {.key = pkey,
+       .target = j->plan_json ? WAGMA_ETCD_CMP_MOD : WAGMA_ETCD_CMP_VERSION,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = j->plan_json ? j->plan_mod : 0},
+  };
+  wagma_etcd_op_t ops[2] = {
+      {.type = WAGMA_ETCD_OP_PUT, .key = skey, .value = sjson, .value_len = strlen(sjson)},
+      {.type = WAGMA_ETCD_OP_PUT,
+       .key = pkey,
+       .value = plan_json,
+       .value_len = plan_json ? strlen(plan_json) : 0},
+  };
+  e = txn(p, cmps, 4, ops, plan_json ? 2 : 1, what);
+  free(sjson);
+  return e;
+}
+
+/* Puts assignments {job, epoch} for the agents named, in chunks. */
+static int reserve(pass_t *p, const char *job, uint64_t epoch, agent_rec_t **agents, int n) {
+  wagma_etcd_cmp_t cmps[1 + 2 * CHUNK];
+  wagma_etcd_op_t ops[CHUNK];
+  char keys[CHUNK][2][256];
+  char *val = NULL;
+  wagma_assignment_t a = {.epoch = epoch};
+  int e = 0;
+  snprintf(a.job, sizeof a.job, "%s", job);
+  if ((e = wagma_assignment_to_json(&a, &val)))
+    return e;
+  for (int base = 0; base < n && !e; base += CHUNK) {
+    int m = n - base < CHUNK ? n - base : CHUNK;
+    size_t nc = 0;
+    cmps[nc++] = fence(p);
+    for (int k = 0; k < m; k++) {
+      agent_rec_t *ag = agents[base + k];
+      assign_rec_t *old = find_assign(p->s, ag->name);
+      wagma_key_assignment(&p->c->keys, ag->name, keys[k][0], sizeof keys[k][0]);
+      wagma_key_agent(&p->c->keys, ag->name, keys[k][1], sizeof keys[k][1]);
+      cmps[nc++] = (wagma_etcd_cmp_t){.key = keys[k][0],
+                                      .target = old ? WAGMA_ETCD_CMP_MOD : WAGMA_ETCD_CMP_VERSION,
+                                      .result = WAGMA_ETCD_EQUAL,
+                                      .number = old ? old->mod : 0};
+      cmps[nc++] = (wagma_etcd_cmp_t){.key = keys[k][1],
+                                      .target = WAGMA_ETCD_CMP_CREATE,
+                                      .result = WAGMA_ETCD_EQUAL,
+                                      .number = ag->create_rev};
+      ops[k] = (wagma_etcd_op_t){
+          .type = WAGMA_ETCD_OP_PUT, .key = keys[k][0], .value = val, .value_len = strlen(val)};
+      ag->touched = 1;
+    }
+    e = txn(p, cmps, nc, ops, (size_t)m, "assign agents");
+  }
+  free(val);
+  return e;
+}
+
+/* ---- per-job decisions ------------------------------------------------------------------- */
+
+/* Parses the members of the current plan (names + addresses). Ownership: *names and
+ * *addrs are arrays the caller frees; n entries. */
+static int plan_members(const wg_job_record_t *j, char (**names)[WAGMA_API_NAME_MAX],
+                        char (**addrs)[WAGMA_API_ADDR_MAX], int *n) {
+  *names = NULL;
+  *addrs = NULL;
+  *n = 0;
+  if (!j->plan_json)
+    return 0;
+  json_t *plan = json_loadb(j->plan_json, j->plan_len, 0, NULL);
+  json_t *m = plan ? json_object_get(plan, "members") : NULL;
+  size_t cnt = json_array_size(m), i;
+  json_t *v;
+  if (cnt) {
+    *names = calloc(cnt, sizeof **names);
+    *addrs = calloc(cnt, sizeof **addrs);
+    if (!*names || !*addrs) {
+      free(*names);
+      free(*addrs);
+      json_decref(plan);
+      return WAGMA_ENOMEM;
+    }
+  }
+  json_array_foreach(m, i, v) {
+    snprintf((*names)[i], WAGMA_API_NAME_MAX, "%s",
+             json_string_value(json_object_get(v, "name")) ?: "");
+    snprintf((*addrs)[i], WAGMA_API_ADDR_MAX, "%s",
+             json_string_value(json_object_get(v, "address")) ?: "");
+  }
+  *n = (int)cnt;
+  json_decref(plan);
+  return 0;
+}
+
+static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, const char *reason) {
+  wagma_job_status_t st = j->status;
+  st.state = state;
+  snprintf(st.reason, sizeof st.reason, "%s", reason);
+  st.finished = wg_now();
+  st.iteration = wg_job_record_iteration(j);
+  if (write_job(p, j, &st, NULL, "finish job") == 0) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO, "job %s %s: %s", j->id,
+            wagma_job_state_name(state), reason);
+    j->status.state = state; /* so cleanup releases its agents in this pass */
+  }
+}
+
+static int device_ok(const wg_job_record_t *j, const agent_rec_t *a) {
+  return j->spec.device != WAGMA_DEVICE_CUDA || a->info.device == WAGMA_DEVICE_CUDA;
+}
+
+static void reconcile_job(pass_t *p, wg_job_record_t *j) {
+  snapshot_t *s = p->s;
+  char(*names)[WAGMA_API_NAME_MAX] = NULL;
+  char(*addrs)[WAGMA_API_ADDR_MAX] = NULL;
+  int ncur = 0;
+  agent_rec_t **next = NULL;
+  int *joiner = NULL;
+  char *plan_json = NULL;
+  const char **member_names = NULL;
+  wg_plan_member_t *pm = NULL;
+  char reason[WAGMA_API_REASON_MAX];
+
+  if (j->status.state == WAGMA_JOB_RUNNING && plan_members(j, &names, &addrs, &ncur))
+    return;
+  if (j->status.state != WAGMA_JOB_RUNNING)
+    ncur = 0; /* a pending job has no live membership, even if an old plan exists */
+
+  /* Completion and failure, from the members' progress. */
+  int done = 0;
+  for (int r = 0; r < ncur; r++) {
+    const wagma_progress_t *pr = find_progress(j, names[r]);
+    if (pr && pr->state == WAGMA_PROGRESS_FAILED) {
+      snprintf(reason, sizeof reason, "agent %s failed: %.160s", names[r],
+               pr->error[0] ? pr->error : "no detail");
+      if (p->leader)
+        finish_job(p, j, WAGMA_JOB_FAILED, reason);
+      goto out;
+    }
+    if (pr && (pr->state == WAGMA_PROGRESS_DONE ||
+               (j->spec.iterations && pr->iteration >= j->spec.iterations)))
+      done++;
+  }
+  if (ncur > 0 && done == ncur) {
+    snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", ncur,
+             (unsigned long long)wg_job_record_iteration(j));
+    if (p->leader)
+      finish_job(p, j, WAGMA_JOB_SUCCEEDED, reason);
+    goto out;
+  }
+
+  /* The next membership: survivors in rank order, cut to target, then joiners. */
+  int target = j->spec.workers;
+  next = calloc((size_t)target, sizeof *next);
+  joiner = calloc((size_t)target, sizeof *joiner);
+  if (!next || !joiner)
+    goto out;
+  int n = 0, survivors = 0;
+  for (int r = 0; r < ncur && n < target; r++) {
+    agent_rec_t *a = find_agent(s, names[r]);
+    if (a && strcmp(a->info.address, addrs[r]) == 0) { /* same registration address */
+      next[n++] = a;
+      a->busy = 1;
+    }
+  }
+  survivors = n;
+  int nfree = 0;
+  for (size_t i = 0; i < s->nagents; i++)
+    nfree += !s->agents[i].busy && device_ok(j, &s->agents[i]);
+  if (survivors == 0 && nfree < j->spec.min_workers) {
+    /* Cannot start (or restart): stay or become pending. */
+    snprintf(reason, sizeof reason, "waiting for agents: %d free, min_workers %d", nfree,
+             j->spec.min_workers);
+    if (p->leader && (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
+                      strcmp(j->status.reason, reason) != 0)) {
+      wagma_job_status_t st = j->status;
+      st.members = NULL;
+      st.nmembers = 0;
+      st.state = WAGMA_JOB_PENDING;
+      st.iteration = wg_job_record_iteration(j);
+      snprintf(st.reason, sizeof st.reason, "%s", reason);
+      write_job(p, j, &st, NULL, "job pending");
+    }
+    goto out;
+  }
+  for (size_t i = 0; i < s->nagents && n < target; i++) {
+    agent_rec_t *a = &s->agents[i];
+    if (a->busy || !device_ok(j, a))
+      continue;
+    a->busy = 1;
+    joiner[n] = survivors > 0;
+    next[n++] = a;
+  }
+  int same = n == ncur && j->status.state == WAGMA_JOB_RUNNING;
+  for (int r = 0; same && r < n; r++)
+    same = strcmp(next[r]->name, names[r]) == 0;
+  if (same)
+    goto out;
+  if (!p->leader)
+    goto out;
+
+  /* A new plan. */
+  uint64_t start_round = j->status.start_round;
+  for (int r = 0; r < j->status.nmembers; r++) {
+    const wagma_progress_t *pr = find_progress(j, j->status.members[r]);
+    if (pr && pr->iteration > start_round)
+      start_round = pr->iteration;
+  }
+  if (j->status.nmembers == 0) /* restart after losing everyone: resume where they were */
+    for (int r = 0; r < ncur; r++) {
+      const wagma_progress_t *pr = find_progress(j, names[r]);
+      if (pr && pr->iteration > start_round)
+        start_round = pr->iteration;
+    }
+  pm = calloc((size_t)n, sizeof *pm);
+  member_names = calloc((size_t)n, sizeof *member_names);
+  agent_rec_t **joiners = calloc((size_t)n + 1, sizeof *joiners);
+  if (!pm || !member_names || !joiners) {
+    free(joiners);
+    goto out;
+  }
+  int njoin = 0;
+  for (int r = 0; r < n; r++) {
+    pm[r] = (wg_plan_member_t){
+        .name = next[r]->name, .address = next[r]->info.address, .joiner = joiner[r]};
+    member_names[r] = next[r]->name;
+    if (r >= survivors)
+      joiners[njoin++] = next[r];
+  }
+  uint64_t epoch = j->status.epoch + 1;
+  wg_plan_request_t req = {.epoch = epoch,
+                           .start_round = start_round,
+                           .group_size = j->spec.group_size,
+                           .staleness_bound = j->spec.staleness_bound,
+                           .global_sync = j->spec.global_sync,
+                           .nmembers = n,
+                           .members = pm};
+  double secs = 0;
+  int e = wg_planner_build_json(&req, &plan_json, &secs);
+  wg_metrics_plan_time(p->c->metrics, secs);
+  if (e) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_ERROR, "job %s: plan for %d members: %s", j->id, n,
+            wagma_strerror(e));
+    free(joiners);
+    goto out;
+  }
+  if (njoin && reserve(p, j->id, epoch, joiners, njoin) != 0) {
+    free(joiners);
+    goto out;
+  }
+  free(joiners);
+  wagma_job_status_t st = j->status;
+  st.members = NULL;
+  st.nmembers = 0;
+  if (wagma_job_status_set_members(&st, member_names, n))
+    goto out;
+  st.state = WAGMA_JOB_RUNNING;
+  st.epoch = epoch;
+  st.start_round = start_round;
+  st.iteration = wg_job_record_iteration(j);
+  if (st.iteration < start_round)
+    st.iteration = start_round;
+  if (epoch > 1)
+    st.regroupings++;
+  if (st.started == 0)
+    st.started = wg_now();
+  if (n < target)
+    snprintf(st.reason, sizeof st.reason, "running with %d of %d workers; waiting for agents", n,
+             target);
+  else
+    st.reason[0] = '\0';
+  e = write_job(p, j, &st, plan_json, "publish plan");
+  if (e == 0) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
+            "job %s: plan epoch %llu, %d members (%d joined, %d left), start_round %llu, "
+            "planned in %.3f ms",
+            j->id, (unsigned long long)epoch, n, njoin, ncur - survivors,
+            (unsigned long long)start_round, secs * 1e3);
+    if (epoch > 1)
+      wg_metrics_regrouping(p->c->metrics);
+    /* The snapshot now reflects the new membership for the cleanup below. */
+    wagma_job_status_t old = j->status;
+    j->status = st;
+    wagma_job_status_free(&old);
+  } else {
+    wagma_job_status_free(&st);
+  }
+out:
+  free(names);
+  free(addrs);
+  free(next);
+  free(joiner);
+  free(plan_json);
+  free(member_names);
+  free(pm);
+}
+
+/* Deletes assignments whose job is gone or finished, or whose agent is not a member. */
+static void cleanup_assignments(pass_t *p) {
+  snapshot_t *s = p->s;
+  wagma_etcd_cmp_t cmps[1 + CHUNK];
+  wagma_etcd_op_t ops[CHUNK];
+  char keys[CHUNK][256];
+  int n = 0;
+  for (size_t i = 0; i <= s->nassigns; i++) {
+    if (i < s->nassigns) {
+      assign_rec_t *a = &s->assigns[i];
+      agent_rec_t *ag = find_agent(s, a->agent);
+      if (ag && ag->touched)
+        continue;
+      wg_job_record_t *job = NULL;
+      for (size_t k = 0; k < s->njobs && a->a.job[0]; k++)
+        if (strcmp(s->jobs[k].id, a->a.job) == 0)
+          job = &s->jobs[k];
+      int stale = !job || wagma_job_state_terminal(job->status.state) || !is_member(job, a->agent);
+      if (!stale)
+        continue;
+      wagma_key_assignment(&p->c->keys, a->agent, keys[n], sizeof keys[n]);
+      cmps[1 + n] = (wagma_etcd_cmp_t){.key = keys[n],
+                                       .target = WAGMA_ETCD_CMP_MOD,
+                                       .result = WAGMA_ETCD_EQUAL,
+                                       .number = a->mod};
+      ops[n] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_DELETE, .key = keys[n]};
+      n++;
+    }
+    if (n == CHUNK || (i == s->nassigns && n > 0)) {
+      cmps[0] = fence(p);
+      txn(p, cmps, (size_t)n + 1, ops, (size_t)n, "release agents");
+      n = 0;
+    }
+  }
+}
+
+/* Renders the cluster view for /metrics. Ownership: the caller frees. */
+static char *render_snapshot(const snapshot_t *s) {
+  size_t cap = 1024 + s->njobs * 320;
+  char *b = malloc(cap);
+  size_t len = 0;
+  int counts[5] = {0};
+  size_t busy = 0;
+  if (!b)
+    return NULL;
+  for (size_t i = 0; i < s->njobs; i++)
+    if ((int)s->jobs[i].status.state >= 0 && s->jobs[i].status.state <= WAGMA_JOB_STOPPED)
+      counts[s->jobs[i].status.state]++;
+  for (size_t i = 0; i < s->nagents; i++)
+    busy += s->agents[i].busy != 0;
+#define OUT(...)                                                                                   \
+  do {                                                                                             \
+    int w_ = snprintf(b + len, cap - len, __VA_ARGS__);                                            \
+    if (w_ > 0 && (size_t)w_ < cap - len)                                                          \
+      len += (size_t)w_;                                                                           \
+  } while (0)
+  OUT("# HELP wagma_jobs Jobs by state\n# TYPE wagma_jobs gauge\n");
+  for (int st = 0; st <= WAGMA_JOB_STOPPED; st++)
+    OUT("wagma_jobs{state=\"%s\"} %d\n", wagma_job_state_name(st), counts[st]);
+  OUT("# HELP wagma_agents Registered agents\n# TYPE wagma_agents gauge\nwagma_agents %zu\n",
+      s->nagents);
+  OUT("# HELP wagma_agents_free Agents not in an active job\n# TYPE wagma_agents_free gauge\n"
+      "wagma_agents_free %zu\n",
+      s->nagents - busy);
+  OUT("# HELP wagma_plan_epoch Current plan epoch per job\n# TYPE wagma_plan_epoch gauge\n");
+  for (size_t i = 0; i < s->njobs; i++)
+    OUT("wagma_plan_epoch{job=\"%s\"} %llu\n", s->jobs[i].id,
+        (unsigned long long)s->jobs[i].status.epoch);
+  OUT("# HELP wagma_job_regroupings Plans after the first per job\n"
+      "# TYPE wagma_job_regroupings gauge\n");
+  for (size_t i = 0; i < s->njobs; i++)
+    OUT("wagma_job_regroupings{job=\"%s\"} %llu\n", s->jobs[i].id,
+        (unsigned long long)s->jobs[i].status.regroupings);
+  OUT("# HELP wagma_job_iteration Highest iteration reported per job\n"
+      "# TYPE wagma_job_iteration gauge\n");
+  for (size_t i = 0; i < s->njobs; i++)
+    OUT("wagma_job_iteration{job=\"%s\"} %llu\n", s->jobs[i].id,
+        (unsigned long long)wg_job_record_iteration(&s->jobs[i]));
+  OUT("# HELP wagma_job_loss Mean training loss reported by the members\n"
+      "# TYPE wagma_job_loss gauge\n");
+  for (size_t i = 0; i < s->njobs; i++) {
+    const wg_job_record_t *j = &s->jobs[i];
+    double sum = 0;
+    int cnt = 0;
+    for (int k = 0; k < j->nprogress; k++)
+      if (isfinite(j->progress[k].progress.loss) && is_member(j, j->progress[k].agent)) {
+        sum += j->progress[k].progress.loss;
+        cnt++;
+      }
+    if (cnt)
+      OUT("wagma_job_loss{job=\"%s\"} %.6g\n", j->id, sum / cnt);
+  }
+#undef OUT
+  return b;
+}
+
+static void reconcile(wg_scheduler_t *sch) {
+  wg_coord_t *c = sch->c;
+  snapshot_t s;
+  pass_t p = {.c = c, .s = &s};
+  int e = load_snapshot(c, &s);
+  if (e) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "reconcile: read: %s",
+            wagma_etcd_errmsg(c->etcd));
+    return;
+  }
+  p.leader = wg_election_is_leader(c->election, &p.lease);
+  wagma_key_leader(&c->keys, p.leader_key, sizeof p.leader_key);
+  /* Members of active jobs are busy. */
+  for (size_t i = 0; i < s.njobs; i++) {
+    wg_job_record_t *j = &s.jobs[i];
+    if (j->status.state != WAGMA_JOB_RUNNING)
+      continue;
+    for (int r = 0; r < j->status.nmembers; r++) {
+      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      if (a)
+        a->busy = 1;
+    }
+  }
+  qsort(s.jobs, s.njobs, sizeof *s.jobs, cmp_created);
+  for (size_t i = 0; i < s.njobs; i++) {
+    wg_job_record_t *j = &s.jobs[i];
+    if (wagma_job_state_terminal(j->status.state))
+      continue;
+    /* Let this job see its own members as available again. */
+    for (int r = 0; r < j->status.nmembers && j->status.state == WAGMA_JOB_RUNNING; r++) {
+      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      if (a)
+        a->busy = 0;
+    }
+    reconcile_job(&p, j);
+    /* Whatever happened, the job's (new) members are not free for later jobs. */
+    for (int r = 0; r < j->status.nmembers && j->status.state == WAGMA_JOB_RUNNING; r++) {
+      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      if (a)
+        a->busy = 1;
+    }
+  }
+  if (p.leader)
+    cleanup_assignments(&p);
+  wg_metrics_set_snapshot(c->metrics, render_snapshot(&s));
+  snapshot_free(&s);
+  if (p.again) {
+    pthread_mutex_lock(&sch->mu);
+    sch->dirty = 1;
+    pthread_mutex_unlock(&sch->mu);
+  }
+}
+
+/* ---- thread and watch ---------------------------------------------------------------------- */
+
+static void on_watch(void *user, int status, const wagma_etcd_event_t *events, size_t n,
+                     int64_t revision) {
+  (void)events;
+  (void)n;
+  (void)revision;
+  wg_scheduler_t *s = user;
+  pthread_mutex_lock(&s->mu);
+  s->dirty = 1;
+  if (status != 0)
+    s->watch_dead = 1;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+static void start_watch(wg_scheduler_t *s) {
+  char root[256];
+  wagma_etcd_watch_options_t opt = {.prefix = 1};
+  wagma_key_root(&s->c->keys, root, sizeof root);
+  if (wagma_etcd_watch_start(s->c->etcd, root, &opt, on_watch, s, &s->watch) != 0) {
+    s->watch = NULL;
+    wg_logf(s->c->log, s->c->log_user, WAGMA_LOG_DEBUG, "watch: %s (polling meanwhile)",
+            wagma_etcd_errmsg(s->c->etcd));
+  }
+}
+
+static void timed_wait(wg_scheduler_t *s, double seconds) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  long ns = (long)(seconds * 1e9);
+  ts.tv_sec += ns / 1000000000L;
+  ts.tv_nsec += ns % 1000000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+}
+
+static void *scheduler_main(void *arg) {
+  wg_scheduler_t *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop) {
+    int restart = !s->watch || s->watch_dead;
+    s->watch_dead = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (restart) {
+      wagma_etcd_watch_stop(s->watch);
+      s->watch = NULL;
+      start_watch(s);
+    }
+    pthread_mutex_lock(&s->mu);
+    s->dirty = 0;
+    pthread_mutex_unlock(&s->mu);
+    reconcile(s);
+    pthread_mutex_lock(&s->mu);
+    if (s->stop)
+      break;
+    timed_wait(s, 0.05); /* debounce: gather a burst of changes */
+    if (!s->dirty && !s->stop)
+      timed_wait(s, s->watch ? 0.5 : 0.25);
+  }
+  pthread_mutex_unlock(&s->mu);
+  wagma_etcd_watch_stop(s->watch);
+  s->watch = NULL;
+  return NULL;
+}
+
+int wg_scheduler_start(wg_coord_t *c, wg_scheduler_t **out) {
+  wg_scheduler_t *s = calloc(1, sizeof *s);
+  if (!s)
+    return WAGMA_ENOMEM;
+  s->c = c;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    return WAGMA_EIO;
+  }
+  *out = s;
+  return 0;
+}
+
+void wg_scheduler_stop(wg_scheduler_t *s) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  pthread_join(s->thread, NULL);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+  free(s);
+}
+
+void wg_scheduler_poke(wg_scheduler_t *s) {
+  if (!s)
+    return;
+  pthread_mutex_lock(&s->mu);
+  s->dirty = 1;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
