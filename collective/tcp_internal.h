@@ -1,0 +1,84 @@
+/* tcp_internal.h — state shared by tcp.c (progress thread, ops) and tcp_mesh.c (connection
+ * setup). Private to the TCP transport. */
+#ifndef WAGMA_COLLECTIVE_TCP_INTERNAL_H
+#define WAGMA_COLLECTIVE_TCP_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define WG_TCP_DEFAULT_MAX_PAYLOAD ((size_t)256 << 20) /* max_payload 0 means this */
+#define WG_TCP_DEFAULT_MAX_QUEUED ((size_t)1 << 30)    /* max_queued_bytes 0 means this */
+#define WG_TCP_DEFAULT_CONNECT_S 10.0                  /* connect_timeout_s <= 0 means this */
+#define WG_TCP_CLOSE_LINGER_S 2.0 /* close flushes queued frames for at most this long */
+
+/* One queued outbound frame: the bytes still to write (header and payload, contiguous). */
+typedef struct wg_out_frame {
+  struct wg_out_frame *next;
+  size_t len;
+  uint8_t data[];
+} wg_out_frame_t;
+
+typedef struct wg_tcp_peer {
+  int rank;
+  int fd;          /* connected socket or -1; closed only by close() */
+  atomic_int dead; /* 1: never connected, failed, said BYE or sent a bad frame */
+
+  /* Outbound queue, guarded by out_lock. Only the progress thread writes from a non-empty
+   * queue; a sender writes directly (non-blocking, under out_lock) only when it is empty. */
+  pthread_mutex_t out_lock;
+  wg_out_frame_t *out_head, *out_tail;
+  size_t out_head_off; /* bytes of out_head already written */
+  size_t out_queued;   /* bytes still to write over the whole queue */
+
+  /* Inbound state machine, owned by the progress thread. */
+  int out_armed; /* EPOLLOUT registered */
+  uint8_t in_hdr[WG_FRAME_HEADER_SIZE];
+  size_t in_hdr_got;
+  wg_message_t *in_msg; /* frame whose payload is being read */
+  size_t in_payload_got;
+} wg_tcp_peer_t;
+
+struct wg_transport {
+  int rank;
+  int nranks;
+  uint64_t epoch;
+  size_t max_payload;
+  size_t max_queued;
+  double connect_timeout_s;
+  wagma_log_fn log;
+  void *log_user;
+
+  wg_tcp_peer_t *peers; /* nranks entries; peers[rank] is me (fd -1) */
+  int epfd;
+  int wakefd; /* eventfd: senders and close wake the progress thread */
+  pthread_t thread;
+  int thread_started;
+  atomic_int closing;
+  atomic_int bye_sent; /* close began: EOFs from peers are expected from now on */
+
+  pthread_mutex_t mbox_lock;
+  pthread_cond_t mbox_cond; /* CLOCK_MONOTONIC; broadcast on every arrival and death */
+  wg_message_t *mbox_head, *mbox_tail;
+  int interrupted; /* guarded by mbox_lock */
+
+  atomic_uint_fast64_t bytes_sent;
+  atomic_uint_fast64_t bytes_received;
+  atomic_uint_fast64_t frames_rejected;
+};
+
+/* Connects the mesh (tcp_mesh.c): binds plan->members[t->rank].address, dials the members
+ * of lower rank, accepts the members of higher rank, exchanges HELLO on each connection,
+ * until all are connected or deadline. Fills peers[].fd (blocking mode undefined, caller
+ * sets it); members left unconnected keep fd -1. Returns 0, WAGMA_EINVAL (bad address) or
+ * WAGMA_EIO (cannot bind or listen). */
+int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan, double deadline);
+
+/* Parses "host:port" or "[v6]:port" into host (NUL-terminated) and port. */
+int wg_tcp_parse_address(const char *address, char *host, size_t host_len, char *port,
+                         size_t port_len);
+
+#endif

@@ -1,0 +1,251 @@
+/* test_coll.c — blocking collectives (coll.h) between real processes on loopback: allreduce
+ * sum/mean for P = 2, 4, 6, 8 and 64, small (recursive doubling) and large (ring) buffers,
+ * 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
+ * running at the same time. Values are small integers so every sum is exact and the result
+ * can be compared bit for bit. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "coll.h"
+#include "world.h"
+
+#define OP_DEADLINE_S 60.0
+
+typedef struct scenario {
+  int full;         /* 0: only the P = 64 subset of operations */
+  size_t big_count; /* floats of the ring allreduce */
+} scenario_t;
+
+static float value(int rank, size_t i) {
+  return (float)((int)(i % 97) - 40) * (float)(rank + 1);
+}
+
+static int all_ranks[64];
+
+static wg_coll_ctx_t make_ctx(wg_transport_t *t, int rank, const int *ranks, int n) {
+  wg_coll_ctx_t c = {0};
+  c.ops = &wg_tcp_transport;
+  c.transport = t;
+  c.rank = rank;
+  c.ranks = ranks;
+  c.nranks = n;
+  c.round = 1;
+  c.group = 0;
+  c.seq = 0;
+  return c;
+}
+
+/* Allreduce of count floats over ctx->ranks; returns 0 if every element is exact. */
+static int check_allreduce(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op) {
+  float *buf = malloc(count * sizeof *buf);
+  int bad = 0;
+  for (size_t i = 0; i < count; i++)
+    buf[i] = value(ctx->rank, i);
+  int rc = wg_coll_allreduce(ctx, buf, count, op, wg_now() + OP_DEADLINE_S);
+  if (rc != 0) {
+    fprintf(stderr, "rank %d: allreduce(%zu) failed: %s\n", ctx->rank, count, wagma_strerror(rc));
+    free(buf);
+    return 1;
+  }
+  int factor = 0;
+  for (int k = 0; k < ctx->nranks; k++)
+    factor += ctx->ranks[k] + 1;
+  for (size_t i = 0; i < count && !bad; i++) {
+    float want = (float)((int)(i % 97) - 40) * (float)factor;
+    if (op == WAGMA_REDUCE_MEAN)
+      want /= (float)ctx->nranks;
+    if (buf[i] != want) {
+      fprintf(stderr, "rank %d: allreduce(%zu, op %d)[%zu] = %g, want %g\n", ctx->rank, count,
+              (int)op, i, buf[i], want);
+      bad = 1;
+    }
+  }
+  free(buf);
+  ctx->seq += (uint64_t)1 << 20;
+  return bad;
+}
+
+static int check_broadcast(wg_coll_ctx_t *ctx, size_t count, int root) {
+  float *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++)
+    buf[i] = ctx->rank == root ? value(root, i) : NAN;
+  int rc = wg_coll_broadcast(ctx, buf, count, root, wg_now() + OP_DEADLINE_S);
+  int bad = rc != 0;
+  for (size_t i = 0; i < count && !bad; i++)
+    bad = buf[i] != value(root, i);
+  if (bad)
+    fprintf(stderr, "rank %d: broadcast(%zu, root %d) wrong (rc %d)\n", ctx->rank, count, root, rc);
+  free(buf);
+  ctx->seq += (uint64_t)1 << 20;
+  return bad;
+}
+
+/* Weights w_r = r (rank 0 is a joiner with weight 0 and a buffer of NaNs). */
+static int check_average(wg_coll_ctx_t *ctx, size_t count) {
+  float *buf = malloc(count * sizeof *buf);
+  for (size_t i = 0; i < count; i++)
+    buf[i] = ctx->rank == 0 ? NAN : (float)((int)(i % 7) + ctx->rank);
+  int rc = wg_coll_average(ctx, buf, count, (float)ctx->rank, wg_now() + OP_DEADLINE_S);
+  int bad = rc != 0;
+  double wsum = 0;
+  for (int k = 0; k < ctx->nranks; k++)
+    wsum += ctx->ranks[k];
+  for (size_t i = 0; i < count && !bad; i++) {
+    double want = 0;
+    for (int k = 0; k < ctx->nranks; k++)
+      want += ctx->ranks[k] * (double)((int)(i % 7) + ctx->ranks[k]);
+    want /= wsum;
+    bad = !(fabs(buf[i] - want) <= 1e-5 * fabs(want) + 1e-6);
+  }
+  if (bad)
+    fprintf(stderr, "rank %d: average(%zu) wrong (rc %d)\n", ctx->rank, count, rc);
+  free(buf);
+  ctx->seq += (uint64_t)1 << 20;
+  /* Every weight 0: WAGMA_EINVAL on every participant. */
+  float one = 1;
+  rc = wg_coll_average(ctx, &one, 1, 0.0f, wg_now() + OP_DEADLINE_S);
+  ctx->seq += (uint64_t)1 << 20;
+  if (rc != WAGMA_EINVAL) {
+    fprintf(stderr, "rank %d: all-zero weights gave %d\n", ctx->rank, rc);
+    bad = 1;
+  }
+  return bad;
+}
+
+static int run_scenario(world_t *w, int rank, void *arg) {
+  const scenario_t *sc = arg;
+  wg_transport_t *t = NULL;
+  if (world_open(w, rank, 0, 30.0, &t) != 0)
+    return 2;
+  int n = w->nranks, bad = 0;
+  wg_coll_ctx_t ctx = make_ctx(t, rank, all_ranks, n);
+  bad |= check_allreduce(&ctx, 1000, WAGMA_REDUCE_SUM) << 1; /* recursive doubling */
+  bad |= check_allreduce(&ctx, 1, WAGMA_REDUCE_MEAN) << 1;
+  bad |= check_allreduce(&ctx, sc->big_count, WAGMA_REDUCE_SUM) << 2; /* ring */
+  if (sc->full) {
+    bad |= check_allreduce(&ctx, 1000, WAGMA_REDUCE_MEAN) << 1;
+    bad |= check_allreduce(&ctx, sc->big_count, WAGMA_REDUCE_MEAN) << 2;
+    ctx.small_threshold = 4; /* ring with fewer floats than ranks: empty chunks */
+    bad |= check_allreduce(&ctx, 3, WAGMA_REDUCE_SUM) << 3;
+    bad |= check_allreduce(&ctx, (size_t)n + 1, WAGMA_REDUCE_MEAN) << 3;
+    ctx.small_threshold = 0;
+    bad |= check_broadcast(&ctx, 1000, n - 1) << 4;
+    bad |= check_broadcast(&ctx, 300000, 0) << 4;
+    bad |= check_broadcast(&ctx, 300000, n / 2) << 4;
+    bad |= check_average(&ctx, 1000) << 5;
+    bad |= check_average(&ctx, 200000) << 5;
+  }
+  wg_transport_stats_t st;
+  wg_tcp_transport.stats(t, &st);
+  if (st.frames_rejected != 0)
+    bad |= 1 << 6;
+  wg_tcp_transport.close(t);
+  return bad;
+}
+
+static void run_world(int nranks, scenario_t *sc, double timeout_s) {
+  world_t w;
+  assert_int_equal(world_init(&w, nranks, 0), 0);
+  int codes[64];
+  assert_int_equal(world_run(&w, run_scenario, sc, timeout_s, NULL, codes, NULL, NULL), 0);
+  for (int r = 0; r < nranks; r++) {
+    if (codes[r] != 0)
+      fprintf(stderr, "P=%d rank %d exit code %d\n", nranks, r, codes[r]);
+    assert_int_equal(codes[r], 0);
+  }
+  world_free(&w);
+}
+
+static void test_p2(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 1, .big_count = 300001};
+  run_world(2, &sc, 90);
+}
+
+static void test_p4(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 1, .big_count = 300001};
+  run_world(4, &sc, 90);
+}
+
+static void test_p6_non_power_of_two(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 1, .big_count = 300001};
+  run_world(6, &sc, 90);
+}
+
+static void test_p8(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 1, .big_count = 300001};
+  run_world(8, &sc, 120);
+}
+
+static void test_p64(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 0, .big_count = 70000};
+  run_world(64, &sc, 150);
+}
+
+/* 64 MiB + 20 bytes per rank, P = 2 and 3: ring allreduce of big buffers. */
+static void test_64mib(void **state) {
+  (void)state;
+  scenario_t sc = {.full = 0, .big_count = (16u << 20) + 5};
+  run_world(3, &sc, 150);
+}
+
+/* P = 6 split in two groups {0,2,5} and {1,3,4} that reduce at the same time with the same
+ * round and seq; only the group field keeps their frames apart. */
+static int run_groups(world_t *w, int rank, void *arg) {
+  (void)arg;
+  static const int g0[] = {0, 2, 5}, g1[] = {1, 3, 4};
+  wg_transport_t *t = NULL;
+  if (world_open(w, rank, 0, 30.0, &t) != 0)
+    return 2;
+  int in0 = rank == 0 || rank == 2 || rank == 5;
+  wg_coll_ctx_t ctx = make_ctx(t, rank, in0 ? g0 : g1, 3);
+  ctx.group = in0 ? 0 : 1;
+  int bad = 0;
+  for (int i = 0; i < 5; i++) {
+    ctx.seq = 0; /* identical seq in both groups, on purpose */
+    bad |= check_allreduce(&ctx, 777, WAGMA_REDUCE_SUM);
+    bad |= check_allreduce(&ctx, 100003, WAGMA_REDUCE_MEAN);
+    ctx.round++;
+  }
+  wg_tcp_transport.close(t);
+  return bad;
+}
+
+static void test_concurrent_groups(void **state) {
+  (void)state;
+  world_t w;
+  assert_int_equal(world_init(&w, 6, 0), 0);
+  int codes[6];
+  assert_int_equal(world_run(&w, run_groups, NULL, 90, NULL, codes, NULL, NULL), 0);
+  for (int r = 0; r < 6; r++)
+    assert_int_equal(codes[r], 0);
+  world_free(&w);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1)
+    cmocka_set_test_filter(argv[1]); /* e.g. test_p6* */
+  for (int i = 0; i < 64; i++)
+    all_ranks[i] = i;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_p2),
+      cmocka_unit_test(test_p4),
+      cmocka_unit_test(test_p6_non_power_of_two),
+      cmocka_unit_test(test_p8),
+      cmocka_unit_test(test_concurrent_groups),
+      cmocka_unit_test(test_p64),
+      cmocka_unit_test(test_64mib),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

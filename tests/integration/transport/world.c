@@ -1,0 +1,173 @@
+/* world.c — see world.h. */
+#define _GNU_SOURCE
+#include "world.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+int world_init(world_t *w, int nranks, size_t shared_len) {
+  memset(w, 0, sizeof *w);
+  w->nranks = nranks;
+  w->epoch = 1;
+  w->plan.nranks = nranks;
+  w->plan.group_size = 2;
+  w->plan.staleness_bound = 8;
+  w->plan.members = calloc((size_t)nranks, sizeof *w->plan.members);
+  int *fds = calloc((size_t)nranks, sizeof *fds);
+  if (w->plan.members == NULL || fds == NULL)
+    return -1;
+  int rc = 0;
+  /* Keep every probe socket open until all are chosen, so the ports are distinct. */
+  for (int r = 0; r < nranks; r++) {
+    fds[r] = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fds[r] < 0 || bind(fds[r], (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fds[r], (struct sockaddr *)&a, &len) != 0) {
+      rc = -1;
+      break;
+    }
+    snprintf(w->plan.members[r].name, WAGMA_NAME_MAX, "w%d", r);
+    snprintf(w->plan.members[r].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%u",
+             (unsigned)ntohs(a.sin_port));
+  }
+  for (int r = 0; r < nranks; r++)
+    if (fds[r] > 0)
+      close(fds[r]);
+  free(fds);
+  w->shared_len = shared_len ? shared_len : 4096;
+  w->shared = mmap(NULL, w->shared_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (w->shared == MAP_FAILED) {
+    w->shared = NULL;
+    rc = -1;
+  }
+  return rc;
+}
+
+void world_free(world_t *w) {
+  free(w->plan.members);
+  if (w->shared != NULL)
+    munmap(w->shared, w->shared_len);
+  memset(w, 0, sizeof *w);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int world_run(world_t *w, world_fn fn, void *arg, double timeout_s, const int *mode, int *codes,
+              int (*parent_fn)(world_t *w, void *arg), int *parent_rc) {
+  int n = w->nranks;
+  pid_t *pids = calloc((size_t)n, sizeof *pids);
+  int rc = 0;
+  fflush(NULL);
+  for (int r = 0; r < n; r++) {
+    codes[r] = -1000;
+    int m = mode ? mode[r] : WORLD_SPAWN;
+    if (!(m & WORLD_SPAWN))
+      continue;
+    pid_t pid = fork();
+    if (pid == 0) {
+      alarm((unsigned)timeout_s + 5); /* belt and braces: a child never outlives the test */
+      int code = fn(w, r, arg);
+      fflush(NULL);
+      exit(code); /* exit, not _exit: LeakSanitizer checks the child in ASan builds */
+    }
+    pids[r] = pid;
+  }
+  if (parent_fn != NULL) {
+    int prc = parent_fn(w, arg);
+    if (parent_rc != NULL)
+      *parent_rc = prc;
+  }
+  double deadline = now_s() + timeout_s;
+  int left = 0;
+  for (int r = 0; r < n; r++)
+    left += pids[r] > 0;
+  while (left > 0) {
+    int others_running = 0;
+    for (int r = 0; r < n; r++) {
+      if (pids[r] <= 0)
+        continue;
+      int status;
+      pid_t p = waitpid(pids[r], &status, WNOHANG);
+      if (p == pids[r]) {
+        codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+        pids[r] = 0;
+        left--;
+      } else if (!(mode && (mode[r] & WORLD_KILL_LAST))) {
+        others_running++;
+      }
+    }
+    if (left > 0 && others_running == 0) {
+      for (int r = 0; r < n; r++)
+        if (pids[r] > 0)
+          kill(pids[r], SIGKILL);
+    }
+    if (left > 0 && now_s() > deadline) {
+      fprintf(stderr, "world: timeout after %.0f s, killing %d children\n", timeout_s, left);
+      for (int r = 0; r < n; r++)
+        if (pids[r] > 0)
+          kill(pids[r], SIGKILL);
+      rc = -1;
+      deadline = 1e300;
+    }
+    if (left > 0)
+      usleep(5000);
+  }
+  free(pids);
+  return rc;
+}
+
+void world_log(void *user, int level, const char *msg) {
+  (void)user;
+  if (level >= WAGMA_LOG_WARN || getenv("WAGMA_TEST_VERBOSE") != NULL)
+    fprintf(stderr, "[pid %d] %s: %s\n", (int)getpid(), wagma_log_level_name(level), msg);
+}
+
+int world_open(world_t *w, int rank, size_t max_payload, double connect_timeout_s,
+               wg_transport_t **t) {
+  wg_transport_config_t cfg = {0};
+  cfg.plan = &w->plan;
+  cfg.rank = rank;
+  cfg.epoch = w->epoch;
+  cfg.max_payload = max_payload;
+  cfg.connect_timeout_s = connect_timeout_s;
+  cfg.log = world_log;
+  return wg_tcp_transport.open(&cfg, t);
+}
+
+static int count_dir(const char *path) {
+  DIR *d = opendir(path);
+  if (d == NULL)
+    return -1;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n;
+}
+
+int world_count_fds(void) {
+  return count_dir("/proc/self/fd");
+}
+
+int world_count_threads(void) {
+  return count_dir("/proc/self/task");
+}
