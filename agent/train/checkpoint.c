@@ -1,0 +1,283 @@
+/* checkpoint.c — parameters + optimizer state + iteration in one file, written atomically.
+ *
+ * Layout (little-endian), a 96-byte header then the payload:
+ *   0 magic "WGMACKPT" | 8 u32 version (1) | 12 u32 header length (96) | 16 u64 model signature
+ *   24 u64 parameter count | 32 u32 optimizer kind (UINT32_MAX: none) | 36 u32 zero
+ *   40 u64 optimizer state floats | 48 u64 optimizer updates | 56 u64 iteration
+ *   64 u32 payload CRC32 | 68..92 zero | 92 u32 CRC32 of bytes 0..92
+ *   payload: parameter floats, then optimizer state floats (IEEE-754 binary32, little-endian).
+ *
+ * Owns nothing past a call. No threads. Invariants: a file is published only by rename(2)
+ * after fsync, so readers see an old or a new checkpoint whole; load validates all of the file
+ * into temporary buffers before it changes the model or the optimizer. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zlib.h>
+
+#include "agent/train/internal.h"
+#include "agent/train/train.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "checkpoint.c writes floats in host order and assumes a little-endian host"
+#endif
+
+#define CKPT_MAGIC "WGMACKPT"
+#define CKPT_VERSION 1u
+#define CKPT_HEADER 96u
+#define CKPT_NO_OPTIM UINT32_MAX
+
+typedef struct ckpt_header {
+  uint32_t version, header_len, optim_kind;
+  uint64_t signature, n_params, state_len, updates, iteration;
+  uint32_t payload_crc;
+} ckpt_header_t;
+
+static void put32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+static uint64_t get64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static void encode_header(unsigned char *b, const ckpt_header_t *h) {
+  memset(b, 0, CKPT_HEADER);
+  memcpy(b, CKPT_MAGIC, 8);
+  put32(b + 8, h->version);
+  put32(b + 12, h->header_len);
+  put64(b + 16, h->signature);
+  put64(b + 24, h->n_params);
+  put32(b + 32, h->optim_kind);
+  put64(b + 40, h->state_len);
+  put64(b + 48, h->updates);
+  put64(b + 56, h->iteration);
+  put32(b + 64, h->payload_crc);
+  put32(b + 92, (uint32_t)crc32_z(0, b, 92));
+}
+
+static uint32_t crc_floats(uint32_t crc, const float *x, size_t n) {
+  return (uint32_t)crc32_z(crc, (const unsigned char *)x, n * sizeof(float));
+}
+
+static int write_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len) {
+    ssize_t w = write(fd, p, len);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    p += w;
+    len -= (size_t)w;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len) {
+  char *p = buf;
+  while (len) {
+    ssize_t r = read(fd, p, len);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r;
+    len -= (size_t)r;
+  }
+  return 0;
+}
+
+/* fsync the directory holding path so the rename itself is durable. */
+static int sync_dir(const char *path) {
+  char copy[PATH_MAX];
+  snprintf(copy, sizeof(copy), "%s", path);
+  int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return -1;
+  int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t iteration,
+                          char *err, size_t err_len) {
+  int rc = WAGMA_EIO, fd = -1;
+  char tmp[PATH_MAX];
+  unsigned char head[CKPT_HEADER];
+  if (!path || !m || strlen(path) + 32 >= sizeof(tmp)) {
+    wg_train_errf(err, err_len, "missing model or bad checkpoint path");
+    return WAGMA_EINVAL;
+  }
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+  size_t state_len = 0;
+  const float *state = o ? wagma_optim_state(o, &state_len) : NULL;
+  const float *params = wagma_model_params(m);
+  ckpt_header_t h = {
+      .version = CKPT_VERSION,
+      .header_len = CKPT_HEADER,
+      .optim_kind = o ? (uint32_t)wagma_optim_config(o)->kind : CKPT_NO_OPTIM,
+      .signature = wagma_model_signature(m),
+      .n_params = wagma_model_param_count(m),
+      .state_len = state_len,
+      .updates = o ? wagma_optim_updates(o) : 0,
+      .iteration = iteration,
+  };
+  h.payload_crc = crc_floats(crc_floats(0, params, h.n_params), state, state_len);
+  encode_header(head, &h);
+  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    wg_train_errf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
+    goto out;
+  }
+  if (write_all(fd, head, sizeof(head)) || write_all(fd, params, h.n_params * sizeof(float)) ||
+      (state_len && write_all(fd, state, state_len * sizeof(float)))) {
+    wg_train_errf(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
+    goto out;
+  }
+  if (fsync(fd) != 0) {
+    wg_train_errf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
+    goto out;
+  }
+  int closed = close(fd);
+  fd = -1;
+  if (closed != 0 || rename(tmp, path) != 0) {
+    wg_train_errf(err, err_len, "%s: cannot publish: %s", path, strerror(errno));
+    goto out;
+  }
+  if (sync_dir(path) != 0) {
+    wg_train_errf(err, err_len, "%s: directory fsync failed: %s", path, strerror(errno));
+    goto out; /* the file is in place but its durability is unknown */
+  }
+  rc = WAGMA_OK;
+out:
+  if (fd >= 0)
+    close(fd);
+  if (rc)
+    unlink(tmp); /* harmless after a successful rename: tmp no longer exists */
+  return rc;
+}
+
+/* Ownership: m and o stay the caller's; they are written only when the whole file is valid. */
+int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t *iteration,
+                          char *err, size_t err_len) {
+  int rc = WAGMA_EPROTO, fd = -1;
+  float *payload = NULL;
+  unsigned char b[CKPT_HEADER];
+  struct stat st;
+  if (!path || !m) {
+    wg_train_errf(err, err_len, "missing model or checkpoint path");
+    return WAGMA_EINVAL;
+  }
+  fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    wg_train_errf(err, err_len, "%s: %s", path, strerror(errno));
+    rc = errno == ENOENT ? WAGMA_ENOTFOUND : WAGMA_EIO;
+    goto out;
+  }
+  if ((size_t)st.st_size < CKPT_HEADER || read_all(fd, b, CKPT_HEADER)) {
+    wg_train_errf(err, err_len, "%s: shorter than a checkpoint header", path);
+    goto out;
+  }
+  if (memcmp(b, CKPT_MAGIC, 8) != 0) {
+    wg_train_errf(err, err_len, "%s: not a wagma checkpoint (bad magic)", path);
+    goto out;
+  }
+  ckpt_header_t h = {
+      .version = get32(b + 8),
+      .header_len = get32(b + 12),
+      .signature = get64(b + 16),
+      .n_params = get64(b + 24),
+      .optim_kind = get32(b + 32),
+      .state_len = get64(b + 40),
+      .updates = get64(b + 48),
+      .iteration = get64(b + 56),
+      .payload_crc = get32(b + 64),
+  };
+  if (h.version != CKPT_VERSION || h.header_len != CKPT_HEADER) {
+    wg_train_errf(err, err_len, "%s: unsupported checkpoint version %u (header %u bytes)", path,
+                  h.version, h.header_len);
+    goto out;
+  }
+  if (get32(b + 92) != (uint32_t)crc32_z(0, b, 92)) {
+    wg_train_errf(err, err_len, "%s: checkpoint header checksum mismatch", path);
+    goto out;
+  }
+  if (h.n_params > ((uint64_t)1 << 34) || h.state_len > ((uint64_t)1 << 35) ||
+      (uint64_t)st.st_size != CKPT_HEADER + (h.n_params + h.state_len) * sizeof(float)) {
+    wg_train_errf(err, err_len, "%s: file is %lld bytes, header says %llu parameters + %llu state",
+                  path, (long long)st.st_size, (unsigned long long)h.n_params,
+                  (unsigned long long)h.state_len);
+    goto out;
+  }
+  rc = WAGMA_EINVAL; /* a valid file, but for another model or optimizer */
+  if (h.n_params != wagma_model_param_count(m) || h.signature != wagma_model_signature(m)) {
+    wg_train_errf(err, err_len, "%s: checkpoint of another model (%llu parameters) than %s (%zu)",
+                  path, (unsigned long long)h.n_params, wagma_model_describe(m),
+                  wagma_model_param_count(m));
+    goto out;
+  }
+  size_t o_len = 0;
+  if (o) {
+    wagma_optim_state(o, &o_len);
+    if (h.optim_kind != (uint32_t)wagma_optim_config(o)->kind || h.state_len != o_len) {
+      wg_train_errf(err, err_len,
+                    "%s: optimizer state is kind %u with %llu floats, this optimizer is kind %d "
+                    "with %zu",
+                    path, h.optim_kind, (unsigned long long)h.state_len,
+                    wagma_optim_config(o)->kind, o_len);
+      goto out;
+    }
+  }
+  rc = WAGMA_ENOMEM;
+  size_t total = (size_t)(h.n_params + h.state_len);
+  payload = malloc(total * sizeof(float));
+  if (!payload) {
+    wg_train_errf(err, err_len, "%s: out of memory for the payload", path);
+    goto out;
+  }
+  rc = WAGMA_EPROTO;
+  if (read_all(fd, payload, total * sizeof(float))) {
+    wg_train_errf(err, err_len, "%s: short read: %s", path, strerror(errno));
+    rc = WAGMA_EIO;
+    goto out;
+  }
+  if (crc_floats(0, payload, total) != h.payload_crc) {
+    wg_train_errf(err, err_len, "%s: checkpoint payload checksum mismatch", path);
+    goto out;
+  }
+  memcpy(wagma_model_params(m), payload, h.n_params * sizeof(float));
+  if (o) {
+    if (o_len)
+      memcpy(wagma_optim_state(o, NULL), payload + h.n_params, o_len * sizeof(float));
+    wagma_optim_set_updates(o, h.updates);
+  }
+  if (iteration)
+    *iteration = h.iteration;
+  rc = WAGMA_OK;
+out:
+  if (fd >= 0)
+    close(fd);
+  free(payload);
+  return rc;
+}

@@ -1,0 +1,64 @@
+/* agent/train/layers.h — the layer kernels under the models (internal to wagma_train and its
+ * tests). Pure functions over caller-owned buffers: no allocation, no state.
+ *
+ * Layout: a batch of n samples is sample-major; an image sample is channel-major (NCHW).
+ * Backward kernels WRITE (not accumulate) parameter gradients; dx may be NULL when the input
+ * gradient is not needed (first layer). */
+#ifndef WAGMA_AGENT_TRAIN_LAYERS_H
+#define WAGMA_AGENT_TRAIN_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Dense: y[n][out] = x[n][in] . w[out][in]^T + b[out]. */
+void wg_dense_forward(size_t n, size_t in, size_t out, const float *x, const float *w,
+                      const float *b, float *y);
+void wg_dense_backward(size_t n, size_t in, size_t out, const float *x, const float *w,
+                       const float *dy, float *dw, float *db, float *dx);
+
+/* Convolution, stride 1, square kernel k, zero padding pad. Weights w[oc][c][k][k], bias b[oc]. */
+typedef struct wg_conv_shape {
+  size_t c, h, w; /* input */
+  size_t oc, k, pad;
+  size_t oh, ow; /* output: h + 2 pad - k + 1 */
+} wg_conv_shape_t;
+
+/* Fills oh/ow; returns 0, or -1 when the kernel does not fit. */
+int wg_conv_shape_init(wg_conv_shape_t *s, size_t c, size_t h, size_t w, size_t oc, size_t k,
+                       size_t pad);
+/* Scratch floats the conv kernels need for a batch of n: cols (c*k*k x n*oh*ow) kept from
+ * forward to backward, and tmp (oc x n*oh*ow). */
+size_t wg_conv_cols_len(const wg_conv_shape_t *s, size_t n);
+size_t wg_conv_tmp_len(const wg_conv_shape_t *s, size_t n);
+/* Forward through im2col + one sgemm for the whole batch; leaves the im2col matrix in cols. */
+void wg_conv_forward(const wg_conv_shape_t *s, size_t n, const float *x, const float *w,
+                     const float *b, float *y, float *cols, float *tmp);
+/* cols must hold what wg_conv_forward left for the same x; when dx is not NULL they are used
+ * as scratch afterwards (overwritten), so call backward once per forward. */
+void wg_conv_backward(const wg_conv_shape_t *s, size_t n, float *cols, const float *w,
+                      const float *dy, float *dw, float *db, float *dx, float *tmp);
+
+/* Pooling, window k x k with stride k (floor of the output size). argmax (n*c*oh*ow) records the
+ * winner of each max window and is unused (may be NULL) for average pooling. */
+typedef struct wg_pool_shape {
+  size_t c, h, w, k, oh, ow;
+} wg_pool_shape_t;
+
+int wg_pool_shape_init(wg_pool_shape_t *s, size_t c, size_t h, size_t w, size_t k);
+void wg_pool_forward(const wg_pool_shape_t *s, int mode, size_t n, const float *x, float *y,
+                     int32_t *argmax);
+/* Writes the whole dx (zero where no window reads). */
+void wg_pool_backward(const wg_pool_shape_t *s, int mode, size_t n, const float *dy,
+                      const int32_t *argmax, float *dx);
+
+/* Element-wise activation (enum wagma_activation); backward from the OUTPUT y. */
+void wg_act_forward(int fn, size_t len, const float *x, float *y);
+void wg_act_backward(int fn, size_t len, const float *y, const float *dy, float *dx);
+
+/* Softmax cross-entropy over logits[n][classes] with labels y. Returns the MEAN loss (double
+ * accumulation), counts correct arg-max predictions in *correct (may be NULL) and, when dlogits
+ * is not NULL, writes d(mean loss)/d logits = (softmax - onehot) / n. */
+double wg_softmax_xent(size_t n, size_t classes, const float *logits, const int32_t *y,
+                       float *dlogits, size_t *correct);
+
+#endif

@@ -1,0 +1,307 @@
+/* agent/train/train.h — the CPU training library of wagma-agent (static library wagma_train).
+ *
+ * Private to agent/: the agent daemon and the tests include it by path.
+ *
+ *   model      softmax regression, MLP, LeNet-5. ALL parameters live in one contiguous float32
+ *              buffer and the gradients in another of the same layout, so a collective moves
+ *              one buffer. forward() = loss + accuracy on a batch, backward() = gradient of the
+ *              batch-mean loss, written (not accumulated) into the gradient buffer.
+ *   optim      SGD (momentum, Nesterov, weight decay), Adam / AdamW over the flat buffer, with
+ *              a linear warmup + step-decay learning-rate schedule. State is one flat buffer.
+ *   dataset    Fashion-MNIST (IDX, gzip via zlib) and a seeded synthetic generator
+ *              (gaussian class clusters), 784 features and 10 classes either way.
+ *   sampler    per-worker seeded minibatch stream over the WHOLE training set; seekable, so a
+ *              resumed worker continues its stream from an iteration count alone.
+ *   checkpoint parameters + optimizer state + iteration, atomic (tmp, fsync, rename), with a
+ *              validated header and CRC32 checksums.
+ *
+ * Math goes through OpenBLAS (cblas_sgemm), one BLAS thread unless wagma_train_set_threads()
+ * says otherwise. Everything is deterministic for a seed (same machine, same BLAS, same thread
+ * count). Handles are not thread-safe: one thread uses a model/optimizer/sampler at a time.
+ *
+ * Errors: functions that can fail return 0 or a negative WAGMA_E* code and, when err is not
+ * NULL, write a one-line detail message into err[0..err_len). */
+#ifndef WAGMA_AGENT_TRAIN_H
+#define WAGMA_AGENT_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wagma/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- threads */
+
+/* Sets the number of BLAS threads of this process (n >= 1). Without a call, the first
+ * wagma_model_create() sets 1. Returns WAGMA_EINVAL for n < 1. */
+int wagma_train_set_threads(int n);
+/* The thread count last set through this library (1 by default). */
+int wagma_train_threads(void);
+
+/* ---------------------------------------------------------------- random streams */
+
+/* xoshiro256** seeded through splitmix64. Plain value: copy it to fork a stream. */
+typedef struct wagma_rng {
+  uint64_t s[4];
+} wagma_rng_t;
+
+void wagma_rng_seed(wagma_rng_t *rng, uint64_t seed);
+uint64_t wagma_rng_next(wagma_rng_t *rng);
+/* Uniform in [0, bound) without modulo bias; bound >= 1. */
+uint64_t wagma_rng_below(wagma_rng_t *rng, uint64_t bound);
+/* Uniform in [0, 1). */
+double wagma_rng_uniform(wagma_rng_t *rng);
+/* Standard normal (Box-Muller, no cached second value: the stream is a pure sequence). */
+double wagma_rng_normal(wagma_rng_t *rng);
+/* splitmix64 finalizer: a well-mixed 64-bit function of x. */
+uint64_t wagma_mix64(uint64_t x);
+/* Derives a stream seed from a job seed and a label (e.g. the worker's name, which stays
+ * stable across membership changes while ranks do not). label may be NULL. */
+uint64_t wagma_seed_derive(uint64_t seed, const char *label);
+
+/* ---------------------------------------------------------------- datasets */
+
+/* n samples of `features` values each, labels in [0, classes). Pixels from IDX files are kept
+ * as bytes (x = byte * scale + offset at gather time), synthetic data as floats. Exactly one of
+ * x_u8 / x_f32 is non-NULL. Images are rows*cols, one channel; features = rows*cols. */
+typedef struct wagma_dataset {
+  size_t n;
+  size_t features;
+  size_t classes;
+  size_t rows, cols;
+  uint8_t *x_u8;
+  float *x_f32;
+  uint8_t *labels;
+  float scale, offset; /* used with x_u8 only */
+} wagma_dataset_t;
+
+/* Frees what the dataset owns and zeroes it. Safe on a zeroed or already freed dataset. */
+void wagma_dataset_free(wagma_dataset_t *ds);
+
+/* Loads an IDX image file (magic 0x00000803, unsigned bytes, 3 dims) and its IDX label file
+ * (0x00000801, 1 dim), gzip-compressed or plain (zlib reads both). Validates the magic, the
+ * dimensions (nonzero, <= 65536 rows/cols, equal counts), the exact payload length (truncated
+ * or trailing data is an error) and that labels are < classes (classes in 2..256). Pixels are
+ * scaled to [0, 1] (scale 1/255, offset 0). On success *ds owns the data; on error *ds is
+ * zeroed. Errors: WAGMA_EIO (open/read), WAGMA_EPROTO (bad file), WAGMA_ENOMEM, WAGMA_EINVAL. */
+int wagma_dataset_load_idx(wagma_dataset_t *ds, const char *images_path, const char *labels_path,
+                           size_t classes, char *err, size_t err_len);
+
+/* The Debian package dataset-fashion-mnist installs here. */
+#define WAGMA_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Loads train-{images,labels} and t10k-{images,labels} (*-idx?-ubyte.gz, or without .gz) from
+ * dir (NULL = WAGMA_FASHION_MNIST_DIR) and standardizes both with the TRAINING set's pixel
+ * mean and standard deviation. test may be NULL. WAGMA_ENOTFOUND when the files are missing. */
+int wagma_dataset_load_fashion_mnist(const char *dir, wagma_dataset_t *train, wagma_dataset_t *test,
+                                     char *err, size_t err_len);
+
+/* Sets x = (byte/255 - mean) / std for a byte dataset. WAGMA_EINVAL on float data or std <= 0. */
+int wagma_dataset_standardize(wagma_dataset_t *ds, float mean, float std);
+
+/* Synthetic classification data: `classes` gaussian clusters in `features` dimensions.
+ * Class centres are images constant on 4x4 pixel blocks, each block drawn from
+ * N(0, separation^2 / features) (so two centres are about separation*sqrt(2) apart), samples are
+ * centre + N(0, noise^2) per pixel, labels are uniform. The centres depend on `seed` only, the
+ * samples on (seed, split): split 0 = training set, 1 = test set, any other value another draw of
+ * the same task. */
+typedef struct wagma_synthetic_config {
+  size_t n;          /* samples */
+  size_t features;   /* 784 by default, as rows x cols */
+  size_t rows, cols; /* 28 x 28 by default; rows*cols must equal features, cols <= 4096 */
+  size_t classes;    /* 10 by default */
+  float separation;  /* 6.0 by default */
+  float noise;       /* 1.0 by default */
+  uint64_t seed;
+  uint32_t split;
+} wagma_synthetic_config_t;
+
+/* The defaults above for n samples. */
+wagma_synthetic_config_t wagma_synthetic_defaults(size_t n, uint64_t seed, uint32_t split);
+int wagma_dataset_synthetic(wagma_dataset_t *ds, const wagma_synthetic_config_t *cfg, char *err,
+                            size_t err_len);
+
+/* Copies samples idx[0..count) into x (count*features floats) and y (count labels).
+ * Indices must be < ds->n (WAGMA_ERANGE otherwise, nothing meaningful written). */
+int wagma_dataset_gather(const wagma_dataset_t *ds, const uint32_t *idx, size_t count, float *x,
+                         int32_t *y);
+
+/* ---------------------------------------------------------------- minibatch sampling */
+
+/* How a worker draws from the whole training set:
+ *  SHUFFLE      (default) per-worker shuffled epochs: the worker walks a permutation of all n
+ *               samples, a fresh permutation per epoch, seeded by (stream seed, epoch). Every
+ *               sample is seen once per worker-epoch; workers walk different permutations.
+ *  REPLACEMENT  sample k of the stream is hash(stream seed, k) mod n: i.i.d. with replacement.
+ * Both are pure functions of (seed, k), so seek(k) resumes a stream exactly. */
+enum wagma_sample_mode { WAGMA_SAMPLE_SHUFFLE = 0, WAGMA_SAMPLE_REPLACEMENT = 1 };
+
+typedef struct wagma_sampler {
+  int mode;
+  uint64_t seed;
+  size_t n;
+  uint64_t drawn;      /* samples drawn so far from this stream */
+  uint32_t *perm;      /* SHUFFLE: permutation of the current epoch */
+  uint64_t perm_epoch; /* epoch perm belongs to, UINT64_MAX when none */
+} wagma_sampler_t;
+
+/* n must be in 1..UINT32_MAX. seed: use wagma_seed_derive(job_seed, worker_name). */
+int wagma_sampler_init(wagma_sampler_t *s, size_t n, int mode, uint64_t seed);
+void wagma_sampler_free(wagma_sampler_t *s);
+/* Positions the stream after `drawn` samples (e.g. iteration * batch size after a restart). */
+void wagma_sampler_seek(wagma_sampler_t *s, uint64_t drawn);
+/* Writes the next count indices. WAGMA_ENOMEM only in SHUFFLE mode at an epoch change. */
+int wagma_sampler_next(wagma_sampler_t *s, uint32_t *idx, size_t count);
+
+/* A minibatch buffer: up to cap samples. */
+typedef struct wagma_batch {
+  size_t cap, n, features;
+  float *x;
+  int32_t *y;
+  uint32_t *idx;
+} wagma_batch_t;
+
+int wagma_batch_alloc(wagma_batch_t *b, size_t cap, size_t features);
+void wagma_batch_free(wagma_batch_t *b);
+/* Draws count (<= cap) indices from s and gathers them from ds into b. */
+int wagma_batch_draw(wagma_batch_t *b, wagma_sampler_t *s, const wagma_dataset_t *ds, size_t count);
+
+/* ---------------------------------------------------------------- models */
+
+enum wagma_model_kind { WAGMA_MODEL_SOFTMAX = 0, WAGMA_MODEL_MLP = 1, WAGMA_MODEL_LENET5 = 2 };
+enum wagma_activation { WAGMA_ACT_RELU = 0, WAGMA_ACT_TANH = 1 };
+enum wagma_pool_mode { WAGMA_POOL_MAX = 0, WAGMA_POOL_AVG = 1 };
+
+#define WAGMA_MLP_MAX_HIDDEN 8
+
+typedef struct wagma_model_config {
+  int kind;                            /* enum wagma_model_kind */
+  size_t channels, rows, cols;         /* input image, 1 x 28 x 28 by default */
+  size_t classes;                      /* 10 by default */
+  size_t hidden[WAGMA_MLP_MAX_HIDDEN]; /* MLP hidden sizes, default 256, 128 */
+  size_t n_hidden;
+  int activation;   /* enum wagma_activation, ReLU by default */
+  int pool;         /* enum wagma_pool_mode (LeNet-5), max by default */
+  size_t max_batch; /* largest batch forward() accepts, 256 by default */
+} wagma_model_config_t;
+
+/* Defaults for a kind (see the fields). LeNet-5: conv 5x5 6ch (pad 2 on 28x28, so any input of
+ * at least 12x12 works) + pool 2, conv 5x5 16ch + pool 2, fc 120, fc 84, fc classes. */
+wagma_model_config_t wagma_model_defaults(int kind);
+
+/* Parses "softmax", "mlp", "mlp:512-256-128", "lenet5" (also "lenet"), with optional suffixes
+ * ",tanh" ",relu" ",avgpool" ",maxpool". Starts from wagma_model_defaults(kind). */
+int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *err,
+                             size_t err_len);
+
+typedef struct wagma_model wagma_model_t;
+
+/* Builds a model with zero parameters; call wagma_model_init(). *out is owned by the caller
+ * (wagma_model_destroy). */
+int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, char *err,
+                       size_t err_len);
+void wagma_model_destroy(wagma_model_t *m);
+
+/* Deterministic initialisation from seed: He-uniform weights for ReLU, Glorot-uniform for tanh
+ * and the output layer, zero biases. Same seed and config = same bits. */
+void wagma_model_init(wagma_model_t *m, uint64_t seed);
+
+size_t wagma_model_param_count(const wagma_model_t *m);
+float *wagma_model_params(wagma_model_t *m); /* param_count floats, owned by the model */
+float *wagma_model_grads(wagma_model_t *m);  /* same layout */
+const wagma_model_config_t *wagma_model_config(const wagma_model_t *m);
+/* Human-readable layer list, e.g. "lenet5 conv5x5x6-relu-maxpool2-...", and a 64-bit
+ * signature of the architecture (kind, shapes, parameter layout) stored in checkpoints. */
+const char *wagma_model_describe(const wagma_model_t *m);
+uint64_t wagma_model_signature(const wagma_model_t *m);
+
+typedef struct wagma_eval {
+  double loss;    /* mean softmax cross-entropy over the samples */
+  size_t correct; /* arg-max predictions equal to the label */
+  size_t n;       /* samples */
+} wagma_eval_t;
+
+/* Forward pass on n (1..max_batch) samples: x is n x (channels*rows*cols) floats, y the labels
+ * (each in [0, classes), WAGMA_EINVAL otherwise). Fills *out (may be NULL). The model keeps
+ * what backward() needs (x is copied). */
+int wagma_model_forward(wagma_model_t *m, const float *x, const int32_t *y, size_t n,
+                        wagma_eval_t *out);
+/* Writes into the gradient buffer the gradient of the mean loss of the last forward batch.
+ * WAGMA_EINVAL when no forward preceded it. */
+int wagma_model_backward(wagma_model_t *m);
+/* Forward over samples [first, first+count) of ds in batches of max_batch (count 0 = to the end);
+ * out->loss is the mean over them. ds->features must match the model's input. */
+int wagma_model_evaluate(wagma_model_t *m, const wagma_dataset_t *ds, size_t first, size_t count,
+                         wagma_eval_t *out);
+
+/* ---------------------------------------------------------------- optimizers */
+
+enum wagma_optim_kind { WAGMA_OPTIM_SGD = 0, WAGMA_OPTIM_ADAM = 1, WAGMA_OPTIM_ADAMW = 2 };
+
+/* lr(t) = lr * w(t) * decay^floor(t / decay_every), where t is the job iteration (from 0),
+ * w(t) = (t+1)/warmup_steps for t < warmup_steps and 1 after; decay_every 0 = no decay. */
+typedef struct wagma_lr_schedule {
+  float lr;
+  uint64_t warmup_steps;
+  uint64_t decay_every;
+  float decay; /* e.g. 0.1 */
+} wagma_lr_schedule_t;
+
+double wagma_lr_at(const wagma_lr_schedule_t *s, uint64_t iteration);
+
+/* SGD (PyTorch conventions): g = grad + weight_decay * w; v = momentum * v + g;
+ *   step = nesterov ? g + momentum * v : v (plain g when momentum is 0); w -= lr * step.
+ * ADAM: g = grad + weight_decay * w (L2); m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ *   w -= lr * (m / (1-b1^k)) / (sqrt(v / (1-b2^k)) + eps), k = updates taken so far + 1.
+ * ADAMW: as ADAM with g = grad, and w -= lr * weight_decay * w first (decoupled decay). */
+typedef struct wagma_optim_config {
+  int kind; /* enum wagma_optim_kind */
+  wagma_lr_schedule_t schedule;
+  float momentum;
+  int nesterov;
+  float weight_decay;
+  float beta1, beta2, eps;
+} wagma_optim_config_t;
+
+/* SGD, lr 0.05, momentum 0.9, no decay; Adam betas 0.9/0.999, eps 1e-8 (used by Adam kinds). */
+wagma_optim_config_t wagma_optim_defaults(int kind);
+
+typedef struct wagma_optim wagma_optim_t;
+
+int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_optim_t **out,
+                       char *err, size_t err_len);
+void wagma_optim_destroy(wagma_optim_t *o);
+/* One update at job iteration `iteration` (which picks the learning rate). */
+void wagma_optim_step(wagma_optim_t *o, uint64_t iteration, float *params, const float *grads);
+/* Flat state: SGD with momentum = velocity (n floats), SGD without = none (0), Adam = m then v
+ * (2n floats). Owned by the optimizer; the length goes to *len. */
+float *wagma_optim_state(wagma_optim_t *o, size_t *len);
+uint64_t wagma_optim_updates(const wagma_optim_t *o); /* updates taken (Adam bias correction) */
+void wagma_optim_set_updates(wagma_optim_t *o, uint64_t updates);
+const wagma_optim_config_t *wagma_optim_config(const wagma_optim_t *o);
+/* Zeroes the state and the update count. */
+void wagma_optim_reset(wagma_optim_t *o);
+
+/* ---------------------------------------------------------------- checkpoints */
+
+/* File: a 96-byte little-endian header (magic "WGMACKPT", version, header CRC, model signature,
+ * parameter count, optimizer kind, state length, update count, iteration, payload CRC32) then
+ * the parameters and the optimizer state as float32. Written to "<path>.tmp.<pid>", fsync'ed,
+ * renamed over path, and the directory fsync'ed: a reader sees the old or the new file whole.
+ * o may be NULL (parameters only). */
+int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t iteration,
+                          char *err, size_t err_len);
+/* Validates everything (magic, version, header CRC, sizes against m and o, model signature,
+ * payload length and CRC) before it touches m or o; on any mismatch returns WAGMA_EPROTO (corrupt)
+ * or WAGMA_EINVAL (another model/optimizer) and leaves m and o unchanged. o may be NULL (the
+ * optimizer state in the file is then skipped). WAGMA_ENOTFOUND when path does not exist. */
+int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t *iteration,
+                          char *err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
