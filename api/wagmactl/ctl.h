@@ -61,10 +61,10 @@ typedef struct wg_ctl_args {
   const char *file;        /* submit: path or "-" */
   int has_iteration;       /* groups --iteration */
   uint64_t iteration;
-  int workers;             /* scale */
-  int purge;               /* stop --purge */
-  const char *state;       /* list --state */
-  int live;                /* health --live: /healthz instead of /readyz */
+  int workers;       /* scale */
+  int purge;         /* stop --purge */
+  const char *state; /* list --state */
+  int live;          /* health --live: /healthz instead of /readyz */
 } wg_ctl_args_t;
 
 /* Parses argv. env_server / env_token: $WAGMA_SERVER / $WAGMA_TOKEN (NULL when unset).
@@ -91,11 +91,11 @@ typedef struct wg_ctl_conn {
 } wg_ctl_conn_t;
 
 typedef struct wg_ctl_response {
-  long status;          /* HTTP status; 0 when the request failed before an answer */
-  char *body;           /* NUL-terminated, malloc'd (may be empty), owned here */
+  long status; /* HTTP status; 0 when the request failed before an answer */
+  char *body;  /* NUL-terminated, malloc'd (may be empty), owned here */
   size_t len;
-  int timed_out;        /* with status 0: the deadline passed */
-  char error[256];      /* with status 0: why (libcurl's words) */
+  int timed_out;   /* with status 0: the deadline passed */
+  char error[256]; /* with status 0: why (libcurl's words) */
 } wg_ctl_response_t;
 
 /* The largest response body kept (larger answers fail as a transport error). */
@@ -130,10 +130,10 @@ void wg_ctl_table_free(wg_ctl_table_t *t);
 /* Cell formatting into buf (always NUL-terminated); "-" when v is absent or null. */
 const char *wg_ctl_fmt_int(const json_t *v, char *buf, size_t len);
 const char *wg_ctl_fmt_real(const json_t *v, int decimals, char *buf, size_t len);
-const char *wg_ctl_fmt_percent(const json_t *v, char *buf, size_t len); /* 0.5 -> "50.00%" */
+const char *wg_ctl_fmt_percent(const json_t *v, char *buf, size_t len);  /* 0.5 -> "50.00%" */
 const char *wg_ctl_fmt_duration(const json_t *v, char *buf, size_t len); /* s -> "12.3ms" */
-const char *wg_ctl_fmt_time(const json_t *v, char *buf, size_t len); /* unix s -> ISO UTC */
-const char *wg_ctl_fmt_bool(const json_t *v, char *buf, size_t len); /* "yes"/"no" */
+const char *wg_ctl_fmt_time(const json_t *v, char *buf, size_t len);     /* unix s -> ISO UTC */
+const char *wg_ctl_fmt_bool(const json_t *v, char *buf, size_t len);     /* "yes"/"no" */
 /* Strings as they are; numbers and booleans as above; null/absent "-". */
 const char *wg_ctl_fmt_str(const json_t *v, char *buf, size_t len);
 
