@@ -39,10 +39,17 @@ static gpr_timespec deadline_from_ms(int64_t deadline_ms) {
   return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(left, GPR_TIMESPAN));
 }
 
-static void sleep_ms(int64_t ms) {
-  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+/* Waits ms while driving gRPC's I/O: with gRPC's epoll poller, connections only make
+ * progress (connect, HTTP/2 handshake) while some thread polls, so a plain sleep between
+ * failover rounds would stall a reconnection to an etcd that came back. */
+static void poll_sleep_ms(int64_t ms) {
+  grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+  grpc_completion_queue_pluck(cq, (void *)1, deadline_from_ms(wg_etcd_now_ms() + ms), NULL);
+  grpc_completion_queue_shutdown(cq);
+  while (grpc_completion_queue_pluck(cq, NULL, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+         GRPC_QUEUE_SHUTDOWN) {
   }
+  grpc_completion_queue_destroy(cq);
 }
 
 /* ---- detail messages ---------------------------------------------------------------- */
@@ -232,7 +239,8 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
   grpc_started = 1;
   /* Reconnect quickly after an etcd restart; fail calls fast while it is down. */
   args[0] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 100}};
-  args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 100}};
+  /* gRPC also uses this as the minimum connect timeout: keep it generous. */
+  args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 5000}};
   args[2] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}};
   args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};
   args[4] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}};
@@ -462,7 +470,6 @@ out:
 int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
                   const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **response,
                   int64_t deadline_ms, wg_etcd_cancel_t *cancel) {
-  grpc_byte_buffer *buffer = pack(request);
   size_t endpoint = wg_etcd_preferred(etcd);
   size_t tried_this_round = 0;
   int64_t backoff = FAILOVER_BACKOFF_MIN_MS;
@@ -470,15 +477,21 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
   int rc;
 
   *response = NULL;
-  if (buffer == NULL)
-    return WAGMA_ENOMEM;
   if (deadline_ms <= 0)
     deadline_ms = wg_etcd_now_ms() + etcd->call_timeout_ms;
   clear_error(etcd);
   for (;;) {
+    /* gRPC consumes a sent byte buffer even when the attempt fails (and a copy shares its
+     * slices): pack a fresh one for each attempt. */
+    grpc_byte_buffer *buffer = pack(request);
+    if (buffer == NULL) {
+      rc = WAGMA_ENOMEM;
+      break;
+    }
     attempts++;
     rc =
         unary_attempt(etcd, endpoint, method, buffer, response_type, response, deadline_ms, cancel);
+    grpc_byte_buffer_destroy(buffer);
     if (rc == 0) {
       wg_etcd_set_preferred(etcd, endpoint);
       break;
@@ -493,7 +506,7 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
       tried_this_round = 0;
       if (left <= backoff)
         break;
-      sleep_ms(backoff);
+      poll_sleep_ms(backoff);
       backoff = backoff * 2 > FAILOVER_BACKOFF_MAX_MS ? FAILOVER_BACKOFF_MAX_MS : backoff * 2;
     }
     if (wg_etcd_now_ms() >= deadline_ms || cancel_fired(cancel))
@@ -505,7 +518,6 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
     wg_etcd_set_error(etcd, "no etcd endpoint available after %d attempts; last: %s", attempts,
                       last);
   }
-  grpc_byte_buffer_destroy(buffer);
   return rc;
 }
 

@@ -114,6 +114,9 @@ static int spawn(etcd_fixture_t *f, int m) {
       dup2(fd, STDERR_FILENO);
       close(fd);
     }
+    /* The test process may hold sockets and epoll fds (gRPC): etcd must not inherit them. */
+    for (int other = 3; other < 1024; other++)
+      close(other);
     execl(etcd_binary(), "etcd", "--name", name, "--data-dir", data, "--listen-client-urls", client,
           "--advertise-client-urls", client, "--listen-peer-urls", peer,
           "--initial-advertise-peer-urls", peer, "--initial-cluster", f->initial_cluster,
