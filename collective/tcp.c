@@ -56,7 +56,7 @@ void wg_match_any(wg_match_t *match) {
 void wg_message_free(wg_message_t *message) {
   if (message == NULL)
     return;
-  free(message->payload);
+  wg_tcp_buf_free(message->payload);
   free(message);
 }
 
@@ -68,8 +68,7 @@ static wg_message_t *message_alloc(const wg_frame_header_t *header) {
     return NULL;
   m->header = *header;
   if (header->length > 0) {
-    size_t size = ((size_t)header->length + 63u) & ~(size_t)63u;
-    m->payload = aligned_alloc(64, size);
+    m->payload = wg_tcp_buf_alloc((size_t)header->length);
     if (m->payload == NULL) {
       free(m);
       return NULL;
@@ -101,7 +100,7 @@ static void free_queue(wg_tcp_peer_t *p) {
   wg_out_frame_t *f = p->out_head;
   while (f != NULL) {
     wg_out_frame_t *next = f->next;
-    free(f);
+    wg_tcp_buf_free(f);
     f = next;
   }
   p->out_head = p->out_tail = NULL;
@@ -279,7 +278,7 @@ static void on_writable(struct wg_transport *t, wg_tcp_peer_t *p) {
       }
     }
     pthread_mutex_unlock(&p->out_lock);
-    free(done);
+    wg_tcp_buf_free(done);
     if (done == NULL) { /* socket full: wait for EPOLLOUT */
       set_armed(t, p, 1);
       return;
@@ -502,7 +501,7 @@ static int enqueue_rest(struct wg_transport *t, wg_tcp_peer_t *p, const uint8_t 
   size_t rest = total - written;
   if (p->out_queued + rest > t->max_queued)
     return WAGMA_EPEER;
-  wg_out_frame_t *f = malloc(sizeof *f + rest);
+  wg_out_frame_t *f = wg_tcp_buf_alloc(sizeof *f + rest);
   if (f == NULL)
     return WAGMA_ENOMEM;
   f->next = NULL;

@@ -85,6 +85,10 @@ int world_run(world_t *w, world_fn fn, void *arg, double timeout_s, const int *m
       alarm((unsigned)timeout_s + 5); /* belt and braces: a child never outlives the test */
       int code = fn(w, r, arg);
       fflush(NULL);
+      /* What the parent allocated before the fork is the child's to free too. */
+      free(pids);
+      free(w->plan.members);
+      w->plan.members = NULL;
       exit(code); /* exit, not _exit: LeakSanitizer checks the child in ASan builds */
     }
     pids[r] = pid;
