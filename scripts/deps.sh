@@ -11,6 +11,7 @@ PACKAGES=(
   libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
   libcurl4-openssl-dev dataset-fashion-mnist
   openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
+  libyaml-dev
   python3-torch
 )
 
