@@ -1,0 +1,165 @@
+/* agent/agent.h — private header of wagma-agent: its options, the job configuration the
+ * runner trains with, and the state shared between the control thread (etcd side) and the
+ * runner thread (training side).
+ *
+ *   main.c        options, logging, signals, start / stop order
+ *   registry.c    the control thread: lease + agent key, assignment and plan watches, job spec,
+ *                 progress and checkpoint records (the only code that talks to etcd)
+ *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress record encoding
+ *   runner.c      the runner thread: job setup, epochs (communicator, global sync), the loop
+ *   algorithms.c  one iteration of wagma / allreduce / local-sgd, straggler injection
+ *
+ * api.h and agent/train/train.h both define wagma_model_t and wagma_dataset_t, so no file
+ * includes both: this header uses neither, and the job config carries plain enums of its own.
+ *
+ * Threads: the main thread waits for signals; the control thread owns the etcd handle; the
+ * runner thread owns the model, the data and the communicator. They meet only in wg_shared_t,
+ * under its mutex. */
+#ifndef WAGMA_AGENT_H
+#define WAGMA_AGENT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "wagma/collective.h"
+#include "wagma/status.h"
+
+#define WG_AGENT_VERSION "0.1.0"
+
+/* ---- options ----------------------------------------------------------------------------- */
+
+typedef struct wg_agent_options {
+  char endpoints[512];
+  char name[WAGMA_NAME_MAX];
+  char listen[WAGMA_ADDRESS_MAX]; /* "host:port" the collective listens on */
+  char prefix[128];
+  int device_cuda; /* 0 = cpu */
+  int capacity;
+  int lease_ttl_s;
+  int etcd_timeout_ms;
+  double slow_factor; /* >= 1: compute takes F x longer */
+  double sleep_prob;  /* transient imbalance: probability of a pause per iteration */
+  double sleep_ms;
+  char data_dir[256]; /* Fashion-MNIST directory, "" = the Debian package's */
+  size_t synthetic_train, synthetic_test;
+  size_t eval_samples; /* test samples of the periodic evaluation (0 = all) */
+  int threads;         /* BLAS threads */
+  double connect_timeout_s;
+  double collective_timeout_s;
+  double round_deadline_s;
+  double progress_interval_s;
+  double linger_s; /* how long a finished agent keeps its communicator for its peers */
+  int log_level;
+} wg_agent_options_t;
+
+void wg_agent_log(void *user, int level, const char *msg); /* stderr with a timestamp */
+extern int wg_agent_log_level;
+
+/* ---- job configuration (decoded from the job spec by jobconf.c) -------------------------- */
+
+enum { WG_MODEL_SOFTMAX = 0, WG_MODEL_MLP = 1, WG_MODEL_LENET5 = 2 };
+enum { WG_DATA_FASHION_MNIST = 0, WG_DATA_SYNTHETIC = 1 };
+enum { WG_ALGO_WAGMA = 0, WG_ALGO_ALLREDUCE = 1, WG_ALGO_LOCAL_SGD = 2 };
+enum { WG_OPT_SGD = 0, WG_OPT_ADAM = 1 };
+
+typedef struct wg_job_config {
+  char job[WAGMA_NAME_MAX];
+  int model, dataset, algorithm, optimizer;
+  double lr, momentum, weight_decay;
+  int nesterov;
+  uint64_t warmup;
+  int batch_size;
+  uint64_t iterations; /* 0 when epochs is given */
+  uint64_t epochs;
+  uint64_t eval_every;
+  uint64_t seed;
+  int staleness_bound; /* local-sgd: model mean every tau iterations */
+  uint64_t checkpoint_every;
+  char checkpoint_dir[256];
+} wg_job_config_t;
+
+/* ---- runner -> control: progress and checkpoint records ---------------------------------- */
+
+enum { WG_STATE_RUNNING = 0, WG_STATE_DONE = 1, WG_STATE_FAILED = 2 };
+
+typedef struct wg_progress_snap {
+  char job[WAGMA_NAME_MAX];
+  int state;
+  uint64_t epoch, iteration;
+  double loss, accuracy, step_time; /* NaN = unknown */
+  uint64_t staleness;
+  uint64_t rounds_activated, rounds_joined, rounds_left_out, rounds_skipped;
+  char error[256];
+} wg_progress_snap_t;
+
+typedef struct wg_checkpoint_rec {
+  char job[WAGMA_NAME_MAX];
+  char path[320];
+  uint64_t iteration, epoch;
+} wg_checkpoint_rec_t;
+
+/* ---- shared state ------------------------------------------------------------------------ */
+
+typedef struct wg_shared {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* signalled on every change below */
+  int stop;
+
+  /* control -> runner */
+  uint64_t generation; /* bumped at every change of the fields below */
+  int assigned;        /* an assignment exists and its spec was read */
+  wg_job_config_t job;
+  int have_plan;
+  wagma_plan_t plan; /* the latest valid plan of the assigned job */
+  int have_checkpoint;
+  wg_checkpoint_rec_t checkpoint; /* the job's checkpoint record as last read */
+
+  /* runner -> control */
+  int progress_dirty, progress_urgent;
+  wg_progress_snap_t progress;
+  int checkpoint_dirty;
+  wg_checkpoint_rec_t checkpoint_out;
+} wg_shared_t;
+
+int wg_shared_init(wg_shared_t *s);
+void wg_shared_destroy(wg_shared_t *s);
+/* Sets stop and wakes every waiter. */
+void wg_shared_request_stop(wg_shared_t *s);
+int wg_shared_stopping(wg_shared_t *s);
+
+/* ---- control thread (registry.c) --------------------------------------------------------- */
+
+typedef struct wg_control wg_control_t;
+/* Opens etcd and starts the control thread (it registers, retrying while etcd is down).
+ * Ownership: *out is the caller's (wg_control_stop). */
+int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out);
+/* Revokes the lease (the agent key goes at once), publishes the last progress if any, stops
+ * the thread and frees. NULL is a no-op. */
+void wg_control_stop(wg_control_t *c);
+
+/* jobconf.c (api.h side) */
+int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
+                                 wg_job_config_t *cfg, char *err, size_t err_len);
+/* Encodes a progress record (caller frees). */
+char *wg_progress_snap_to_json(const wg_progress_snap_t *p);
+/* Checkpoint record {"path","iteration","epoch","agent","time"} (caller frees) and back. */
+char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent);
+int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_t *r);
+/* Registration record of this agent (caller frees). */
+char *wg_agent_info_json(const wg_agent_options_t *opt, double started);
+/* Job name of an assignment record, "" on a bad record. Returns 0 or WAGMA_EINVAL. */
+int wg_assignment_job(const char *json, size_t len, char *job, size_t job_len);
+
+/* ---- runner thread (runner.c) ------------------------------------------------------------ */
+
+typedef struct wg_runner wg_runner_t;
+int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runner_t **out);
+/* Joins the runner (the caller has requested stop) within timeout_s; returns WAGMA_ETIMEDOUT
+ * and leaves it running when it did not finish (the process then exits anyway). */
+int wg_runner_join(wg_runner_t *r, double timeout_s);
+
+double wg_mono(void); /* monotonic seconds */
+double wg_wall(void); /* unix seconds */
+void wg_sleep_s(double s);
+
+#endif

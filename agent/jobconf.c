@@ -1,0 +1,132 @@
+/* agent/jobconf.c — the api.h side of the agent: decodes the stored job spec into the agent's
+ * own wg_job_config_t and encodes the records the agent writes (registration, progress,
+ * checkpoint). Pure functions, no threads; kept apart from the training code because api.h and
+ * agent/train/train.h define types of the same names. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "agent/agent.h"
+#include "wagma/api.h"
+
+int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
+                                 wg_job_config_t *cfg, char *err, size_t err_len) {
+  wagma_job_spec_t spec;
+  wagma_api_error_t aerr;
+  memset(cfg, 0, sizeof *cfg);
+  if (wagma_job_spec_from_json(json, len, &spec, &aerr) != 0) {
+    snprintf(err, err_len, "job %s: bad spec: %s: %s", job, aerr.field, aerr.message);
+    return WAGMA_EINVAL;
+  }
+  snprintf(cfg->job, sizeof cfg->job, "%s", job);
+  cfg->model = spec.model == WAGMA_MODEL_MLP      ? WG_MODEL_MLP
+               : spec.model == WAGMA_MODEL_LENET5 ? WG_MODEL_LENET5
+                                                  : WG_MODEL_SOFTMAX;
+  cfg->dataset = spec.dataset == WAGMA_DATASET_SYNTHETIC ? WG_DATA_SYNTHETIC
+                                                          : WG_DATA_FASHION_MNIST;
+  cfg->algorithm = spec.algorithm == WAGMA_ALGO_ALLREDUCE   ? WG_ALGO_ALLREDUCE
+                   : spec.algorithm == WAGMA_ALGO_LOCAL_SGD ? WG_ALGO_LOCAL_SGD
+                                                            : WG_ALGO_WAGMA;
+  cfg->optimizer = spec.optimizer.type == WAGMA_OPT_ADAM ? WG_OPT_ADAM : WG_OPT_SGD;
+  cfg->lr = spec.optimizer.lr;
+  cfg->momentum = spec.optimizer.momentum;
+  cfg->nesterov = spec.optimizer.nesterov;
+  cfg->weight_decay = spec.optimizer.weight_decay;
+  cfg->warmup = spec.optimizer.warmup;
+  cfg->batch_size = spec.batch_size;
+  cfg->iterations = spec.iterations;
+  cfg->epochs = spec.epochs;
+  cfg->eval_every = spec.eval_every;
+  cfg->seed = spec.seed;
+  cfg->staleness_bound = spec.staleness_bound;
+  cfg->checkpoint_every = spec.checkpoint.every;
+  snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", spec.checkpoint.path);
+  if (spec.device != WAGMA_DEVICE_CPU) {
+    snprintf(err, err_len, "job %s: device %s is not supported by this agent", job,
+             wagma_device_name(spec.device));
+    return WAGMA_ENOSYS;
+  }
+  return 0;
+}
+
+char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
+  wagma_progress_t p;
+  char *json = NULL;
+  wagma_progress_init(&p);
+  p.state = s->state == WG_STATE_DONE     ? WAGMA_PROGRESS_DONE
+            : s->state == WG_STATE_FAILED ? WAGMA_PROGRESS_FAILED
+                                          : WAGMA_PROGRESS_RUNNING;
+  p.epoch = s->epoch;
+  p.iteration = s->iteration;
+  p.loss = s->loss;
+  p.accuracy = s->accuracy;
+  p.step_time = isfinite(s->step_time) ? s->step_time : 0;
+  p.staleness = s->staleness;
+  p.rounds_activated = s->rounds_activated;
+  p.rounds_joined = s->rounds_joined;
+  p.rounds_left_out = s->rounds_left_out;
+  p.rounds_skipped = s->rounds_skipped;
+  p.time = wg_wall();
+  snprintf(p.error, sizeof p.error, "%s", s->error);
+  if (wagma_progress_to_json(&p, &json) != 0)
+    return NULL;
+  return json;
+}
+
+char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent) {
+  json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:f}", "path", r->path, "iteration",
+                        (json_int_t)r->iteration, "epoch", (json_int_t)r->epoch, "agent", agent,
+                        "time", wg_wall());
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  return s;
+}
+
+int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_t *r) {
+  json_error_t jerr;
+  json_t *o = json_loadb(json, len, 0, &jerr);
+  int e = WAGMA_EINVAL;
+  memset(r, 0, sizeof *r);
+  if (!o)
+    return WAGMA_EINVAL;
+  json_t *path = json_object_get(o, "path"), *it = json_object_get(o, "iteration");
+  json_t *ep = json_object_get(o, "epoch");
+  if (!json_is_string(path) || !json_is_integer(it) || json_integer_value(it) < 0)
+    goto out;
+  if (strlen(json_string_value(path)) >= sizeof r->path)
+    goto out;
+  snprintf(r->path, sizeof r->path, "%s", json_string_value(path));
+  r->iteration = (uint64_t)json_integer_value(it);
+  r->epoch = json_is_integer(ep) ? (uint64_t)json_integer_value(ep) : 0;
+  e = 0;
+out:
+  json_decref(o);
+  return e;
+}
+
+char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {
+  wagma_agent_info_t a;
+  char *json = NULL;
+  memset(&a, 0, sizeof a);
+  snprintf(a.address, sizeof a.address, "%s", opt->listen);
+  a.device = opt->device_cuda ? WAGMA_DEVICE_CUDA : WAGMA_DEVICE_CPU;
+  a.capacity = opt->capacity;
+  snprintf(a.version, sizeof a.version, "%s", WG_AGENT_VERSION);
+  a.started = started;
+  if (wagma_agent_info_to_json(&a, &json) != 0)
+    return NULL;
+  return json;
+}
+
+int wg_assignment_job(const char *json, size_t len, char *job, size_t job_len) {
+  wagma_assignment_t a;
+  wagma_api_error_t aerr;
+  job[0] = '\0';
+  if (wagma_assignment_from_json(json, len, &a, &aerr) != 0)
+    return WAGMA_EINVAL;
+  snprintf(job, job_len, "%s", a.job);
+  return 0;
+}

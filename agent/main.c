@@ -1,0 +1,366 @@
+/* agent/main.c — wagma-agent: options, logging, signals, start and stop order.
+ *
+ * Threads: the main thread only waits for SIGINT / SIGTERM (blocked in every thread, taken
+ * with sigwait); the control thread (registry.c) talks to etcd; the runner thread (runner.c)
+ * trains. On a signal: ask both to stop, revoke the lease first (the coordinator replans at
+ * once), then join the runner within a deadline (it aborts its rounds: every wait in it is
+ * bounded) and exit. */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent/agent.h"
+#include "agent/train/train.h"
+#include "wagma/log_internal.h"
+
+int wg_agent_log_level = WAGMA_LOG_INFO;
+
+double wg_mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double wg_wall(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void wg_sleep_s(double s) {
+  if (s <= 0)
+    return;
+  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0)
+    ;
+}
+
+void wg_agent_log(void *user, int level, const char *msg) {
+  static const char *const names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+  struct timespec ts;
+  struct tm tm;
+  char when[32];
+  if (level < wg_agent_log_level)
+    return;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gmtime_r(&ts.tv_sec, &tm);
+  strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+  fprintf(stderr, "%s.%03ldZ %-5s wagma-agent[%s]: %s\n", when, ts.tv_nsec / 1000000L,
+          names[level < 0 ? 0 : level > 3 ? 3 : level], user ? (const char *)user : "-", msg);
+}
+
+int wg_shared_init(wg_shared_t *s) {
+  memset(s, 0, sizeof *s);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  return 0;
+}
+
+void wg_shared_destroy(wg_shared_t *s) {
+  wagma_plan_free(&s->plan);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->cv);
+}
+
+void wg_shared_request_stop(wg_shared_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stop = 1;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+int wg_shared_stopping(wg_shared_t *s) {
+  pthread_mutex_lock(&s->mu);
+  int stop = s->stop;
+  pthread_mutex_unlock(&s->mu);
+  return stop;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: wagma-agent --etcd HOST:PORT[,...] --name NAME --listen HOST:PORT [options]\n"
+          "\n"
+          "The per-node training daemon of wagma: registers under a lease, trains the job the\n"
+          "coordinator assigns to it and averages its model with its peers (WAGMA-SGD).\n"
+          "\n"
+          "  --etcd ENDPOINTS        etcd client endpoints, comma separated (required)\n"
+          "  --name NAME             agent name, unique in the cluster (required)\n"
+          "  --listen HOST:PORT      address the collective listens on; peers connect to it\n"
+          "                          (required)\n"
+          "  --prefix PREFIX         etcd key prefix (default /wagma)\n"
+          "  --device cpu|cuda       device advertised (default cpu; this build trains on cpu)\n"
+          "  --capacity N            workers this agent can host (default 1)\n"
+          "  --lease-ttl SECONDS     TTL of the agent's lease (default 5)\n"
+          "  --etcd-timeout-ms MS    deadline of each etcd call (default 3000)\n"
+          "  --data-dir DIR          Fashion-MNIST directory (default %s)\n"
+          "  --synthetic-train N     samples of the synthetic training set (default 8192)\n"
+          "  --synthetic-test N      samples of the synthetic test set (default 2048)\n"
+          "  --eval-samples N        test samples of the periodic evaluation, 0 = all\n"
+          "                          (default 2000; the final evaluation uses all)\n"
+          "  --threads N             BLAS threads (default 1)\n"
+          "  --connect-timeout S     mesh setup deadline of a new epoch (default 20)\n"
+          "  --collective-timeout S  deadline of blocking collectives and barrier global\n"
+          "                          rounds (default 10)\n"
+          "  --round-deadline S      floor of a group round's deadline (default 1)\n"
+          "  --progress-interval S   seconds between progress writes (default 1)\n"
+          "  --linger S              a finished agent keeps serving its peers this long\n"
+          "                          (default 60)\n"
+          "  --slow-factor F         straggler: compute takes F times longer (default 1)\n"
+          "  --sleep-prob P          transient imbalance: pause with probability P per step\n"
+          "  --sleep-ms D            ... for D milliseconds (default 0)\n"
+          "  --log-level LEVEL       debug, info, warn or error (default info)\n"
+          "  --help                  this text\n",
+          WAGMA_FASHION_MNIST_DIR);
+}
+
+static int parse_double(const char *s, double lo, double hi, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    return -1;
+  *out = v;
+  return 0;
+}
+
+static int valid_hostport(const char *s) {
+  const char *colon = strrchr(s, ':');
+  if (!colon || colon == s || !colon[1])
+    return 0;
+  char *end;
+  long port = strtol(colon + 1, &end, 10);
+  return *end == '\0' && port > 0 && port < 65536;
+}
+
+#define FAIL(...)                                                                                  \
+  do {                                                                                             \
+    fprintf(stderr, "wagma-agent: " __VA_ARGS__);                                                  \
+    fputc('\n', stderr);                                                                           \
+    return 2;                                                                                      \
+  } while (0)
+
+static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
+  static const struct option longs[] = {
+      {"etcd", required_argument, 0, 'e'},
+      {"name", required_argument, 0, 'n'},
+      {"listen", required_argument, 0, 'l'},
+      {"prefix", required_argument, 0, 'p'},
+      {"device", required_argument, 0, 'D'},
+      {"capacity", required_argument, 0, 'c'},
+      {"lease-ttl", required_argument, 0, 'L'},
+      {"etcd-timeout-ms", required_argument, 0, 'E'},
+      {"data-dir", required_argument, 0, 'd'},
+      {"synthetic-train", required_argument, 0, 'S'},
+      {"synthetic-test", required_argument, 0, 'T'},
+      {"eval-samples", required_argument, 0, 'V'},
+      {"threads", required_argument, 0, 't'},
+      {"connect-timeout", required_argument, 0, 'C'},
+      {"collective-timeout", required_argument, 0, 'G'},
+      {"round-deadline", required_argument, 0, 'R'},
+      {"progress-interval", required_argument, 0, 'P'},
+      {"linger", required_argument, 0, 'g'},
+      {"slow-factor", required_argument, 0, 'f'},
+      {"sleep-prob", required_argument, 0, 'b'},
+      {"sleep-ms", required_argument, 0, 'm'},
+      {"log-level", required_argument, 0, 'v'},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  double v;
+  int c;
+  memset(o, 0, sizeof *o);
+  snprintf(o->prefix, sizeof o->prefix, "/wagma");
+  o->capacity = 1;
+  o->lease_ttl_s = 5;
+  o->etcd_timeout_ms = 3000;
+  o->slow_factor = 1.0;
+  o->synthetic_train = 8192;
+  o->synthetic_test = 2048;
+  o->eval_samples = 2000;
+  o->threads = 1;
+  o->connect_timeout_s = 20;
+  o->collective_timeout_s = 10;
+  o->round_deadline_s = 1;
+  o->progress_interval_s = 1;
+  o->linger_s = 60;
+  o->log_level = WAGMA_LOG_INFO;
+  while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
+    switch (c) {
+    case 'e':
+      if (!optarg[0] || strlen(optarg) >= sizeof o->endpoints)
+        FAIL("bad --etcd");
+      snprintf(o->endpoints, sizeof o->endpoints, "%s", optarg);
+      break;
+    case 'n':
+      if (!optarg[0] || strlen(optarg) >= sizeof o->name || strpbrk(optarg, "/ \t"))
+        FAIL("--name must be 1-63 characters of [A-Za-z0-9._-]");
+      snprintf(o->name, sizeof o->name, "%s", optarg);
+      break;
+    case 'l':
+      if (strlen(optarg) >= sizeof o->listen || !valid_hostport(optarg))
+        FAIL("--listen must be HOST:PORT with a port in 1..65535");
+      snprintf(o->listen, sizeof o->listen, "%s", optarg);
+      break;
+    case 'p':
+      if (optarg[0] != '/' || strlen(optarg) >= sizeof o->prefix)
+        FAIL("--prefix must start with '/'");
+      snprintf(o->prefix, sizeof o->prefix, "%s", optarg);
+      break;
+    case 'D':
+      if (strcmp(optarg, "cpu") == 0)
+        o->device_cuda = 0;
+      else if (strcmp(optarg, "cuda") == 0)
+        o->device_cuda = 1;
+      else
+        FAIL("--device must be cpu or cuda");
+      break;
+    case 'c':
+      if (parse_double(optarg, 1, 1024, &v))
+        FAIL("--capacity must be 1..1024");
+      o->capacity = (int)v;
+      break;
+    case 'L':
+      if (parse_double(optarg, 1, 3600, &v))
+        FAIL("--lease-ttl must be 1..3600 seconds");
+      o->lease_ttl_s = (int)v;
+      break;
+    case 'E':
+      if (parse_double(optarg, 100, 600000, &v))
+        FAIL("--etcd-timeout-ms must be 100..600000");
+      o->etcd_timeout_ms = (int)v;
+      break;
+    case 'd':
+      if (strlen(optarg) >= sizeof o->data_dir)
+        FAIL("--data-dir too long");
+      snprintf(o->data_dir, sizeof o->data_dir, "%s", optarg);
+      break;
+    case 'S':
+      if (parse_double(optarg, 16, 1e7, &v))
+        FAIL("--synthetic-train must be 16..10000000");
+      o->synthetic_train = (size_t)v;
+      break;
+    case 'T':
+      if (parse_double(optarg, 16, 1e7, &v))
+        FAIL("--synthetic-test must be 16..10000000");
+      o->synthetic_test = (size_t)v;
+      break;
+    case 'V':
+      if (parse_double(optarg, 0, 1e7, &v))
+        FAIL("--eval-samples must be 0..10000000");
+      o->eval_samples = (size_t)v;
+      break;
+    case 't':
+      if (parse_double(optarg, 1, 256, &v))
+        FAIL("--threads must be 1..256");
+      o->threads = (int)v;
+      break;
+    case 'C':
+      if (parse_double(optarg, 0.1, 3600, &o->connect_timeout_s))
+        FAIL("--connect-timeout must be 0.1..3600 seconds");
+      break;
+    case 'G':
+      if (parse_double(optarg, 0.1, 3600, &o->collective_timeout_s))
+        FAIL("--collective-timeout must be 0.1..3600 seconds");
+      break;
+    case 'R':
+      if (parse_double(optarg, 0.01, 600, &o->round_deadline_s))
+        FAIL("--round-deadline must be 0.01..600 seconds");
+      break;
+    case 'P':
+      if (parse_double(optarg, 0.05, 600, &o->progress_interval_s))
+        FAIL("--progress-interval must be 0.05..600 seconds");
+      break;
+    case 'g':
+      if (parse_double(optarg, 0, 86400, &o->linger_s))
+        FAIL("--linger must be 0..86400 seconds");
+      break;
+    case 'f':
+      if (parse_double(optarg, 1, 1000, &o->slow_factor))
+        FAIL("--slow-factor must be 1..1000");
+      break;
+    case 'b':
+      if (parse_double(optarg, 0, 1, &o->sleep_prob))
+        FAIL("--sleep-prob must be 0..1");
+      break;
+    case 'm':
+      if (parse_double(optarg, 0, 600000, &o->sleep_ms))
+        FAIL("--sleep-ms must be 0..600000");
+      break;
+    case 'v':
+      if (strcmp(optarg, "debug") == 0)
+        o->log_level = WAGMA_LOG_DEBUG;
+      else if (strcmp(optarg, "info") == 0)
+        o->log_level = WAGMA_LOG_INFO;
+      else if (strcmp(optarg, "warn") == 0)
+        o->log_level = WAGMA_LOG_WARN;
+      else if (strcmp(optarg, "error") == 0)
+        o->log_level = WAGMA_LOG_ERROR;
+      else
+        FAIL("--log-level must be debug, info, warn or error");
+      break;
+    case 'h': usage(stdout); return 1;
+    default: usage(stderr); return 2;
+    }
+  }
+  if (optind < argc)
+    FAIL("unexpected argument %s", argv[optind]);
+  if (!o->endpoints[0] || !o->name[0] || !o->listen[0]) {
+    usage(stderr);
+    FAIL("--etcd, --name and --listen are required");
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  static wg_agent_options_t opt;
+  wg_shared_t shared;
+  wg_control_t *control = NULL;
+  wg_runner_t *runner = NULL;
+  sigset_t sigs;
+  int rc = 1;
+
+  int p = parse_options(argc, argv, &opt);
+  if (p)
+    return p == 1 ? 0 : p;
+  wg_agent_log_level = opt.log_level;
+  wagma_train_set_threads(opt.threads);
+
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  wg_shared_init(&shared);
+  if (wg_control_start(&opt, &shared, &control) != 0) {
+    fprintf(stderr, "wagma-agent: cannot start (bad --etcd %s?)\n", opt.endpoints);
+    goto out;
+  }
+  if (wg_runner_start(&opt, &shared, &runner) != 0)
+    goto out;
+  wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
+          "started: pid %d, listen %s, etcd %s, prefix %s, slow factor %.2f, sleep %.2f x %.0f ms",
+          (int)getpid(), opt.listen, opt.endpoints, opt.prefix, opt.slow_factor, opt.sleep_prob,
+          opt.sleep_ms);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&sigs, &sig) == 0 && (sig == SIGINT || sig == SIGTERM)) {
+      wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO, "signal %d: leaving", sig);
+      break;
+    }
+  }
+  rc = 0;
+out:
+  wg_shared_request_stop(&shared);
+  wg_control_stop(control); /* revokes the lease */
+  if (runner && wg_runner_join(runner, 30) != 0) {
+    wg_logf(wg_agent_log, opt.name, WAGMA_LOG_WARN, "runner did not stop in 30 s; exiting");
+    _exit(rc);
+  }
+  wg_shared_destroy(&shared);
+  wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO, "stopped");
+  return rc;
+}

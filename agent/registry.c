@@ -1,0 +1,515 @@
+/* agent/registry.c — the control thread of wagma-agent: everything the agent says to etcd.
+ *
+ * Owns the etcd handle, the lease and its keepalive, the watch on <prefix>/assignments/<me>
+ * and the watch on the plan of the job assigned to me. It:
+ *  - registers <prefix>/agents/<me> (address, device, capacity, version, started) under a
+ *    lease kept alive by the etcd library; when the lease is lost (etcd was away longer than
+ *    the TTL) it registers again, retrying every second while etcd is down;
+ *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
+ *    record and starts watching the plan; every valid plan of a newer epoch is handed to the
+ *    runner through wg_shared_t (with the checkpoint record read again);
+ *  - publishes the runner's progress (at most one put per progress_interval_s, at once for
+ *    a final state) and rank 0's checkpoint records.
+ * etcd being down never blocks training: only this thread waits on etcd (every call has the
+ * handle's deadline), and the runner keeps training on the last plan meanwhile.
+ *
+ * Threads: the control thread; the etcd library's watch / keepalive threads run the callbacks
+ * below, which only copy values under c->mu and wake the control thread. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agent/agent.h"
+#include "wagma/api.h"
+#include "wagma/etcd.h"
+#include "wagma/log_internal.h"
+
+struct wg_control {
+  const wg_agent_options_t *opt;
+  wg_shared_t *shared;
+  wagma_keys_t keys;
+  wagma_etcd_t *etcd;
+  pthread_t thread;
+  int thread_started;
+  double started; /* unix seconds, in the registration */
+
+  pthread_mutex_t mu; /* guards the fields written by callbacks and stop */
+  pthread_cond_t cv;
+  int stop;
+  int assign_changed, assign_present, assign_watch_dead;
+  char *assign_value;
+  int plan_changed, plan_watch_dead;
+  char *plan_value;
+  atomic_int lease_lost;
+
+  /* control thread only */
+  int64_t lease;
+  wagma_etcd_keepalive_t *keepalive;
+  double next_register;
+  int register_failures;
+  wagma_etcd_watch_t *assign_watch;
+  double next_assign_watch;
+  wagma_etcd_watch_t *plan_watch;
+  char job[WAGMA_NAME_MAX]; /* the job assigned, "" = none */
+  int job_loaded;           /* spec read and handed to the runner */
+  double next_job_load;
+  uint64_t plan_epoch; /* epoch of the last plan handed over */
+  double last_progress;
+};
+
+#define LOG(c, lvl, ...) wg_logf(wg_agent_log, (void *)(c)->opt->name, lvl, __VA_ARGS__)
+
+/* ---- callbacks (library threads) ---------------------------------------------------------- */
+
+static void on_lease_lost(void *user, int64_t lease, int status) {
+  wg_control_t *c = user;
+  (void)lease;
+  LOG(c, WAGMA_LOG_WARN, "lease lost (%s): registering again", wagma_strerror(status));
+  atomic_store(&c->lease_lost, 1);
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void on_assignment(void *user, int status, const wagma_etcd_event_t *ev, size_t n,
+                          int64_t revision) {
+  wg_control_t *c = user;
+  (void)revision;
+  pthread_mutex_lock(&c->mu);
+  if (status != 0) {
+    c->assign_watch_dead = 1;
+  } else if (n > 0) {
+    const wagma_etcd_event_t *last = &ev[n - 1];
+    free(c->assign_value);
+    c->assign_value = NULL;
+    c->assign_present = last->type == WAGMA_ETCD_EVENT_PUT;
+    if (c->assign_present)
+      c->assign_value = strndup(last->kv.value, last->kv.value_len);
+    c->assign_changed = 1;
+  }
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void on_plan(void *user, int status, const wagma_etcd_event_t *ev, size_t n,
+                    int64_t revision) {
+  wg_control_t *c = user;
+  (void)revision;
+  pthread_mutex_lock(&c->mu);
+  if (status != 0) {
+    c->plan_watch_dead = 1;
+  } else {
+    for (size_t i = n; i-- > 0;) {
+      if (ev[i].type == WAGMA_ETCD_EVENT_PUT) {
+        free(c->plan_value);
+        c->plan_value = strndup(ev[i].kv.value, ev[i].kv.value_len);
+        c->plan_changed = 1;
+        break;
+      }
+    }
+  }
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- registration ------------------------------------------------------------------------ */
+
+static void ensure_registered(wg_control_t *c) {
+  char key[256];
+  char *info = NULL;
+  int64_t lease = 0;
+  int e;
+  if (c->keepalive && !atomic_load(&c->lease_lost))
+    return;
+  if (wg_mono() < c->next_register)
+    return;
+  if (c->keepalive) {
+    wagma_etcd_keepalive_stop(c->keepalive);
+    c->keepalive = NULL;
+    c->lease = 0;
+  }
+  atomic_store(&c->lease_lost, 0);
+  wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
+  info = wg_agent_info_json(c->opt, c->started);
+  if (!info) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
+  if ((e = wagma_etcd_lease_grant(c->etcd, c->opt->lease_ttl_s, &lease)))
+    goto out;
+  if ((e = wagma_etcd_put(c->etcd, key, info, strlen(info), lease, NULL)))
+    goto out;
+  if ((e = wagma_etcd_keepalive_start(c->etcd, lease, on_lease_lost, c, &c->keepalive)))
+    goto out;
+  c->lease = lease;
+  lease = 0;
+  LOG(c, WAGMA_LOG_INFO, "registered %s (address %s, lease %llx, ttl %d s)", key, c->opt->listen,
+      (unsigned long long)c->lease, c->opt->lease_ttl_s);
+  c->register_failures = 0;
+out:
+  if (e) {
+    if (c->register_failures++ % 30 == 0)
+      LOG(c, WAGMA_LOG_WARN, "cannot register with etcd (%s: %s); retrying", wagma_strerror(e),
+          wagma_etcd_errmsg(c->etcd));
+    if (lease)
+      wagma_etcd_lease_revoke(c->etcd, lease);
+    c->next_register = wg_mono() + 1.0;
+  }
+  free(info);
+}
+
+/* ---- assignment and plan ----------------------------------------------------------------- */
+
+static void ensure_assignment_watch(wg_control_t *c) {
+  char key[256];
+  wagma_etcd_range_t r;
+  int dead;
+  pthread_mutex_lock(&c->mu);
+  dead = c->assign_watch_dead;
+  pthread_mutex_unlock(&c->mu);
+  if (c->assign_watch && !dead)
+    return;
+  if (wg_mono() < c->next_assign_watch)
+    return;
+  wagma_etcd_watch_stop(c->assign_watch);
+  c->assign_watch = NULL;
+  wagma_key_assignment(&c->keys, c->opt->name, key, sizeof key);
+  memset(&r, 0, sizeof r);
+  if (wagma_etcd_range(c->etcd, key, NULL, &r) != 0) {
+    c->next_assign_watch = wg_mono() + 1.0;
+    return;
+  }
+  wagma_etcd_watch_options_t wo = {.start_revision = r.revision + 1};
+  pthread_mutex_lock(&c->mu);
+  free(c->assign_value);
+  c->assign_value = r.n ? strndup(r.kvs[0].value, r.kvs[0].value_len) : NULL;
+  c->assign_present = r.n > 0;
+  c->assign_changed = 1;
+  c->assign_watch_dead = 0;
+  pthread_mutex_unlock(&c->mu);
+  wagma_etcd_range_free(&r);
+  if (wagma_etcd_watch_start(c->etcd, key, &wo, on_assignment, c, &c->assign_watch) != 0) {
+    c->assign_watch = NULL;
+    c->next_assign_watch = wg_mono() + 1.0;
+  }
+}
+
+/* Hands the plan (JSON) to the runner if it is valid and not older than the last one. */
+static void offer_plan(wg_control_t *c, const char *json, size_t len) {
+  wagma_plan_t plan;
+  char err[256], key[256];
+  wagma_etcd_kv_t *kv = NULL;
+  wg_checkpoint_rec_t ck;
+  int have_ck = 0;
+  memset(&plan, 0, sizeof plan);
+  if (wagma_plan_from_json(json, len, &plan, err, sizeof err) != 0) {
+    LOG(c, WAGMA_LOG_WARN, "job %s: ignoring an invalid plan: %s", c->job, err);
+    return;
+  }
+  if (c->plan_epoch && plan.epoch < c->plan_epoch) {
+    wagma_plan_free(&plan);
+    return;
+  }
+  wagma_key_job_checkpoint(&c->keys, c->job, key, sizeof key);
+  if (wagma_etcd_get(c->etcd, key, &kv, NULL) == 0) {
+    have_ck = wg_checkpoint_rec_from_json(kv->value, kv->value_len, &ck) == 0;
+    wagma_etcd_kv_free(kv);
+  }
+  c->plan_epoch = plan.epoch;
+  LOG(c, WAGMA_LOG_INFO, "job %s: plan epoch %llu, %d members, start round %llu%s", c->job,
+      (unsigned long long)plan.epoch, plan.nranks, (unsigned long long)plan.start_round,
+      wagma_plan_rank_of(&plan, c->opt->name) >= 0 ? "" : " (not a member)");
+  pthread_mutex_lock(&c->shared->mu);
+  wagma_plan_free(&c->shared->plan);
+  c->shared->plan = plan; /* moved */
+  c->shared->have_plan = 1;
+  c->shared->have_checkpoint = have_ck;
+  if (have_ck) {
+    c->shared->checkpoint = ck;
+    snprintf(c->shared->checkpoint.job, sizeof c->shared->checkpoint.job, "%s", c->job);
+  }
+  c->shared->generation++;
+  pthread_cond_broadcast(&c->shared->cv);
+  pthread_mutex_unlock(&c->shared->mu);
+}
+
+static void put_failed(wg_control_t *c, const char *job, const char *why) {
+  wg_progress_snap_t s;
+  char key[256];
+  memset(&s, 0, sizeof s);
+  snprintf(s.job, sizeof s.job, "%s", job);
+  s.state = WG_STATE_FAILED;
+  s.loss = s.accuracy = s.step_time = 0;
+  snprintf(s.error, sizeof s.error, "%.250s", why);
+  char *json = wg_progress_snap_to_json(&s);
+  if (json && wagma_key_job_progress(&c->keys, job, c->opt->name, key, sizeof key) == 0)
+    wagma_etcd_put(c->etcd, key, json, strlen(json), 0, NULL);
+  free(json);
+}
+
+/* Reads the spec and the plan of c->job and starts the plan watch. */
+static void load_job(wg_control_t *c) {
+  char key[256], err[256];
+  wagma_etcd_kv_t *kv = NULL;
+  wagma_etcd_range_t r;
+  wg_job_config_t cfg;
+  int e;
+  memset(&r, 0, sizeof r);
+  if (c->job_loaded || !c->job[0] || wg_mono() < c->next_job_load)
+    return;
+  c->next_job_load = wg_mono() + 1.0;
+  wagma_key_job_spec(&c->keys, c->job, key, sizeof key);
+  if ((e = wagma_etcd_get(c->etcd, key, &kv, NULL)) != 0) {
+    if (e != WAGMA_ENOTFOUND)
+      LOG(c, WAGMA_LOG_WARN, "job %s: cannot read the spec: %s", c->job, wagma_strerror(e));
+    return;
+  }
+  e = wg_job_config_from_spec_json(kv->value, kv->value_len, c->job, &cfg, err, sizeof err);
+  wagma_etcd_kv_free(kv);
+  if (e) {
+    LOG(c, WAGMA_LOG_ERROR, "%s", err);
+    put_failed(c, c->job, err);
+    c->job_loaded = 1; /* nothing to train; wait for the assignment to go */
+    return;
+  }
+  wagma_key_job_plan(&c->keys, c->job, key, sizeof key);
+  if (wagma_etcd_range(c->etcd, key, NULL, &r) != 0)
+    return;
+  wagma_etcd_watch_options_t wo = {.start_revision = r.revision + 1};
+  if (wagma_etcd_watch_start(c->etcd, key, &wo, on_plan, c, &c->plan_watch) != 0) {
+    c->plan_watch = NULL;
+    wagma_etcd_range_free(&r);
+    return;
+  }
+  LOG(c, WAGMA_LOG_INFO, "assigned to job %s", c->job);
+  pthread_mutex_lock(&c->shared->mu);
+  c->shared->assigned = 1;
+  c->shared->job = cfg;
+  c->shared->have_plan = 0;
+  wagma_plan_free(&c->shared->plan);
+  c->shared->have_checkpoint = 0;
+  c->shared->generation++;
+  pthread_cond_broadcast(&c->shared->cv);
+  pthread_mutex_unlock(&c->shared->mu);
+  c->plan_epoch = 0;
+  c->job_loaded = 1;
+  if (r.n)
+    offer_plan(c, r.kvs[0].value, r.kvs[0].value_len);
+  wagma_etcd_range_free(&r);
+}
+
+static void drop_job(wg_control_t *c) {
+  wagma_etcd_watch_stop(c->plan_watch);
+  c->plan_watch = NULL;
+  pthread_mutex_lock(&c->mu);
+  free(c->plan_value);
+  c->plan_value = NULL;
+  c->plan_changed = c->plan_watch_dead = 0;
+  pthread_mutex_unlock(&c->mu);
+  if (c->job[0])
+    LOG(c, WAGMA_LOG_INFO, "released from job %s", c->job);
+  c->job[0] = '\0';
+  c->job_loaded = 0;
+  c->plan_epoch = 0;
+  pthread_mutex_lock(&c->shared->mu);
+  c->shared->assigned = 0;
+  c->shared->have_plan = 0;
+  wagma_plan_free(&c->shared->plan);
+  c->shared->have_checkpoint = 0;
+  c->shared->generation++;
+  pthread_cond_broadcast(&c->shared->cv);
+  pthread_mutex_unlock(&c->shared->mu);
+}
+
+static void follow_assignment(wg_control_t *c) {
+  char job[WAGMA_NAME_MAX] = "";
+  char *plan = NULL;
+  int changed, plan_changed, plan_dead;
+  pthread_mutex_lock(&c->mu);
+  changed = c->assign_changed;
+  c->assign_changed = 0;
+  if (changed && c->assign_present && c->assign_value)
+    wg_assignment_job(c->assign_value, strlen(c->assign_value), job, sizeof job);
+  pthread_mutex_unlock(&c->mu);
+  if (changed && strcmp(job, c->job) != 0) {
+    drop_job(c);
+    snprintf(c->job, sizeof c->job, "%s", job);
+    c->next_job_load = 0;
+  }
+  load_job(c);
+  if (!c->job_loaded)
+    return;
+  pthread_mutex_lock(&c->mu);
+  plan_changed = c->plan_changed;
+  plan_dead = c->plan_watch_dead;
+  c->plan_changed = 0;
+  plan = c->plan_value;
+  c->plan_value = NULL;
+  pthread_mutex_unlock(&c->mu);
+  if (plan_changed && plan)
+    offer_plan(c, plan, strlen(plan));
+  free(plan);
+  if (plan_dead) { /* compacted: read the plan again and watch from there */
+    char key[256];
+    wagma_etcd_range_t r;
+    memset(&r, 0, sizeof r);
+    wagma_etcd_watch_stop(c->plan_watch);
+    c->plan_watch = NULL;
+    wagma_key_job_plan(&c->keys, c->job, key, sizeof key);
+    if (wagma_etcd_range(c->etcd, key, NULL, &r) == 0) {
+      wagma_etcd_watch_options_t wo = {.start_revision = r.revision + 1};
+      pthread_mutex_lock(&c->mu);
+      c->plan_watch_dead = 0;
+      pthread_mutex_unlock(&c->mu);
+      if (wagma_etcd_watch_start(c->etcd, key, &wo, on_plan, c, &c->plan_watch) != 0) {
+        c->plan_watch = NULL;
+        pthread_mutex_lock(&c->mu);
+        c->plan_watch_dead = 1; /* try again on the next pass */
+        pthread_mutex_unlock(&c->mu);
+      }
+      if (r.n)
+        offer_plan(c, r.kvs[0].value, r.kvs[0].value_len);
+      wagma_etcd_range_free(&r);
+    }
+  }
+}
+
+/* ---- progress and checkpoint records ------------------------------------------------------ */
+
+static void publish(wg_control_t *c, int force) {
+  wg_progress_snap_t snap;
+  wg_checkpoint_rec_t ck;
+  int have_progress = 0, have_ck = 0;
+  char key[256];
+  pthread_mutex_lock(&c->shared->mu);
+  if (c->shared->progress_dirty &&
+      (force || c->shared->progress_urgent ||
+       wg_mono() - c->last_progress >= c->opt->progress_interval_s)) {
+    snap = c->shared->progress;
+    c->shared->progress_dirty = c->shared->progress_urgent = 0;
+    have_progress = 1;
+  }
+  if (c->shared->checkpoint_dirty) {
+    ck = c->shared->checkpoint_out;
+    c->shared->checkpoint_dirty = 0;
+    have_ck = 1;
+  }
+  pthread_mutex_unlock(&c->shared->mu);
+  if (have_progress && snap.job[0]) {
+    char *json = wg_progress_snap_to_json(&snap);
+    c->last_progress = wg_mono();
+    if (json && wagma_key_job_progress(&c->keys, snap.job, c->opt->name, key, sizeof key) == 0 &&
+        wagma_etcd_put(c->etcd, key, json, strlen(json), 0, NULL) != 0) {
+      pthread_mutex_lock(&c->shared->mu);
+      if (!c->shared->progress_dirty) { /* keep it for the next try */
+        c->shared->progress_dirty = 1;
+        c->shared->progress_urgent = snap.state != WG_STATE_RUNNING;
+      }
+      pthread_mutex_unlock(&c->shared->mu);
+    }
+    free(json);
+  }
+  if (have_ck && ck.job[0]) {
+    char *json = wg_checkpoint_rec_to_json(&ck, c->opt->name);
+    if (json && wagma_key_job_checkpoint(&c->keys, ck.job, key, sizeof key) == 0) {
+      if (wagma_etcd_put(c->etcd, key, json, strlen(json), 0, NULL) == 0)
+        LOG(c, WAGMA_LOG_INFO, "job %s: checkpoint of iteration %llu recorded (%s)", ck.job,
+            (unsigned long long)ck.iteration, ck.path);
+    }
+    free(json);
+  }
+}
+
+/* ---- thread ------------------------------------------------------------------------------ */
+
+static void *control_main(void *arg) {
+  wg_control_t *c = arg;
+  for (;;) {
+    pthread_mutex_lock(&c->mu);
+    int stop = c->stop;
+    pthread_mutex_unlock(&c->mu);
+    if (stop)
+      break;
+    ensure_registered(c);
+    ensure_assignment_watch(c);
+    follow_assignment(c);
+    publish(c, 0);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!c->stop && !c->assign_changed && !c->plan_changed)
+      pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    pthread_mutex_unlock(&c->mu);
+  }
+  return NULL;
+}
+
+int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out) {
+  wg_control_t *c = calloc(1, sizeof *c);
+  int e;
+  *out = NULL;
+  if (!c)
+    return WAGMA_ENOMEM;
+  c->opt = opt;
+  c->shared = shared;
+  c->started = wg_wall();
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  if ((e = wagma_keys_init(&c->keys, opt->prefix)))
+    goto fail;
+  wagma_etcd_options_t eo = {.endpoints = opt->endpoints,
+                             .call_timeout_ms = opt->etcd_timeout_ms,
+                             .log_fn = wg_agent_log,
+                             .log_user = (void *)opt->name};
+  if ((e = wagma_etcd_open(&eo, &c->etcd)))
+    goto fail;
+  if (pthread_create(&c->thread, NULL, control_main, c) != 0) {
+    e = WAGMA_EIO;
+    goto fail;
+  }
+  c->thread_started = 1;
+  *out = c;
+  return 0;
+fail:
+  wagma_etcd_close(c->etcd);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c);
+  return e;
+}
+
+void wg_control_stop(wg_control_t *c) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->mu);
+  c->stop = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (c->thread_started)
+    pthread_join(c->thread, NULL);
+  /* Leave first, so the coordinator replans at once; then the last progress. */
+  wagma_etcd_keepalive_stop(c->keepalive);
+  c->keepalive = NULL;
+  if (c->lease) {
+    int e = wagma_etcd_lease_revoke(c->etcd, c->lease);
+    LOG(c, e ? WAGMA_LOG_WARN : WAGMA_LOG_INFO, "lease revoked: %s",
+        e ? wagma_strerror(e) : "left cleanly");
+  }
+  publish(c, 1);
+  wagma_etcd_watch_stop(c->plan_watch);
+  wagma_etcd_watch_stop(c->assign_watch);
+  wagma_etcd_close(c->etcd);
+  free(c->assign_value);
+  free(c->plan_value);
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c);
+}

@@ -1,0 +1,513 @@
+/* agent/runner.c — the runner thread of wagma-agent: it trains the assigned job.
+ *
+ * Owns the job state (wg_job_t): data, model, optimizer, sampler, the communicator of the
+ * current plan epoch and the statistics. It follows what the control thread publishes in
+ * wg_shared_t (assignment -> job config, plan, checkpoint record):
+ *  - a new job: load the data, build model and optimizer (nothing trained yet);
+ *  - a plan of another epoch in which I am a member: destroy the old communicator (rounds in
+ *    flight are aborted), create the new one and begin with a GLOBAL SYNC: a weighted average
+ *    of (parameters | optimizer state | iteration) in which joiners have weight 0, so a joiner
+ *    receives the model and the iteration from its peers and survivors keep their training —
+ *    no restart, no disk. When every member is a joiner (a fresh start, or a restart from
+ *    nothing) all start from the job's checkpoint if one is recorded, else from the seed;
+ *  - then one iteration after another (algorithms.c) until the job's iteration count; at the
+ *    end a final model average (not for allreduce: models are equal), an evaluation on the
+ *    whole test set and the completion signal (progress state "done"). A finished agent keeps
+ *    its communicator (its round thread answers peers) until released or linger_s passes.
+ * Rank 0 writes checkpoints every checkpoint.every iterations (atomic file, then a record in
+ * etcd through the control thread).
+ *
+ * Invariants: only this thread touches the job state and calls the communicator's compute
+ * functions; every wait is bounded (the communicator's deadlines, 200 ms waits on the shared
+ * condition variable), so stop requests and new plans are seen promptly. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "agent/runner.h"
+#include "wagma/log_internal.h"
+
+struct wg_runner {
+  wg_runner_ctx_t ctx;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int finished;
+};
+
+#define RLOG(r, lvl, ...) wg_logf(wg_agent_log, (void *)(r)->opt->name, lvl, __VA_ARGS__)
+
+void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status) {
+  wg_job_t *j = &r->job;
+  j->comm_errors++;
+  if (wg_mono() - j->last_comm_warn < 2.0)
+    return;
+  j->last_comm_warn = wg_mono();
+  RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: %s: %s (%s)", j->cfg.job,
+       (unsigned long long)j->epoch, what, wagma_strerror(status),
+       j->comm ? wagma_comm_last_error(j->comm) : "no communicator");
+}
+
+/* ---- progress ---------------------------------------------------------------------------- */
+
+static void share_progress(wg_runner_ctx_t *r, int state, const char *error, int urgent) {
+  wg_job_t *j = &r->job;
+  wagma_comm_counters_t cc;
+  double now = wg_mono();
+  if (!urgent && now - j->last_share < 0.25)
+    return;
+  j->last_share = now;
+  memset(&cc, 0, sizeof cc);
+  if (j->comm)
+    wagma_comm_counters(j->comm, &cc);
+  if (now - j->window_start >= 1.0) {
+    j->staleness_shown = j->staleness_window;
+    j->staleness_window = 0;
+    j->window_start = now;
+  }
+  pthread_mutex_lock(&r->shared->mu);
+  wg_progress_snap_t *p = &r->shared->progress;
+  memset(p, 0, sizeof *p);
+  snprintf(p->job, sizeof p->job, "%s", j->cfg.job);
+  p->state = state;
+  p->epoch = j->epoch;
+  p->iteration = j->iteration;
+  p->loss = j->loss_ema;
+  p->accuracy = j->accuracy;
+  p->step_time = j->step_ema;
+  p->staleness = j->staleness_shown > j->staleness_window ? j->staleness_shown
+                                                          : j->staleness_window;
+  p->rounds_activated = j->base.rounds_activated + cc.rounds_activated;
+  p->rounds_joined = j->base.rounds_joined + cc.rounds_joined;
+  p->rounds_left_out = j->base.rounds_left_out + cc.rounds_left_out;
+  p->rounds_skipped = j->base.rounds_skipped + cc.rounds_skipped;
+  if (error)
+    snprintf(p->error, sizeof p->error, "%.250s", error);
+  r->shared->progress_dirty = 1;
+  if (urgent)
+    r->shared->progress_urgent = 1;
+  pthread_mutex_unlock(&r->shared->mu);
+}
+
+/* ---- job setup and teardown -------------------------------------------------------------- */
+
+static void close_comm(wg_job_t *j) {
+  if (!j->comm)
+    return;
+  wagma_comm_counters_t cc;
+  wagma_comm_counters(j->comm, &cc);
+  j->base.rounds_activated += cc.rounds_activated;
+  j->base.rounds_joined += cc.rounds_joined;
+  j->base.rounds_left_out += cc.rounds_left_out;
+  j->base.rounds_skipped += cc.rounds_skipped;
+  wagma_comm_destroy(j->comm);
+  j->comm = NULL;
+}
+
+static void job_teardown(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  if (j->active || j->broken)
+    RLOG(r, WAGMA_LOG_INFO, "job %s: stopping (iteration %llu)", j->cfg.job,
+         (unsigned long long)j->iteration);
+  close_comm(j);
+  wagma_plan_free(&j->plan);
+  wagma_model_destroy(j->model);
+  wagma_optim_destroy(j->optim);
+  wagma_sampler_free(&j->sampler);
+  wagma_batch_free(&j->batch);
+  wagma_dataset_free(&j->train);
+  wagma_dataset_free(&j->test);
+  free(j->sync_buf);
+  memset(j, 0, sizeof *j);
+}
+
+static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
+  wg_job_t *j = &r->job;
+  char err[256] = "";
+  int e;
+  double t0 = wg_mono();
+  memset(j, 0, sizeof *j);
+  j->cfg = *cfg;
+  j->rank = -1;
+  j->loss_ema = j->step_ema = j->accuracy = NAN;
+  j->window_start = wg_mono();
+  if (cfg->dataset == WG_DATA_SYNTHETIC) {
+    wagma_synthetic_config_t tr = wagma_synthetic_defaults(r->opt->synthetic_train, cfg->seed, 0);
+    wagma_synthetic_config_t te = wagma_synthetic_defaults(r->opt->synthetic_test, cfg->seed, 1);
+    if ((e = wagma_dataset_synthetic(&j->train, &tr, err, sizeof err)) ||
+        (e = wagma_dataset_synthetic(&j->test, &te, err, sizeof err)))
+      goto out;
+  } else if ((e = wagma_dataset_load_fashion_mnist(r->opt->data_dir[0] ? r->opt->data_dir : NULL,
+                                                   &j->train, &j->test, err, sizeof err))) {
+    goto out;
+  }
+  int kind = cfg->model == WG_MODEL_MLP      ? WAGMA_MODEL_MLP
+             : cfg->model == WG_MODEL_LENET5 ? WAGMA_MODEL_LENET5
+                                             : WAGMA_MODEL_SOFTMAX;
+  wagma_model_config_t mc = wagma_model_defaults(kind);
+  if ((size_t)cfg->batch_size > mc.max_batch)
+    mc.max_batch = (size_t)cfg->batch_size;
+  if ((e = wagma_model_create(&mc, &j->model, err, sizeof err)))
+    goto out;
+  wagma_model_init(j->model, cfg->seed);
+  wagma_optim_config_t oc = wagma_optim_defaults(cfg->optimizer == WG_OPT_ADAM ? WAGMA_OPTIM_ADAM
+                                                                               : WAGMA_OPTIM_SGD);
+  oc.schedule.lr = (float)cfg->lr;
+  oc.schedule.warmup_steps = cfg->warmup;
+  oc.momentum = (float)cfg->momentum;
+  oc.nesterov = cfg->nesterov;
+  oc.weight_decay = (float)cfg->weight_decay;
+  j->nparams = wagma_model_param_count(j->model);
+  if ((e = wagma_optim_create(&oc, j->nparams, &j->optim, err, sizeof err)))
+    goto out;
+  wagma_optim_state(j->optim, &j->nstate);
+  if ((e = wagma_sampler_init(&j->sampler, j->train.n, WAGMA_SAMPLE_SHUFFLE,
+                              wagma_seed_derive(cfg->seed, r->opt->name))) ||
+      (e = wagma_batch_alloc(&j->batch, (size_t)cfg->batch_size, j->train.features)))
+    goto out;
+  j->sync_buf = malloc((j->nparams + j->nstate + 1) * sizeof(float));
+  if (!j->sync_buf) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
+  wagma_rng_seed(&j->straggler_rng, wagma_seed_derive(cfg->seed ^ 0x5157u, r->opt->name));
+  j->active = 1;
+  RLOG(r, WAGMA_LOG_INFO,
+       "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d (%.2f s)",
+       cfg->job, wagma_model_describe(j->model), j->nparams, j->train.n, j->test.n,
+       cfg->batch_size, wg_mono() - t0);
+out:
+  if (e) {
+    char why[300];
+    snprintf(why, sizeof why, "setup failed: %s", err[0] ? err : wagma_strerror(e));
+    RLOG(r, WAGMA_LOG_ERROR, "job %s: %s", cfg->job, why);
+    wg_job_config_t keep = *cfg;
+    job_teardown(r);
+    j->cfg = keep;
+    j->broken = 1;
+    share_progress(r, WG_STATE_FAILED, why, 1);
+  }
+  return e;
+}
+
+/* ---- epochs ------------------------------------------------------------------------------ */
+
+static uint64_t total_iterations(const wg_job_t *j) {
+  if (j->cfg.iterations)
+    return j->cfg.iterations;
+  double per_epoch = (double)j->train.n / ((double)j->cfg.batch_size * (double)j->plan.nranks);
+  return (uint64_t)ceil((double)j->cfg.epochs * per_epoch);
+}
+
+static void evaluate(wg_runner_ctx_t *r, size_t count) {
+  wg_job_t *j = &r->job;
+  wagma_eval_t ev;
+  if (j->test.n == 0)
+    return;
+  if (count > j->test.n)
+    count = 0;
+  if (wagma_model_evaluate(j->model, &j->test, 0, count, &ev) == 0 && ev.n)
+    j->accuracy = (double)ev.correct / (double)ev.n;
+}
+
+static void finish(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  if (j->cfg.algorithm != WG_ALGO_ALLREDUCE && j->comm) {
+    int e = wagma_comm_average(j->comm, wagma_model_params(j->model), j->nparams, 1.0f);
+    if (e)
+      wg_runner_warn_comm(r, "final model average", e);
+  }
+  evaluate(r, 0);
+  j->done = 1;
+  j->done_at = wg_mono();
+  RLOG(r, WAGMA_LOG_INFO, "job %s: done at iteration %llu, loss %.4f, test accuracy %.4f",
+       j->cfg.job, (unsigned long long)j->iteration, j->loss_ema, j->accuracy);
+  share_progress(r, WG_STATE_DONE, NULL, 1);
+}
+
+static int load_checkpoint(wg_runner_ctx_t *r, const wg_checkpoint_rec_t *ck) {
+  wg_job_t *j = &r->job;
+  char err[256];
+  uint64_t it = 0;
+  int e = wagma_checkpoint_load(ck->path, j->model, j->optim, &it, err, sizeof err);
+  if (e) {
+    RLOG(r, WAGMA_LOG_WARN, "job %s: cannot resume from %s: %s", j->cfg.job, ck->path, err);
+    return e;
+  }
+  j->iteration = it;
+  j->have_model = 1;
+  RLOG(r, WAGMA_LOG_INFO, "job %s: resumed from checkpoint %s (iteration %llu)", j->cfg.job,
+       ck->path, (unsigned long long)it);
+  return 0;
+}
+
+/* Enters the epoch of plan (a copy the job takes over). */
+static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
+                        const wg_checkpoint_rec_t *ck) {
+  wg_job_t *j = &r->job;
+  wagma_comm_options_t co;
+  int e, all_joiners = 1;
+  close_comm(j);
+  wagma_plan_free(&j->plan);
+  j->plan = *plan;
+  memset(plan, 0, sizeof *plan);
+  j->epoch = j->plan.epoch;
+  j->rank = wagma_plan_rank_of(&j->plan, r->opt->name);
+  if (j->rank < 0) {
+    RLOG(r, WAGMA_LOG_INFO, "job %s: not a member of epoch %llu; idle", j->cfg.job,
+         (unsigned long long)j->epoch);
+    return;
+  }
+  for (int i = 0; i < j->plan.nranks; i++)
+    all_joiners &= j->plan.members[i].joiner;
+  wagma_comm_options_init(&co);
+  co.plan = &j->plan;
+  co.rank = j->rank;
+  co.count = j->nparams;
+  co.connect_timeout_s = r->opt->connect_timeout_s;
+  co.round_deadline_floor_s = r->opt->round_deadline_s;
+  co.global_timeout_s = r->opt->collective_timeout_s;
+  co.log = wg_agent_log;
+  co.log_user = (void *)r->opt->name;
+  double t0 = wg_mono();
+  for (int attempt = 0; attempt < 5; attempt++) {
+    if ((e = wagma_comm_create(&co, &j->comm)) == 0)
+      break;
+    j->comm = NULL;
+    RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s",
+         j->cfg.job, (unsigned long long)j->epoch, wagma_strerror(e));
+    if (wg_shared_stopping(r->shared))
+      return;
+    wg_sleep_s(1.0);
+  }
+  if (!j->comm)
+    return;
+
+  /* Global sync: joiners weight 0 receive the model; a fresh start begins from the checkpoint
+   * (every member loads the same file) or from the seed (the same on every member). */
+  if (!j->have_model) {
+    if (all_joiners && have_ck && ck->path[0] && load_checkpoint(r, ck) == 0) {
+      /* j->iteration set from the file */
+    } else {
+      wagma_model_init(j->model, j->cfg.seed);
+      wagma_optim_reset(j->optim);
+      j->iteration = j->plan.start_round;
+    }
+  }
+  int joiner = j->plan.members[j->rank].joiner || !j->have_model;
+  float weight = (joiner && !all_joiners) ? 0.0f : 1.0f;
+  size_t n = j->nparams + j->nstate + 1;
+  float *state = wagma_optim_state(j->optim, NULL);
+  memcpy(j->sync_buf, wagma_model_params(j->model), j->nparams * sizeof(float));
+  if (j->nstate)
+    memcpy(j->sync_buf + j->nparams, state, j->nstate * sizeof(float));
+  j->sync_buf[n - 1] = (float)j->iteration;
+  e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
+  if (e == 0) {
+    memcpy(wagma_model_params(j->model), j->sync_buf, j->nparams * sizeof(float));
+    if (j->nstate)
+      memcpy(state, j->sync_buf + j->nparams, j->nstate * sizeof(float));
+    double it = j->sync_buf[n - 1];
+    if (isfinite(it) && it >= 0)
+      j->iteration = (uint64_t)llround(it);
+    j->have_model = 1;
+  } else {
+    wg_runner_warn_comm(r, "global sync", e);
+    if (weight == 0.0f)
+      j->iteration = j->plan.start_round;
+  }
+  wagma_optim_set_updates(j->optim, j->iteration);
+  wagma_sampler_seek(&j->sampler, j->iteration * (uint64_t)j->cfg.batch_size);
+  j->iter0 = j->iteration;
+  j->round0 = wagma_comm_round(j->comm);
+  j->total_iterations = total_iterations(j);
+  j->done = 0;
+  RLOG(r, WAGMA_LOG_INFO,
+       "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
+       "sync %.3f s",
+       j->cfg.job, (unsigned long long)j->epoch, j->rank, j->plan.nranks,
+       joiner ? "joiner" : "survivor", weight, (unsigned long long)j->iteration,
+       (unsigned long long)j->total_iterations, wg_mono() - t0);
+  share_progress(r, WG_STATE_RUNNING, NULL, 1);
+  if (j->iteration >= j->total_iterations)
+    finish(r);
+}
+
+static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {
+  wg_job_t *j = &r->job;
+  uint64_t every = j->cfg.checkpoint_every;
+  char path[300], err[256];
+  if (j->rank != 0 || every == 0 || !j->cfg.checkpoint_dir[0])
+    return;
+  if (before / every == j->iteration / every && j->iteration < j->total_iterations)
+    return;
+  if (mkdir(j->cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
+    RLOG(r, WAGMA_LOG_WARN, "job %s: cannot create %s: %s", j->cfg.job, j->cfg.checkpoint_dir,
+         strerror(errno));
+    return;
+  }
+  snprintf(path, sizeof path, "%s/%s.ckpt", j->cfg.checkpoint_dir, j->cfg.job);
+  if (wagma_checkpoint_save(path, j->model, j->optim, j->iteration, err, sizeof err) != 0) {
+    RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint failed: %s", j->cfg.job, err);
+    return;
+  }
+  pthread_mutex_lock(&r->shared->mu);
+  wg_checkpoint_rec_t *c = &r->shared->checkpoint_out;
+  snprintf(c->job, sizeof c->job, "%s", j->cfg.job);
+  snprintf(c->path, sizeof c->path, "%s", path);
+  c->iteration = j->iteration;
+  c->epoch = j->epoch;
+  r->shared->checkpoint_dirty = 1;
+  pthread_mutex_unlock(&r->shared->mu);
+}
+
+static void train_once(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  uint64_t before = j->iteration;
+  int e = wg_algo_iteration(r);
+  if (e == WAGMA_ECLOSED) {
+    close_comm(j); /* unusable: wait for the next plan */
+    return;
+  }
+  if (e && e != WAGMA_ETIMEDOUT && e != WAGMA_EPEER && e != WAGMA_EUNAVAIL && e != WAGMA_EIO &&
+      e != WAGMA_EEPOCH && e != WAGMA_EINVAL) {
+    RLOG(r, WAGMA_LOG_ERROR, "job %s: iteration failed: %s", j->cfg.job, wagma_strerror(e));
+    wg_sleep_s(0.1);
+  }
+  if (j->cfg.eval_every && j->iteration / j->cfg.eval_every != before / j->cfg.eval_every)
+    evaluate(r, r->opt->eval_samples);
+  maybe_checkpoint(r, before);
+  share_progress(r, WG_STATE_RUNNING, NULL, 0);
+  if (j->iteration >= j->total_iterations)
+    finish(r);
+}
+
+/* ---- thread ------------------------------------------------------------------------------ */
+
+static void wait_shared(wg_runner_ctx_t *r, uint64_t gen, double seconds) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  long ns = ts.tv_nsec + (long)(seconds * 1e9);
+  ts.tv_sec += ns / 1000000000L;
+  ts.tv_nsec = ns % 1000000000L;
+  pthread_mutex_lock(&r->shared->mu);
+  if (!r->shared->stop && r->shared->generation == gen)
+    pthread_cond_timedwait(&r->shared->cv, &r->shared->mu, &ts);
+  pthread_mutex_unlock(&r->shared->mu);
+}
+
+static void *runner_main(void *arg) {
+  struct wg_runner *self = arg;
+  wg_runner_ctx_t *r = &self->ctx;
+  wg_job_t *j = &r->job;
+  uint64_t seen = UINT64_MAX;
+  int assigned = 0, have_plan = 0, have_ck = 0;
+  wg_job_config_t cfg;
+  wagma_plan_t plan;
+  wg_checkpoint_rec_t ck;
+  memset(&plan, 0, sizeof plan);
+  memset(&cfg, 0, sizeof cfg);
+  j->rank = -1;
+  for (;;) {
+    uint64_t gen;
+    pthread_mutex_lock(&r->shared->mu);
+    int stop = r->shared->stop;
+    gen = r->shared->generation;
+    if (gen != seen) {
+      assigned = r->shared->assigned;
+      cfg = r->shared->job;
+      have_plan = r->shared->have_plan;
+      wagma_plan_free(&plan);
+      if (have_plan && wagma_plan_copy(&plan, &r->shared->plan) != 0)
+        have_plan = 0;
+      have_ck = r->shared->have_checkpoint;
+      ck = r->shared->checkpoint;
+      seen = gen;
+    }
+    pthread_mutex_unlock(&r->shared->mu);
+    if (stop)
+      break;
+    if (!assigned) {
+      if (j->active || j->broken)
+        job_teardown(r);
+      wait_shared(r, gen, 0.2);
+      continue;
+    }
+    if ((!j->active && !j->broken) || strcmp(j->cfg.job, cfg.job) != 0) {
+      job_teardown(r);
+      job_setup(r, &cfg);
+    }
+    if (j->broken) {
+      wait_shared(r, gen, 0.2);
+      continue;
+    }
+    if (have_plan && plan.epoch != j->epoch) {
+      enter_epoch(r, &plan, have_ck, &ck);
+      have_plan = 0; /* taken over */
+    }
+    if (!j->comm || j->done) {
+      if (j->done && j->comm && wg_mono() - j->done_at > r->opt->linger_s) {
+        RLOG(r, WAGMA_LOG_INFO, "job %s: finished %.0f s ago; closing the communicator",
+             j->cfg.job, r->opt->linger_s);
+        close_comm(j);
+      }
+      wait_shared(r, gen, 0.2);
+      continue;
+    }
+    train_once(r);
+  }
+  if (j->active && !j->done)
+    share_progress(r, WG_STATE_RUNNING, NULL, 1);
+  job_teardown(r);
+  wagma_plan_free(&plan);
+  pthread_mutex_lock(&self->mu);
+  self->finished = 1;
+  pthread_cond_broadcast(&self->cv);
+  pthread_mutex_unlock(&self->mu);
+  return NULL;
+}
+
+int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runner_t **out) {
+  struct wg_runner *r = calloc(1, sizeof *r);
+  *out = NULL;
+  if (!r)
+    return WAGMA_ENOMEM;
+  r->ctx.opt = opt;
+  r->ctx.shared = shared;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    free(r);
+    return WAGMA_EIO;
+  }
+  *out = r;
+  return 0;
+}
+
+int wg_runner_join(wg_runner_t *r, double timeout_s) {
+  struct timespec ts;
+  int finished;
+  if (!r)
+    return 0;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += (time_t)timeout_s;
+  pthread_mutex_lock(&r->mu);
+  while (!r->finished)
+    if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0)
+      break;
+  finished = r->finished;
+  pthread_mutex_unlock(&r->mu);
+  if (!finished)
+    return WAGMA_ETIMEDOUT;
+  pthread_join(r->thread, NULL);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+  return 0;
+}

@@ -1,0 +1,57 @@
+/* agent/runner.h — private to runner.c and algorithms.c: the state of the job the runner
+ * trains (model, data, communicator of the current epoch, statistics). Includes the training
+ * library, so it must not be included together with wagma/api.h (see agent.h). */
+#ifndef WAGMA_AGENT_RUNNER_H
+#define WAGMA_AGENT_RUNNER_H
+
+#include "agent/agent.h"
+#include "agent/train/train.h"
+#include "wagma/collective.h"
+
+typedef struct wg_job {
+  wg_job_config_t cfg;
+  int active; /* set up (data loaded, model built) */
+  int broken; /* setup failed: wait for another job */
+  wagma_dataset_t train, test;
+  wagma_model_t *model;
+  wagma_optim_t *optim;
+  wagma_sampler_t sampler;
+  wagma_batch_t batch;
+  size_t nparams, nstate;
+  float *sync_buf; /* params | optimizer state | iteration */
+  int have_model;  /* the model holds this job's training (not just an init) */
+
+  /* the current epoch */
+  uint64_t epoch; /* plan epoch entered, 0 = none */
+  wagma_plan_t plan;
+  int rank; /* -1 when not a member */
+  wagma_comm_t *comm;
+  uint64_t iter0, round0; /* iteration and comm round at the start of the epoch */
+  uint64_t iteration, total_iterations;
+  int done;
+  double done_at;
+
+  /* statistics */
+  double loss_ema, step_ema, accuracy;
+  uint64_t staleness_window, staleness_shown;
+  double window_start, last_share;
+  wagma_comm_counters_t base; /* counters of the communicators of earlier epochs */
+  wagma_rng_t straggler_rng;
+  double last_comm_warn;
+  int comm_errors;
+} wg_job_t;
+
+typedef struct wg_runner_ctx {
+  const wg_agent_options_t *opt;
+  wg_shared_t *shared;
+  wg_job_t job;
+} wg_runner_ctx_t;
+
+/* algorithms.c: one iteration of the job's algorithm (compute, straggler delay, averaging).
+ * Returns 0 or the communicator's error (the caller decides what to do about it). */
+int wg_algo_iteration(wg_runner_ctx_t *r);
+
+/* runner.c helpers used by algorithms.c */
+void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status);
+
+#endif
