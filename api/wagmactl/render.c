@@ -131,14 +131,24 @@ static void job_summary(const json_t *job, FILE *out) {
   kv(out, "finished:", wg_ctl_fmt_time(json_object_get(status, "finished"), a, sizeof a));
 }
 
+/* One row per member. ALIVE (optional in the schema) is shown only when some member has it. */
 static int member_table(const json_t *members, FILE *out) {
   static const char *const headers[] = {"RANK",      "NAME", "ADDRESS",  "ALIVE",     "STATE",
                                         "ITERATION", "LOSS", "ACCURACY", "STEP_TIME", "STALENESS"};
-  wg_ctl_table_t *t = wg_ctl_table_new(10, headers);
-  if (!t)
-    return -1;
+  int has_alive = 0;
   size_t i;
   json_t *m;
+  json_array_foreach(members, i, m) has_alive |= json_object_get(m, "alive") != NULL;
+  const char *const *hdr = headers;
+  const char *no_alive[9];
+  if (!has_alive) {
+    memcpy(no_alive, headers, 3 * sizeof *no_alive);
+    memcpy(no_alive + 3, headers + 4, 6 * sizeof *no_alive);
+    hdr = no_alive;
+  }
+  wg_ctl_table_t *t = wg_ctl_table_new(has_alive ? 10 : 9, hdr);
+  if (!t)
+    return -1;
   json_array_foreach(members, i, m) {
     const json_t *p = json_object_get(m, "progress");
     char rank[CELL], name[CELL], addr[CELL], alive[CELL], state[CELL], iter[CELL], loss[CELL],
@@ -153,6 +163,8 @@ static int member_table(const json_t *members, FILE *out) {
                          wg_ctl_fmt_percent(json_object_get(p, "accuracy"), acc, sizeof acc),
                          wg_ctl_fmt_duration(json_object_get(p, "step_time"), step, sizeof step),
                          int_at(p, "staleness", stale)};
+    if (!has_alive)
+      memmove(row + 3, row + 4, 6 * sizeof *row);
     if (wg_ctl_table_add(t, row) != 0) {
       wg_ctl_table_free(t);
       return -1;

@@ -406,6 +406,28 @@ static void test_render_job(void **state) {
   json_decref(root);
 }
 
+/* A server that does not report "alive" gets no ALIVE column (and the rest stays aligned). */
+static void test_render_job_without_alive(void **state) {
+  (void)state;
+  json_t *root = load(job_json);
+  size_t i;
+  json_t *m;
+  json_array_foreach(json_object_get(root, "members"), i, m) json_object_del(m, "alive");
+  capture_t c;
+  cap_open(&c);
+  assert_int_equal(wg_ctl_render_job(root, c.f), 0);
+  const char *hdr = strstr(cap_text(&c), "RANK");
+  assert_non_null(hdr);
+  char h[256], r0[256];
+  line_of(hdr, 0, h, sizeof h);
+  line_of(hdr, 1, r0, sizeof r0);
+  assert_null(strstr(h, "ALIVE"));
+  assert_int_equal(column_of(r0, "running"), column_of(h, "STATE"));
+  assert_int_equal(column_of(r0, "0.5123"), column_of(h, "LOSS"));
+  cap_close(&c);
+  json_decref(root);
+}
+
 static void test_render_groups_plan_agents_health(void **state) {
   (void)state;
   capture_t c;
@@ -549,6 +571,7 @@ int main(void) {
       cmocka_unit_test(test_table_alignment),
       cmocka_unit_test(test_render_jobs),
       cmocka_unit_test(test_render_job),
+      cmocka_unit_test(test_render_job_without_alive),
       cmocka_unit_test(test_render_groups_plan_agents_health),
       cmocka_unit_test(test_errors_and_exit_codes),
       cmocka_unit_test(test_http_deadline),
