@@ -311,7 +311,8 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
     json_decref(ck);
     return NULL;
   }
-  json_object_set_new(o, "name", json_string(s->name));
+  if (s->name[0]) /* "" = not chosen yet; a decoder would reject an empty name */
+    json_object_set_new(o, "name", json_string(s->name));
   json_object_set_new(o, "model", json_string(wagma_model_name(s->model)));
   json_object_set_new(o, "dataset", json_string(wagma_dataset_name(s->dataset)));
   json_object_set_new(o, "algorithm", json_string(wagma_algorithm_name(s->algorithm)));
