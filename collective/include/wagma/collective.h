@@ -32,6 +32,10 @@ extern "C" {
 #define WAGMA_NAME_MAX 64    /* agent names, including the NUL */
 #define WAGMA_ADDRESS_MAX 64 /* "host:port", including the NUL */
 
+/* The size band of the groups wagma_plan_build makes when P >= S (P < S: one group of P). */
+#define WAGMA_PLAN_MIN_GROUP(group_size) (group_size)
+#define WAGMA_PLAN_MAX_GROUP(group_size) (2 * (group_size) - 1)
+
 typedef enum wagma_global_sync {
   WAGMA_GLOBAL_BARRIER = 0,       /* every member arrives; W <- mean (the paper's) */
   WAGMA_GLOBAL_WAIT_AVOIDING = 1, /* activated like a group round; laggards jump (ours) */
@@ -69,8 +73,8 @@ typedef struct wagma_plan {
  *  - P = S^k: the butterfly, L = k; in phase j the group of rank r is the ranks that agree
  *    with r on every base-S digit except digit j.
  *  - any other P >= 2: the documented rule of plan.c (group sizes within
- *    [WAGMA_PLAN_MIN_GROUP, 2*S-1], or P when P < S; the union of L consecutive phases
- *    connects all ranks).
+ *    [WAGMA_PLAN_MIN_GROUP(S), WAGMA_PLAN_MAX_GROUP(S)] = [S, 2*S-1], or P when P < S; the
+ *    union of L consecutive phases connects all ranks).
  *  - P = 1: one phase with one group of one.
  * rank_order (may be NULL) is a permutation of 0..P-1: the groups are computed on positions
  * and position i holds rank rank_order[i], so a planner can place ranks (e.g. stragglers

@@ -1,0 +1,376 @@
+/* collective/plan_json.c — the JSON codec of a plan (jansson), shape in wagma/collective.h:
+ * {"epoch":3,"start_round":120,"group_size":4,"staleness_bound":8,"global_sync":"barrier",
+ *  "members":[{"rank":0,"name":"a0","address":"127.0.0.1:7000","joiner":false},...],
+ *  "phases":[[[0,1,2,3],[4,5,6,7]],...]}
+ *
+ * Design note. Pure functions, no threads. Encoding validates the plan first, so everything
+ * published decodes. Decoding is strict: every field is required, unknown fields and duplicate
+ * keys are rejected, members[i].rank must be i, and every error names its field as a path
+ * ("members[2].name", "phases[1][0][3]"). The decoder checks ranges and duplicates itself
+ * before it writes into the group table (so nothing overflows), then wagma_plan_validate
+ * checks the rest (order, coverage, connectivity). P is the length of "members". */
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "wagma/collective.h"
+
+#define PLAN_JSON_MAX_PHASES 1024
+
+static const char *const sync_names[] = {"barrier", "wait-avoiding"};
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t err_len, const char *fmt, ...) {
+  if (!err || err_len == 0)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err_len, fmt, ap);
+  va_end(ap);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Encoding                                                                                 */
+
+/* Ownership: on success *json is a new string the caller frees with free(). */
+int wagma_plan_to_json(const wagma_plan_t *plan, char **json) {
+  json_t *root = NULL, *members = NULL, *phases = NULL;
+  int rc = WAGMA_ENOMEM;
+  if (!json)
+    return WAGMA_EINVAL;
+  *json = NULL;
+  if (wagma_plan_validate(plan, NULL, 0) != 0)
+    return WAGMA_EINVAL;
+  if (plan->epoch > INT64_MAX || plan->start_round > INT64_MAX)
+    return WAGMA_ERANGE;
+  root = json_object();
+  members = json_array();
+  phases = json_array();
+  if (!root || !members || !phases)
+    goto out;
+  if (json_object_set_new(root, "epoch", json_integer((json_int_t)plan->epoch)) ||
+      json_object_set_new(root, "start_round", json_integer((json_int_t)plan->start_round)) ||
+      json_object_set_new(root, "group_size", json_integer(plan->group_size)) ||
+      json_object_set_new(root, "staleness_bound", json_integer(plan->staleness_bound)) ||
+      json_object_set_new(root, "global_sync", json_string(sync_names[plan->global_sync])))
+    goto out;
+  for (int i = 0; i < plan->nranks; i++) {
+    const wagma_member_t *m = &plan->members[i];
+    json_t *name = json_string(m->name), *address = json_string(m->address);
+    if (!name || !address) { /* not valid UTF-8 */
+      json_decref(name);
+      json_decref(address);
+      rc = WAGMA_EINVAL;
+      goto out;
+    }
+    json_t *obj = json_pack("{s:i, s:o, s:o, s:b}", "rank", i, "name", name, "address", address,
+                            "joiner", m->joiner);
+    if (!obj || json_array_append_new(members, obj))
+      goto out;
+  }
+  for (int j = 0; j < plan->nphases; j++) {
+    const wagma_phase_t *ph = &plan->phases[j];
+    json_t *groups = json_array();
+    if (!groups || json_array_append_new(phases, groups))
+      goto out;
+    for (int g = 0; g < ph->ngroups; g++) {
+      json_t *ranks = json_array();
+      if (!ranks || json_array_append_new(groups, ranks))
+        goto out;
+      for (int x = ph->offsets[g]; x < ph->offsets[g + 1]; x++)
+        if (json_array_append_new(ranks, json_integer(ph->ranks[x])))
+          goto out;
+    }
+  }
+  if (json_object_set(root, "members", members) || json_object_set(root, "phases", phases))
+    goto out;
+  *json = json_dumps(root, JSON_COMPACT);
+  rc = *json ? 0 : WAGMA_ENOMEM;
+out:
+  json_decref(members);
+  json_decref(phases);
+  json_decref(root);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Decoding                                                                                 */
+
+struct decoder {
+  char *err;
+  size_t err_len;
+};
+
+/* Rejects any key of obj that is not in allowed (NULL-terminated); path prefixes the key. */
+static int check_keys(struct decoder *d, json_t *obj, const char *path,
+                      const char *const *allowed) {
+  const char *key;
+  json_t *value;
+  json_object_foreach(obj, key, value) {
+    int known = 0;
+    for (const char *const *a = allowed; *a && !known; a++)
+      known = strcmp(*a, key) == 0;
+    if (!known) {
+      set_err(d->err, d->err_len, "%s%s: unknown field", path, key);
+      return WAGMA_EINVAL;
+    }
+  }
+  for (const char *const *a = allowed; *a; a++) {
+    if (!json_object_get(obj, *a)) {
+      set_err(d->err, d->err_len, "%s%s: missing", path, *a);
+      return WAGMA_EINVAL;
+    }
+  }
+  return 0;
+}
+
+static int get_int(struct decoder *d, json_t *obj, const char *path, const char *key, json_int_t lo,
+                   json_int_t hi, json_int_t *out) {
+  json_t *v = json_object_get(obj, key);
+  if (!json_is_integer(v)) {
+    set_err(d->err, d->err_len, "%s%s: expected an integer", path, key);
+    return WAGMA_EINVAL;
+  }
+  json_int_t x = json_integer_value(v);
+  if (x < lo || x > hi) {
+    set_err(d->err, d->err_len, "%s%s: %lld out of range [%lld, %lld]", path, key, (long long)x,
+            (long long)lo, (long long)hi);
+    return WAGMA_EINVAL;
+  }
+  *out = x;
+  return 0;
+}
+
+/* Copies a JSON string of at most max-1 bytes without NUL into buf[max]. */
+static int get_string(struct decoder *d, json_t *obj, const char *path, const char *key, char *buf,
+                      size_t max) {
+  json_t *v = json_object_get(obj, key);
+  if (!json_is_string(v)) {
+    set_err(d->err, d->err_len, "%s%s: expected a string", path, key);
+    return WAGMA_EINVAL;
+  }
+  size_t len = json_string_length(v);
+  const char *s = json_string_value(v);
+  if (len >= max) {
+    set_err(d->err, d->err_len, "%s%s: %zu bytes, at most %zu", path, key, len, max - 1);
+    return WAGMA_EINVAL;
+  }
+  if (memchr(s, '\0', len)) {
+    set_err(d->err, d->err_len, "%s%s: contains a NUL character", path, key);
+    return WAGMA_EINVAL;
+  }
+  memset(buf, 0, max);
+  memcpy(buf, s, len);
+  return 0;
+}
+
+static int decode_members(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
+  static const char *const fields[] = {"rank", "name", "address", "joiner", NULL};
+  char path[48];
+  if (!json_is_array(arr)) {
+    set_err(d->err, d->err_len, "members: expected an array");
+    return WAGMA_EINVAL;
+  }
+  size_t n = json_array_size(arr);
+  if (n < 1 || n > INT32_MAX / 2) {
+    set_err(d->err, d->err_len, "members: %zu members, need at least 1", n);
+    return WAGMA_EINVAL;
+  }
+  plan->members = calloc(n, sizeof(*plan->members));
+  if (!plan->members) {
+    set_err(d->err, d->err_len, "out of memory");
+    return WAGMA_ENOMEM;
+  }
+  plan->nranks = (int)n;
+  for (size_t i = 0; i < n; i++) {
+    json_t *obj = json_array_get(arr, i);
+    wagma_member_t *m = &plan->members[i];
+    json_int_t rank;
+    int rc;
+    snprintf(path, sizeof(path), "members[%zu].", i);
+    if (!json_is_object(obj)) {
+      set_err(d->err, d->err_len, "members[%zu]: expected an object", i);
+      return WAGMA_EINVAL;
+    }
+    if ((rc = check_keys(d, obj, path, fields)) != 0 ||
+        (rc = get_int(d, obj, path, "rank", 0, (json_int_t)n - 1, &rank)) != 0 ||
+        (rc = get_string(d, obj, path, "name", m->name, sizeof(m->name))) != 0 ||
+        (rc = get_string(d, obj, path, "address", m->address, sizeof(m->address))) != 0)
+      return rc;
+    if (rank != (json_int_t)i) {
+      set_err(d->err, d->err_len, "members[%zu].rank: %lld, must equal its index %zu", i,
+              (long long)rank, i);
+      return WAGMA_EINVAL;
+    }
+    json_t *joiner = json_object_get(obj, "joiner");
+    if (!json_is_boolean(joiner)) {
+      set_err(d->err, d->err_len, "members[%zu].joiner: expected true or false", i);
+      return WAGMA_EINVAL;
+    }
+    m->joiner = json_is_true(joiner);
+  }
+  return 0;
+}
+
+/* Fills phase j from its JSON groups; seen[r] == j + 1 marks ranks already placed. */
+static int decode_phase(struct decoder *d, json_t *groups, int j, int P, int *seen,
+                        wagma_phase_t *ph) {
+  if (!json_is_array(groups)) {
+    set_err(d->err, d->err_len, "phases[%d]: expected an array of groups", j);
+    return WAGMA_EINVAL;
+  }
+  size_t ng = json_array_size(groups);
+  if (ng < 1 || ng > (size_t)P) {
+    set_err(d->err, d->err_len, "phases[%d]: %zu groups, must be in [1, %d]", j, ng, P);
+    return WAGMA_EINVAL;
+  }
+  ph->offsets = malloc((ng + 1) * sizeof(int));
+  ph->ranks = malloc((size_t)P * sizeof(int));
+  ph->group_of = malloc((size_t)P * sizeof(int));
+  if (!ph->offsets || !ph->ranks || !ph->group_of) {
+    set_err(d->err, d->err_len, "out of memory");
+    return WAGMA_ENOMEM;
+  }
+  ph->ngroups = (int)ng;
+  int at = 0;
+  for (size_t g = 0; g < ng; g++) {
+    json_t *ranks = json_array_get(groups, g);
+    if (!json_is_array(ranks) || json_array_size(ranks) == 0) {
+      set_err(d->err, d->err_len, "phases[%d][%zu]: expected a non-empty array of ranks", j, g);
+      return WAGMA_EINVAL;
+    }
+    ph->offsets[g] = at;
+    for (size_t x = 0; x < json_array_size(ranks); x++) {
+      json_t *v = json_array_get(ranks, x);
+      if (!json_is_integer(v)) {
+        set_err(d->err, d->err_len, "phases[%d][%zu][%zu]: expected an integer rank", j, g, x);
+        return WAGMA_EINVAL;
+      }
+      json_int_t r = json_integer_value(v);
+      if (r < 0 || r >= P) {
+        set_err(d->err, d->err_len, "phases[%d][%zu][%zu]: rank %lld out of range [0, %d)", j, g, x,
+                (long long)r, P);
+        return WAGMA_EINVAL;
+      }
+      if (seen[r] == j + 1) {
+        set_err(d->err, d->err_len, "phases[%d][%zu]: rank %lld appears twice", j, g, (long long)r);
+        return WAGMA_EINVAL;
+      }
+      seen[r] = j + 1;
+      ph->ranks[at++] = (int)r; /* at <= P: every rank at most once */
+      ph->group_of[r] = (int)g;
+    }
+  }
+  ph->offsets[ng] = at;
+  if (at != P) {
+    for (int r = 0; r < P; r++) {
+      if (seen[r] != j + 1) {
+        set_err(d->err, d->err_len, "phases[%d]: rank %d is in no group", j, r);
+        return WAGMA_EINVAL;
+      }
+    }
+  }
+  return 0;
+}
+
+static int decode_phases(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
+  int *seen = NULL;
+  int rc = 0;
+  if (!json_is_array(arr)) {
+    set_err(d->err, d->err_len, "phases: expected an array of phases");
+    return WAGMA_EINVAL;
+  }
+  size_t n = json_array_size(arr);
+  if (n < 1 || n > PLAN_JSON_MAX_PHASES) {
+    set_err(d->err, d->err_len, "phases: %zu phases, must be in [1, %d]", n, PLAN_JSON_MAX_PHASES);
+    return WAGMA_EINVAL;
+  }
+  plan->phases = calloc(n, sizeof(*plan->phases));
+  seen = calloc((size_t)plan->nranks, sizeof(int));
+  if (!plan->phases || !seen) {
+    set_err(d->err, d->err_len, "out of memory");
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  for (size_t j = 0; j < n; j++) {
+    plan->nphases = (int)j + 1;
+    rc = decode_phase(d, json_array_get(arr, j), (int)j, plan->nranks, seen, &plan->phases[j]);
+    if (rc != 0)
+      goto out;
+  }
+out:
+  free(seen);
+  return rc;
+}
+
+/* Ownership: *plan is overwritten (not freed); on success it owns new arrays, on error it is
+ * zeroed. json is only read (len bytes, need not be NUL-terminated). */
+int wagma_plan_from_json(const char *json, size_t len, wagma_plan_t *plan, char *err,
+                         size_t err_len) {
+  static const char *const fields[] = {"epoch",           "start_round", "group_size",
+                                       "staleness_bound", "global_sync", "members",
+                                       "phases",          NULL};
+  struct decoder d = {err, err_len};
+  json_t *root = NULL;
+  json_error_t jerr;
+  json_int_t v;
+  int rc = WAGMA_EINVAL;
+  if (!plan) {
+    set_err(err, err_len, "plan: NULL");
+    return WAGMA_EINVAL;
+  }
+  memset(plan, 0, sizeof(*plan));
+  if (!json) {
+    set_err(err, err_len, "json: NULL");
+    goto out;
+  }
+  root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+  if (!root) {
+    set_err(err, err_len, "json: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+    goto out;
+  }
+  if (!json_is_object(root)) {
+    set_err(err, err_len, "plan: expected a JSON object");
+    goto out;
+  }
+  if ((rc = check_keys(&d, root, "", fields)) != 0)
+    goto out;
+  if ((rc = get_int(&d, root, "", "epoch", 0, INT64_MAX, &v)) != 0)
+    goto out;
+  plan->epoch = (uint64_t)v;
+  if ((rc = get_int(&d, root, "", "start_round", 0, INT64_MAX, &v)) != 0)
+    goto out;
+  plan->start_round = (uint64_t)v;
+  if ((rc = get_int(&d, root, "", "group_size", 2, INT32_MAX / 2, &v)) != 0)
+    goto out;
+  plan->group_size = (int)v;
+  if ((rc = get_int(&d, root, "", "staleness_bound", 1, INT32_MAX, &v)) != 0)
+    goto out;
+  plan->staleness_bound = (int)v;
+  json_t *sync = json_object_get(root, "global_sync");
+  const char *sync_name = json_string_value(sync);
+  if (sync_name && strcmp(sync_name, sync_names[0]) == 0) {
+    plan->global_sync = WAGMA_GLOBAL_BARRIER;
+  } else if (sync_name && strcmp(sync_name, sync_names[1]) == 0) {
+    plan->global_sync = WAGMA_GLOBAL_WAIT_AVOIDING;
+  } else {
+    set_err(err, err_len, "global_sync: expected \"barrier\" or \"wait-avoiding\"");
+    rc = WAGMA_EINVAL;
+    goto out;
+  }
+  if ((rc = decode_members(&d, json_object_get(root, "members"), plan)) != 0)
+    goto out;
+  if ((rc = decode_phases(&d, json_object_get(root, "phases"), plan)) != 0)
+    goto out;
+  rc = wagma_plan_validate(plan, err, err_len);
+out:
+  json_decref(root);
+  if (rc != 0)
+    wagma_plan_free(plan);
+  return rc;
+}
