@@ -1,4 +1,4 @@
-/* layers.c — layer kernels: dense, convolution (im2col + sgemm), pooling, activations and
+/* layers.c — layer kernels: dense, convolution (im2col + sgemm per image), pooling, activations and
  * softmax cross-entropy, forward and backward.
  *
  * Owns nothing: every buffer is the caller's (models.c sizes them for its max batch). No
@@ -60,105 +60,110 @@ size_t wg_conv_cols_len(const wg_conv_shape_t *s, size_t n) {
 }
 
 size_t wg_conv_tmp_len(const wg_conv_shape_t *s, size_t n) {
-  return s->oc * n * s->oh * s->ow;
+  (void)n;
+  return s->c * s->k * s->k * s->oh * s->ow;
 }
 
-/* cols[(ci*k + ki)*k + kj][img*oh*ow + oy*ow + ox] = x[img][ci][oy+ki-pad][ox+kj-pad] (0 outside)
- */
-static void im2col(const wg_conv_shape_t *s, size_t n, const float *x, float *cols) {
-  const size_t ohw = s->oh * s->ow, row_len = n * ohw;
+/* Output columns ox whose input column ox + kj - pad lies inside 0..w-1: [*lo, *hi). */
+static void valid_cols(const wg_conv_shape_t *s, size_t kj, size_t *lo, size_t *hi) {
+  long a = (long)s->pad - (long)kj, b = (long)s->w + (long)s->pad - (long)kj;
+  *lo = a < 0 ? 0 : (size_t)a;
+  *hi = b > (long)s->ow ? s->ow : (b < 0 ? 0 : (size_t)b);
+  if (*hi < *lo)
+    *hi = *lo;
+}
+
+/* One image: cols[(ci*k + ki)*k + kj][oy*ow + ox] = x[ci][oy+ki-pad][ox+kj-pad] (0 outside). */
+static void im2col(const wg_conv_shape_t *s, const float *x, float *cols) {
+  const size_t ohw = s->oh * s->ow;
   for (size_t ci = 0; ci < s->c; ci++)
     for (size_t ki = 0; ki < s->k; ki++)
       for (size_t kj = 0; kj < s->k; kj++) {
-        float *row = cols + ((ci * s->k + ki) * s->k + kj) * row_len;
-        for (size_t img = 0; img < n; img++) {
-          const float *plane = x + (img * s->c + ci) * s->h * s->w;
-          for (size_t oy = 0; oy < s->oh; oy++) {
-            float *dst = row + img * ohw + oy * s->ow;
-            long iy = (long)oy + (long)ki - (long)s->pad;
-            if (iy < 0 || iy >= (long)s->h) {
-              memset(dst, 0, s->ow * sizeof(float));
-              continue;
-            }
-            const float *src = plane + (size_t)iy * s->w;
-            for (size_t ox = 0; ox < s->ow; ox++) {
-              long ix = (long)ox + (long)kj - (long)s->pad;
-              dst[ox] = (ix < 0 || ix >= (long)s->w) ? 0.0f : src[ix];
-            }
+        float *row = cols + ((ci * s->k + ki) * s->k + kj) * ohw;
+        const float *plane = x + ci * s->h * s->w;
+        size_t lo, hi;
+        valid_cols(s, kj, &lo, &hi);
+        for (size_t oy = 0; oy < s->oh; oy++) {
+          float *dst = row + oy * s->ow;
+          long iy = (long)oy + (long)ki - (long)s->pad;
+          if (iy < 0 || iy >= (long)s->h) {
+            memset(dst, 0, s->ow * sizeof(float));
+            continue;
           }
+          const float *src = plane + (size_t)iy * s->w;
+          for (size_t ox = 0; ox < lo; ox++)
+            dst[ox] = 0.0f;
+          for (size_t ox = lo; ox < hi; ox++) /* ox + kj >= pad for ox >= lo */
+            dst[ox] = src[ox + kj - s->pad];
+          for (size_t ox = hi; ox < s->ow; ox++)
+            dst[ox] = 0.0f;
         }
       }
 }
 
-/* The adjoint of im2col: dx = sum of the column entries that read each input element. */
-static void col2im(const wg_conv_shape_t *s, size_t n, const float *cols, float *dx) {
-  const size_t ohw = s->oh * s->ow, row_len = n * ohw;
-  memset(dx, 0, n * s->c * s->h * s->w * sizeof(float));
+/* The adjoint of im2col for one image: dx = sum of the column entries reading each input. */
+static void col2im(const wg_conv_shape_t *s, const float *cols, float *dx) {
+  const size_t ohw = s->oh * s->ow;
+  memset(dx, 0, s->c * s->h * s->w * sizeof(float));
   for (size_t ci = 0; ci < s->c; ci++)
     for (size_t ki = 0; ki < s->k; ki++)
       for (size_t kj = 0; kj < s->k; kj++) {
-        const float *row = cols + ((ci * s->k + ki) * s->k + kj) * row_len;
-        for (size_t img = 0; img < n; img++) {
-          float *plane = dx + (img * s->c + ci) * s->h * s->w;
-          for (size_t oy = 0; oy < s->oh; oy++) {
-            long iy = (long)oy + (long)ki - (long)s->pad;
-            if (iy < 0 || iy >= (long)s->h)
-              continue;
-            const float *src = row + img * ohw + oy * s->ow;
-            float *dst = plane + (size_t)iy * s->w;
-            for (size_t ox = 0; ox < s->ow; ox++) {
-              long ix = (long)ox + (long)kj - (long)s->pad;
-              if (ix >= 0 && ix < (long)s->w)
-                dst[ix] += src[ox];
-            }
-          }
+        const float *row = cols + ((ci * s->k + ki) * s->k + kj) * ohw;
+        float *plane = dx + ci * s->h * s->w;
+        size_t lo, hi;
+        valid_cols(s, kj, &lo, &hi);
+        for (size_t oy = 0; oy < s->oh; oy++) {
+          long iy = (long)oy + (long)ki - (long)s->pad;
+          if (iy < 0 || iy >= (long)s->h)
+            continue;
+          const float *src = row + oy * s->ow;
+          float *dst = plane + (size_t)iy * s->w;
+          for (size_t ox = lo; ox < hi; ox++)
+            dst[ox + kj - s->pad] += src[ox];
         }
       }
 }
 
+/* Per image (its columns stay in cache between im2col and sgemm): y_img[oc][oh*ow] =
+ * w[oc][c*k*k] . cols_img[c*k*k][oh*ow] + b. */
 void wg_conv_forward(const wg_conv_shape_t *s, size_t n, const float *x, const float *w,
                      const float *b, float *y, float *cols, float *tmp) {
-  const size_t ohw = s->oh * s->ow, ckk = s->c * s->k * s->k, cols_n = n * ohw;
-  im2col(s, n, x, cols);
-  /* tmp[oc][n*ohw] = w[oc][ckk] . cols[ckk][n*ohw] */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->oc, (int)cols_n, (int)ckk, 1.0f, w,
-              (int)ckk, cols, (int)cols_n, 0.0f, tmp, (int)cols_n);
-  for (size_t img = 0; img < n; img++)
-    for (size_t o = 0; o < s->oc; o++) {
-      const float *src = tmp + o * cols_n + img * ohw;
-      float *dst = y + (img * s->oc + o) * ohw;
+  (void)tmp;
+  const size_t ohw = s->oh * s->ow, ckk = s->c * s->k * s->k;
+  for (size_t img = 0; img < n; img++) {
+    float *ci = cols + img * ckk * ohw, *yi = y + img * s->oc * ohw;
+    im2col(s, x + img * s->c * s->h * s->w, ci);
+    for (size_t o = 0; o < s->oc; o++)
       for (size_t p = 0; p < ohw; p++)
-        dst[p] = src[p] + b[o];
-    }
+        yi[o * ohw + p] = b[o];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->oc, (int)ohw, (int)ckk, 1.0f, w,
+                (int)ckk, ci, (int)ohw, 1.0f, yi, (int)ohw);
+  }
 }
 
-void wg_conv_backward(const wg_conv_shape_t *s, size_t n, float *cols, const float *w,
+void wg_conv_backward(const wg_conv_shape_t *s, size_t n, const float *cols, const float *w,
                       const float *dy, float *dw, float *db, float *dx, float *tmp) {
-  const size_t ohw = s->oh * s->ow, ckk = s->c * s->k * s->k, cols_n = n * ohw;
+  const size_t ohw = s->oh * s->ow, ckk = s->c * s->k * s->k;
   for (size_t o = 0; o < s->oc; o++)
     db[o] = 0.0f;
-  for (size_t img = 0; img < n; img++)
+  for (size_t img = 0; img < n; img++) {
+    const float *dyi = dy + img * s->oc * ohw, *ci = cols + img * ckk * ohw;
     for (size_t o = 0; o < s->oc; o++) {
-      const float *src = dy + (img * s->oc + o) * ohw;
-      float *dst = tmp + o * cols_n + img * ohw;
       float sum = 0.0f;
-      for (size_t p = 0; p < ohw; p++) {
-        dst[p] = src[p];
-        sum += src[p];
-      }
+      for (size_t p = 0; p < ohw; p++)
+        sum += dyi[o * ohw + p];
       db[o] += sum;
     }
-  /* dw[oc][ckk] = tmp[oc][n*ohw] . cols^T */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->oc, (int)ckk, (int)cols_n, 1.0f, tmp,
-              (int)cols_n, cols, (int)cols_n, 0.0f, dw, (int)ckk);
-  if (!dx)
-    return;
-  /* dcols[ckk][n*ohw] = w^T . tmp, then col2im. dw no longer needs the forward's cols, so
-   * dcols reuses their memory. */
-  float *dcols = cols;
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ckk, (int)cols_n, (int)s->oc, 1.0f, w,
-              (int)ckk, tmp, (int)cols_n, 0.0f, dcols, (int)cols_n);
-  col2im(s, n, dcols, dx);
+    /* dw[oc][ckk] (+)= dy_img[oc][ohw] . cols_img^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->oc, (int)ckk, (int)ohw, 1.0f, dyi,
+                (int)ohw, ci, (int)ohw, img ? 1.0f : 0.0f, dw, (int)ckk);
+    if (!dx)
+      continue;
+    /* dcols[ckk][ohw] = w^T . dy_img, then col2im */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ckk, (int)ohw, (int)s->oc, 1.0f, w,
+                (int)ckk, dyi, (int)ohw, 0.0f, tmp, (int)ohw);
+    col2im(s, tmp, dx + img * s->c * s->h * s->w);
+  }
 }
 
 /* ------------------------------------------------------------------ pooling */
@@ -240,8 +245,10 @@ void wg_act_forward(int fn, size_t len, const float *x, float *y) {
     for (size_t i = 0; i < len; i++)
       y[i] = tanhf(x[i]);
   } else {
-    for (size_t i = 0; i < len; i++)
-      y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (size_t i = 0; i < len; i++) { /* unconditional loads + select: vectorizes */
+      float v = x[i];
+      y[i] = v > 0.0f ? v : 0.0f;
+    }
   }
 }
 
@@ -250,8 +257,10 @@ void wg_act_backward(int fn, size_t len, const float *y, const float *dy, float 
     for (size_t i = 0; i < len; i++)
       dx[i] = dy[i] * (1.0f - y[i] * y[i]);
   } else {
-    for (size_t i = 0; i < len; i++)
-      dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+    for (size_t i = 0; i < len; i++) {
+      float g = dy[i];
+      dx[i] = y[i] > 0.0f ? g : 0.0f;
+    }
   }
 }
 

@@ -26,16 +26,16 @@ typedef struct wg_conv_shape {
 /* Fills oh/ow; returns 0, or -1 when the kernel does not fit. */
 int wg_conv_shape_init(wg_conv_shape_t *s, size_t c, size_t h, size_t w, size_t oc, size_t k,
                        size_t pad);
-/* Scratch floats the conv kernels need for a batch of n: cols (c*k*k x n*oh*ow) kept from
- * forward to backward, and tmp (oc x n*oh*ow). */
+/* Scratch floats the conv kernels need for a batch of n: cols (n images x c*k*k x oh*ow) kept
+ * from forward to backward, and tmp (c*k*k x oh*ow, backward only). */
 size_t wg_conv_cols_len(const wg_conv_shape_t *s, size_t n);
 size_t wg_conv_tmp_len(const wg_conv_shape_t *s, size_t n);
-/* Forward through im2col + one sgemm for the whole batch; leaves the im2col matrix in cols. */
+/* Forward through im2col + sgemm image by image (an image's columns stay in cache between the
+ * two); leaves the im2col matrices in cols. tmp is unused (may be NULL). */
 void wg_conv_forward(const wg_conv_shape_t *s, size_t n, const float *x, const float *w,
                      const float *b, float *y, float *cols, float *tmp);
-/* cols must hold what wg_conv_forward left for the same x; when dx is not NULL they are used
- * as scratch afterwards (overwritten), so call backward once per forward. */
-void wg_conv_backward(const wg_conv_shape_t *s, size_t n, float *cols, const float *w,
+/* cols must hold what wg_conv_forward left for the same x (they are only read). */
+void wg_conv_backward(const wg_conv_shape_t *s, size_t n, const float *cols, const float *w,
                       const float *dy, float *dw, float *db, float *dx, float *tmp);
 
 /* Pooling, window k x k with stride k (floor of the output size). argmax (n*c*oh*ow) records the

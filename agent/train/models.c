@@ -6,7 +6,7 @@
  * own (OpenBLAS may run its pool inside sgemm). Invariants: layer i's parameters are
  * params[p_off, p_off + w_len) (weights, row-major as the kernels expect) followed by b_len
  * biases; backward() overwrites every gradient entry, so grads never need zeroing; backward is
- * valid only right after a forward (it consumes the conv scratch). */
+ * valid once, right after a forward (it uses that forward's activations and conv columns). */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -510,7 +510,7 @@ int wagma_model_backward(wagma_model_t *m) {
     }
     cur = 1 - cur;
   }
-  m->last_n = 0; /* conv scratch is consumed */
+  m->last_n = 0; /* one backward per forward */
   return WAGMA_OK;
 }
 

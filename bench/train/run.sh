@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# bench/train/run.sh — single-process CPU training throughput: wagma_train vs PyTorch (baseline),
+# same models, batch size, optimizer and data, one thread each. Prints both and the ratio.
+#
+# Environment (optional): WAGMA_BUILD_DIR (default build), BATCH (64), STEPS (300),
+# MODELS ("lenet5 mlp"), DATA (fashion|synthetic), ROUNDS (3: best of N, alternating runs).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${WAGMA_BUILD_DIR:-build}
+batch=${BATCH:-64}
+steps=${STEPS:-300}
+models=${MODELS:-lenet5 mlp}
+data=${DATA:-fashion}
+rounds=${ROUNDS:-3}
+
+if [ ! -x "$build/bench/train/bench_train" ]; then
+  cmake -S . -B "$build" >/dev/null
+  cmake --build "$build" --target bench_train -j"$(nproc)" >/dev/null
+fi
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+have_torch=1
+/usr/bin/python3 -c "import torch" 2>/dev/null || have_torch=0
+
+margs=()
+for m in $models; do margs+=(--model "$m"); done
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+for ((r = 0; r < rounds; r++)); do
+  "$build/bench/train/bench_train" "${margs[@]}" --batch "$batch" --steps "$steps" \
+    --threads 1 --data "$data" | tee -a "$out"
+  if [ "$have_torch" = 1 ]; then
+    /usr/bin/python3 bench/train/torch_baseline.py "${margs[@]}" --batch "$batch" \
+      --steps "$steps" --data "$data" | tee -a "$out"
+  fi
+done
+[ "$have_torch" = 1 ] || echo "torch not importable by /usr/bin/python3: no baseline (apt-get install python3-torch)"
+
+echo
+echo "best of $rounds, batch $batch, $steps timed steps, 1 thread ($(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
+printf '%-8s %14s %14s %8s\n' model "wagma samples/s" "torch samples/s" ratio
+for m in $models; do
+  w=$(awk -v m="$m" '$1=="wagma" && $2==m && $9=="samples/s" {if ($10>b) b=$10} END {print b+0}' "$out")
+  t=$(awk -v m="$m" '$1=="torch" && $2==m && $9=="samples/s" {if ($10>b) b=$10} END {print b+0}' "$out")
+  ratio=$(awk -v w="$w" -v t="$t" 'BEGIN {if (t > 0) printf "%.2fx", w / t; else print "n/a"}')
+  printf '%-8s %14s %14s %8s\n' "$m" "$w" "$t" "$ratio"
+done
