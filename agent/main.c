@@ -105,7 +105,7 @@ static void usage(FILE *f) {
           "  --threads N             BLAS threads (default 1)\n"
           "  --connect-timeout S     mesh setup deadline of a new epoch (default 20)\n"
           "  --collective-timeout S  deadline of blocking collectives and barrier global\n"
-          "                          rounds (default 10)\n"
+          "                          rounds (default 5)\n"
           "  --round-deadline S      floor of a group round's deadline (default 1)\n"
           "  --progress-interval S   seconds between progress writes (default 1)\n"
           "  --linger S              a finished agent keeps serving its peers this long\n"
@@ -182,7 +182,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->eval_samples = 2000;
   o->threads = 1;
   o->connect_timeout_s = 20;
-  o->collective_timeout_s = 10;
+  o->collective_timeout_s = 5;
   o->round_deadline_s = 1;
   o->progress_interval_s = 1;
   o->linger_s = 60;

@@ -287,26 +287,36 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
   if (!j->comm)
     return;
 
-  /* Global sync: joiners weight 0 receive the model; a fresh start begins from the checkpoint
-   * (every member loads the same file) or from the seed (the same on every member). */
+  /* Global sync: joiners (weight 0) receive the model and the iteration from the others. A
+   * member without a model that the plan does not mark as a joiner is part of a fresh start
+   * (the coordinator marks no joiner when nobody survived): it begins from the job's
+   * checkpoint when one is recorded (every member loads the same file), else from the seed
+   * (the same on every member), with weight 1. */
+  int plan_joiner = j->plan.members[j->rank].joiner && !all_joiners;
   if (!j->have_model) {
-    if (all_joiners && have_ck && ck->path[0] && load_checkpoint(r, ck) == 0) {
+    if (!plan_joiner && have_ck && ck->path[0] && load_checkpoint(r, ck) == 0) {
       /* j->iteration set from the file */
     } else {
       wagma_model_init(j->model, j->cfg.seed);
       wagma_optim_reset(j->optim);
       j->iteration = j->plan.start_round;
+      j->have_model = !plan_joiner;
     }
   }
-  int joiner = j->plan.members[j->rank].joiner || !j->have_model;
-  float weight = (joiner && !all_joiners) ? 0.0f : 1.0f;
+  int joiner = plan_joiner;
+  float weight = joiner ? 0.0f : 1.0f;
   size_t n = j->nparams + j->nstate + 1;
   float *state = wagma_optim_state(j->optim, NULL);
   memcpy(j->sync_buf, wagma_model_params(j->model), j->nparams * sizeof(float));
   if (j->nstate)
     memcpy(j->sync_buf + j->nparams, state, j->nstate * sizeof(float));
   j->sync_buf[n - 1] = (float)j->iteration;
-  e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
+  /* The communicator moves at most nparams floats per call: the same chunks on every member. */
+  e = 0;
+  for (size_t off = 0; off < n && e == 0; off += j->nparams) {
+    size_t len = n - off < j->nparams ? n - off : j->nparams;
+    e = wagma_comm_average(j->comm, j->sync_buf + off, len, weight);
+  }
   if (e == 0) {
     memcpy(wagma_model_params(j->model), j->sync_buf, j->nparams * sizeof(float));
     if (j->nstate)
@@ -369,6 +379,7 @@ static void train_once(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   uint64_t before = j->iteration;
   int e = wg_algo_iteration(r);
+  j->have_model = 1; /* trained: from now on this is the job's model, to keep */
   if (e == WAGMA_ECLOSED) {
     close_comm(j); /* unusable: wait for the next plan */
     return;

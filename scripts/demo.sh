@@ -6,7 +6,7 @@
 # Everything it starts it stops BY PID (trap on EXIT) and its temp dir is removed.
 # Knobs (environment): WAGMA_DEMO_SKIP_DEPS=1 (do not run scripts/deps.sh),
 # WAGMA_DEMO_SKIP_BUILD=1, WAGMA_BUILD_DIR (default build), WAGMA_DEMO_MODEL (mlp | lenet5 |
-# softmax), WAGMA_DEMO_ALGORITHM (wagma | allreduce | local-sgd), WAGMA_DEMO_ITERATIONS (700),
+# softmax), WAGMA_DEMO_ALGORITHM (wagma | allreduce | local-sgd), WAGMA_DEMO_ITERATIONS (1000),
 # WAGMA_DEMO_DATASET (fashion-mnist | synthetic), WAGMA_DEMO_TIMEOUT (seconds, 900).
 set -euo pipefail
 
@@ -14,7 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${WAGMA_BUILD_DIR:-$ROOT/build}"
 MODEL="${WAGMA_DEMO_MODEL:-mlp}"
 ALGORITHM="${WAGMA_DEMO_ALGORITHM:-wagma}"
-ITERATIONS="${WAGMA_DEMO_ITERATIONS:-700}"
+ITERATIONS="${WAGMA_DEMO_ITERATIONS:-1000}"
 DATASET="${WAGMA_DEMO_DATASET:-fashion-mnist}"
 TIMEOUT="${WAGMA_DEMO_TIMEOUT:-900}"
 AGENTS=4
@@ -131,7 +131,7 @@ say "POST /v1/jobs $(echo "$SPEC" | tr -d '\n')"
 curl -fsS -X POST -H 'Content-Type: application/json' -d "$SPEC" "$API/v1/jobs" >/dev/null
 
 field() { grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
-mean_of() { grep -o "\"$1\":[0-9.eE+-]*" | cut -d: -f2 | awk '{s+=$1; n++} END {if (n) printf "%.4f", s/n; else print "-"}'; }
+mean_of() { grep -o "\"$1\":[0-9][0-9.eE+-]*" | cut -d: -f2 | awk '{s+=$1; n++} END {if (n) printf "%.4f", s/n; else print "-"}'; }
 
 start=$SECONDS
 state=pending

@@ -1,0 +1,75 @@
+/* cluster.h — a real wagma cluster on 127.0.0.1 for the agent's integration tests: one etcd
+ * (tests/support/etcd_fixture), one wagma-coordinator and N wagma-agent processes, all on free
+ * ports, all stopped BY PID (children also get PR_SET_PDEATHSIG). Logs go to files in a temp
+ * dir, printed when a test fails (cluster_dump_logs). Binaries come from $WAGMA_AGENT_BIN and
+ * $WAGMA_COORDINATOR_BIN (set by CMake). REST calls go through libcurl, JSON through jansson.
+ * Test code: functions return 0 / -1 and print why on stderr. */
+#ifndef WAGMA_TEST_AGENT_CLUSTER_H
+#define WAGMA_TEST_AGENT_CLUSTER_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "etcd_fixture.h"
+
+#define CLUSTER_MAX_AGENTS 8
+
+typedef struct cluster {
+  etcd_fixture_t *etcd;
+  char dir[256];
+  char api[64]; /* "http://127.0.0.1:<port>" */
+  pid_t coordinator;
+  int nagents;
+  pid_t agent[CLUSTER_MAX_AGENTS];
+  char agent_name[CLUSTER_MAX_AGENTS][32];
+  const char *const *agent_args; /* extra flags of every agent (NULL-terminated) */
+} cluster_t;
+
+/* Starts etcd, the coordinator and nagents agents (agent-0 ...), each with agent_args (may be
+ * NULL) plus its own extra[i] flags (extra may be NULL). Waits until all agents registered. */
+int cluster_start(cluster_t *c, int nagents, const char *const *agent_args);
+/* Starts one more agent (agent-<n>) with extra flags (NULL-terminated, may be NULL); returns
+ * its index or -1. */
+int cluster_add_agent(cluster_t *c, const char *const *extra);
+/* Stops every process (SIGTERM, then SIGKILL after a grace period), removes the temp dir. */
+void cluster_stop(cluster_t *c);
+void cluster_dump_logs(const cluster_t *c);
+/* Waits until n agents are registered (GET /v1/agents). */
+int cluster_wait_agents(cluster_t *c, int n, double timeout_s);
+
+/* One REST call: *status = HTTP status, *body (may be NULL) = the response (caller frees). */
+int cluster_http(const cluster_t *c, const char *method, const char *path, const char *json,
+                 long *status, char **body);
+
+/* A snapshot of GET /v1/jobs/{id}. */
+typedef struct job_member {
+  char name[64];
+  int has_progress;
+  char state[16];
+  uint64_t iteration, epoch;
+  double loss, accuracy;
+  uint64_t rounds_activated, rounds_joined;
+} job_member_t;
+
+typedef struct job_view {
+  char state[16];
+  uint64_t epoch, iteration;
+  int nmembers;
+  job_member_t members[CLUSTER_MAX_AGENTS];
+} job_view_t;
+
+int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v);
+/* Polls the job until state is want (or a terminal state, which fails unless wanted). */
+int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want,
+                           double timeout_s, job_view_t *v);
+/* The member named name in v, or NULL. */
+const job_member_t *job_member(const job_view_t *v, const char *name);
+/* Smallest iteration over the members with progress (0 when none). */
+uint64_t job_min_iteration(const job_view_t *v);
+
+double cluster_now(void);
+void cluster_sleep(double s);
+
+#endif
