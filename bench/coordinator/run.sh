@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Coordinator REST benchmark on loopback with wrk.
+#   bench/coordinator/run.sh [BUILD_DIR] [DURATION_S] [CONNECTIONS]
+# Starts its own etcd and wagma-coordinator on free ports (stopped by PID at exit), registers 8
+# fake agents (leased keys), submits one running job with 8 members, then measures:
+#   baseline  GET /healthz          (no etcd round trip: the HTTP server's own cost)
+#             GET /v1/jobs/{id}     (one etcd Range + JSON of spec, status, 8 members)
+#             POST /v1/jobs         (one etcd Txn + one Range; unique names)
+# and prints each one's throughput and latency with the ratio to the baseline.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-coord}
+dur=${2:-10}
+conns=${3:-16}
+coord=$build/coordinator/wagma-coordinator
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+cport=$(free_port); pport=$(free_port); hport=$(free_port)
+etcd --data-dir "$tmp/etcd" --listen-client-urls "http://127.0.0.1:$cport" \
+  --advertise-client-urls "http://127.0.0.1:$cport" --listen-peer-urls "http://127.0.0.1:$pport" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+  --initial-cluster "default=http://127.0.0.1:$pport" >"$tmp/etcd.log" 2>&1 &
+pids+=($!)
+export ETCDCTL_API=3
+E="etcdctl --endpoints=127.0.0.1:$cport"
+for _ in $(seq 100); do $E endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
+"$coord" --etcd "127.0.0.1:$cport" --listen "127.0.0.1:$hport" --log-level warn \
+  --threads 4 >"$tmp/coord.log" 2>&1 &
+pids+=($!)
+base="http://127.0.0.1:$hport"
+for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null && break; sleep 0.1; done
+lease=$($E lease grant 600 | awk '{print $2}')
+for i in $(seq 0 7); do
+  $E put --lease="$lease" "/wagma/agents/agent-$i" "{\"address\":\"127.0.0.1:$((7000 + i))\"}" >/dev/null
+done
+curl -sf -XPOST -H 'Content-Type: application/json' \
+  -d '{"name":"bench","workers":8,"iterations":1000}' "$base/v1/jobs" >/dev/null
+for _ in $(seq 100); do
+  curl -sf "$base/v1/jobs/bench" | grep -q '"state":"running"' && break; sleep 0.1
+done
+echo "cpu: $(nproc) cores; wrk -t2 -c$conns -d${dur}s; coordinator --threads 4; etcd on loopback"
+run() { # label, wrk args...
+  local label=$1; shift
+  local out; out=$(wrk -t2 -c"$conns" -d"${dur}s" --latency "$@")
+  local rps p50 p99
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  p50=$(echo "$out" | awk '$1=="50%" {print $2}')
+  p99=$(echo "$out" | awk '$1=="99%" {print $2}')
+  local non2xx; non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
+  echo "$label|$rps|$p50|$p99|${non2xx:-0}"
+}
+results=()
+results+=("$(run "GET /healthz (baseline)" "$base/healthz")")
+results+=("$(run "GET /v1/jobs/{id}" "$base/v1/jobs/bench")")
+results+=("$(run "POST /v1/jobs" -s "$root/bench/coordinator/post_job.lua" "$base/v1/jobs")")
+baseline=$(echo "${results[0]}" | cut -d'|' -f2)
+echo
+echo "| request | req/s | p50 | p99 | non-2xx | throughput vs baseline |"
+echo "|---|---|---|---|---|---|"
+for r in "${results[@]}"; do
+  IFS='|' read -r label rps p50 p99 non <<<"$r"
+  ratio=$(python3 -c "print(f'{float($rps)/float($baseline):.2f}x')")
+  echo "| $label | $rps | $p50 | $p99 | $non | $ratio |"
+done
+echo
+echo "plan computation (bench_plan):"
+"$build/bench/coordinator/bench_plan"
