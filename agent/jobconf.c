@@ -25,8 +25,8 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->model = spec.model == WAGMA_MODEL_MLP      ? WG_MODEL_MLP
                : spec.model == WAGMA_MODEL_LENET5 ? WG_MODEL_LENET5
                                                   : WG_MODEL_SOFTMAX;
-  cfg->dataset = spec.dataset == WAGMA_DATASET_SYNTHETIC ? WG_DATA_SYNTHETIC
-                                                          : WG_DATA_FASHION_MNIST;
+  cfg->dataset =
+      spec.dataset == WAGMA_DATASET_SYNTHETIC ? WG_DATA_SYNTHETIC : WG_DATA_FASHION_MNIST;
   cfg->algorithm = spec.algorithm == WAGMA_ALGO_ALLREDUCE   ? WG_ALGO_ALLREDUCE
                    : spec.algorithm == WAGMA_ALGO_LOCAL_SGD ? WG_ALGO_LOCAL_SGD
                                                             : WG_ALGO_WAGMA;
@@ -77,9 +77,9 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
 }
 
 char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent) {
-  json_t *o = json_pack("{s:s, s:I, s:I, s:s, s:f}", "path", r->path, "iteration",
-                        (json_int_t)r->iteration, "epoch", (json_int_t)r->epoch, "agent", agent,
-                        "time", wg_wall());
+  json_t *o =
+      json_pack("{s:s, s:I, s:I, s:s, s:f}", "path", r->path, "iteration", (json_int_t)r->iteration,
+                "epoch", (json_int_t)r->epoch, "agent", agent, "time", wg_wall());
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return s;

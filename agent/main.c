@@ -51,7 +51,10 @@ void wg_agent_log(void *user, int level, const char *msg) {
   gmtime_r(&ts.tv_sec, &tm);
   strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
   fprintf(stderr, "%s.%03ldZ %-5s wagma-agent[%s]: %s\n", when, ts.tv_nsec / 1000000L,
-          names[level < 0 ? 0 : level > 3 ? 3 : level], user ? (const char *)user : "-", msg);
+          names[level < 0   ? 0
+                : level > 3 ? 3
+                            : level],
+          user ? (const char *)user : "-", msg);
 }
 
 int wg_shared_init(wg_shared_t *s) {
@@ -144,31 +147,30 @@ static int valid_hostport(const char *s) {
   } while (0)
 
 static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
-  static const struct option longs[] = {
-      {"etcd", required_argument, 0, 'e'},
-      {"name", required_argument, 0, 'n'},
-      {"listen", required_argument, 0, 'l'},
-      {"prefix", required_argument, 0, 'p'},
-      {"device", required_argument, 0, 'D'},
-      {"capacity", required_argument, 0, 'c'},
-      {"lease-ttl", required_argument, 0, 'L'},
-      {"etcd-timeout-ms", required_argument, 0, 'E'},
-      {"data-dir", required_argument, 0, 'd'},
-      {"synthetic-train", required_argument, 0, 'S'},
-      {"synthetic-test", required_argument, 0, 'T'},
-      {"eval-samples", required_argument, 0, 'V'},
-      {"threads", required_argument, 0, 't'},
-      {"connect-timeout", required_argument, 0, 'C'},
-      {"collective-timeout", required_argument, 0, 'G'},
-      {"round-deadline", required_argument, 0, 'R'},
-      {"progress-interval", required_argument, 0, 'P'},
-      {"linger", required_argument, 0, 'g'},
-      {"slow-factor", required_argument, 0, 'f'},
-      {"sleep-prob", required_argument, 0, 'b'},
-      {"sleep-ms", required_argument, 0, 'm'},
-      {"log-level", required_argument, 0, 'v'},
-      {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+  static const struct option longs[] = {{"etcd", required_argument, 0, 'e'},
+                                        {"name", required_argument, 0, 'n'},
+                                        {"listen", required_argument, 0, 'l'},
+                                        {"prefix", required_argument, 0, 'p'},
+                                        {"device", required_argument, 0, 'D'},
+                                        {"capacity", required_argument, 0, 'c'},
+                                        {"lease-ttl", required_argument, 0, 'L'},
+                                        {"etcd-timeout-ms", required_argument, 0, 'E'},
+                                        {"data-dir", required_argument, 0, 'd'},
+                                        {"synthetic-train", required_argument, 0, 'S'},
+                                        {"synthetic-test", required_argument, 0, 'T'},
+                                        {"eval-samples", required_argument, 0, 'V'},
+                                        {"threads", required_argument, 0, 't'},
+                                        {"connect-timeout", required_argument, 0, 'C'},
+                                        {"collective-timeout", required_argument, 0, 'G'},
+                                        {"round-deadline", required_argument, 0, 'R'},
+                                        {"progress-interval", required_argument, 0, 'P'},
+                                        {"linger", required_argument, 0, 'g'},
+                                        {"slow-factor", required_argument, 0, 'f'},
+                                        {"sleep-prob", required_argument, 0, 'b'},
+                                        {"sleep-ms", required_argument, 0, 'm'},
+                                        {"log-level", required_argument, 0, 'v'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   double v;
   int c;
   memset(o, 0, sizeof *o);

@@ -385,9 +385,8 @@ static void publish(wg_control_t *c, int force) {
   int have_progress = 0, have_ck = 0;
   char key[256];
   pthread_mutex_lock(&c->shared->mu);
-  if (c->shared->progress_dirty &&
-      (force || c->shared->progress_urgent ||
-       wg_mono() - c->last_progress >= c->opt->progress_interval_s)) {
+  if (c->shared->progress_dirty && (force || c->shared->progress_urgent ||
+                                    wg_mono() - c->last_progress >= c->opt->progress_interval_s)) {
     snap = c->shared->progress;
     c->shared->progress_dirty = c->shared->progress_urgent = 0;
     have_progress = 1;

@@ -79,8 +79,8 @@ static void share_progress(wg_runner_ctx_t *r, int state, const char *error, int
   p->loss = j->loss_ema;
   p->accuracy = j->accuracy;
   p->step_time = j->step_ema;
-  p->staleness = j->staleness_shown > j->staleness_window ? j->staleness_shown
-                                                          : j->staleness_window;
+  p->staleness =
+      j->staleness_shown > j->staleness_window ? j->staleness_shown : j->staleness_window;
   p->rounds_activated = j->base.rounds_activated + cc.rounds_activated;
   p->rounds_joined = j->base.rounds_joined + cc.rounds_joined;
   p->rounds_left_out = j->base.rounds_left_out + cc.rounds_left_out;
@@ -154,8 +154,8 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   if ((e = wagma_model_create(&mc, &j->model, err, sizeof err)))
     goto out;
   wagma_model_init(j->model, cfg->seed);
-  wagma_optim_config_t oc = wagma_optim_defaults(cfg->optimizer == WG_OPT_ADAM ? WAGMA_OPTIM_ADAM
-                                                                               : WAGMA_OPTIM_SGD);
+  wagma_optim_config_t oc =
+      wagma_optim_defaults(cfg->optimizer == WG_OPT_ADAM ? WAGMA_OPTIM_ADAM : WAGMA_OPTIM_SGD);
   oc.schedule.lr = (float)cfg->lr;
   oc.schedule.warmup_steps = cfg->warmup;
   oc.momentum = (float)cfg->momentum;
@@ -177,9 +177,9 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   wagma_rng_seed(&j->straggler_rng, wagma_seed_derive(cfg->seed ^ 0x5157u, r->opt->name));
   j->active = 1;
   RLOG(r, WAGMA_LOG_INFO,
-       "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d (%.2f s)",
-       cfg->job, wagma_model_describe(j->model), j->nparams, j->train.n, j->test.n,
-       cfg->batch_size, wg_mono() - t0);
+       "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d (%.2f s)", cfg->job,
+       wagma_model_describe(j->model), j->nparams, j->train.n, j->test.n, cfg->batch_size,
+       wg_mono() - t0);
 out:
   if (e) {
     char why[300];
@@ -278,8 +278,8 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
     if ((e = wagma_comm_create(&co, &j->comm)) == 0)
       break;
     j->comm = NULL;
-    RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s",
-         j->cfg.job, (unsigned long long)j->epoch, wagma_strerror(e));
+    RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s", j->cfg.job,
+         (unsigned long long)j->epoch, wagma_strerror(e));
     if (wg_shared_stopping(r->shared))
       return;
     wg_sleep_s(1.0);
@@ -462,8 +462,8 @@ static void *runner_main(void *arg) {
     }
     if (!j->comm || j->done) {
       if (j->done && j->comm && wg_mono() - j->done_at > r->opt->linger_s) {
-        RLOG(r, WAGMA_LOG_INFO, "job %s: finished %.0f s ago; closing the communicator",
-             j->cfg.job, r->opt->linger_s);
+        RLOG(r, WAGMA_LOG_INFO, "job %s: finished %.0f s ago; closing the communicator", j->cfg.job,
+             r->opt->linger_s);
         close_comm(j);
       }
       wait_shared(r, gen, 0.2);

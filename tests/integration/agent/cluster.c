@@ -123,8 +123,9 @@ int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
   snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
   snprintf(c->api, sizeof c->api, "http://127.0.0.1:%d", port);
   snprintf(log, sizeof log, "%s/coordinator.log", c->dir);
-  char *cargv[] = {(char *)bin, "--etcd", (char *)etcd_fixture_endpoints(c->etcd), "--listen",
-                   listen, "--lease-ttl", "3", NULL};
+  char *cargv[] = {(char *)bin, "--etcd", (char *)etcd_fixture_endpoints(c->etcd),
+                   "--listen",  listen,   "--lease-ttl",
+                   "3",         NULL};
   c->coordinator = spawn(cargv, log);
   if (c->coordinator <= 0)
     return -1;
@@ -300,8 +301,8 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
   return 0;
 }
 
-int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want,
-                           double timeout_s, job_view_t *v) {
+int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want, double timeout_s,
+                           job_view_t *v) {
   double deadline = cluster_now() + timeout_s;
   while (cluster_now() < deadline) {
     if (cluster_job_get(c, job, v) == 0) {

@@ -62,8 +62,8 @@ typedef struct job_view {
 
 int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v);
 /* Polls the job until state is want (or a terminal state, which fails unless wanted). */
-int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want,
-                           double timeout_s, job_view_t *v);
+int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want, double timeout_s,
+                           job_view_t *v);
 /* The member named name in v, or NULL. */
 const job_member_t *job_member(const job_view_t *v, const char *name);
 /* Smallest iteration over the members with progress (0 when none). */

@@ -8,7 +8,11 @@
  *  - PATCH workers 3 -> 4 with a fresh agent: it joins in a new epoch (receiving the model
  *    through the weighted global sync) and trains;
  *  - SIGTERM an agent: it leaves at once (lease revoked), the job replans without waiting for
- *    the lease TTL.
+ *    the lease TTL;
+ *  - etcd down for a few seconds: the agents keep training on the last plan (same epoch, same
+ *    processes, the iteration grew across the outage);
+ *  - every agent SIGKILLed: fresh agents restart the job from its checkpoint (rank 0 wrote it
+ *    and recorded it in etcd), not from the seed.
  * Everything started is stopped by PID (cluster.c). */
 #include <setjmp.h>
 #include <signal.h>
@@ -26,10 +30,21 @@
 #define LOSS_BOUND 0.5
 #define ACC_BOUND 0.8
 
-static const char *const agent_args[] = {"--lease-ttl", "6", "--progress-interval", "0.3",
-                                         "--round-deadline", "0.3", "--synthetic-train", "4096",
-                                         "--synthetic-test", "1024", "--eval-samples", "512",
-                                         "--linger", "20", NULL};
+static const char *const agent_args[] = {"--lease-ttl",
+                                         "6",
+                                         "--progress-interval",
+                                         "0.3",
+                                         "--round-deadline",
+                                         "0.3",
+                                         "--synthetic-train",
+                                         "4096",
+                                         "--synthetic-test",
+                                         "1024",
+                                         "--eval-samples",
+                                         "512",
+                                         "--linger",
+                                         "20",
+                                         NULL};
 
 static int setup(void **state) {
   static cluster_t c;
@@ -130,8 +145,9 @@ static void converge(cluster_t *c, const char *algorithm, const char *extra) {
   assert_int_equal(v.nmembers, 4);
   for (int i = 0; i < v.nmembers; i++) {
     const job_member_t *m = &v.members[i];
-    fprintf(stderr, "  %s %s: %s iteration %llu loss %.4f accuracy %.4f activated %llu joined %llu\n",
-            job, m->name, m->state, (unsigned long long)m->iteration, m->loss, m->accuracy,
+    fprintf(stderr,
+            "  %s %s: %s iteration %llu loss %.4f accuracy %.4f activated %llu joined %llu\n", job,
+            m->name, m->state, (unsigned long long)m->iteration, m->loss, m->accuracy,
             (unsigned long long)m->rounds_activated, (unsigned long long)m->rounds_joined);
     assert_true(m->has_progress);
     assert_string_equal(m->state, "done");
@@ -248,6 +264,105 @@ static void test_kill_then_scale_up(void **state) {
   delete_job(c, job);
 }
 
+static void test_etcd_outage(void **state) {
+  cluster_t *c = *state;
+  const char *job = "outage";
+  job_view_t v;
+  submit(c, "{\"name\":\"outage\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+            "\"algorithm\":\"wagma\",\"global_sync\":\"wait-avoiding\",\"workers\":3,"
+            "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32,"
+            "\"iterations\":100000000,\"eval_every\":100}");
+  if (wait_epoch(c, job, 0, 3, 20, 60, &v) != 0)
+    cluster_dump_logs(c);
+  assert_int_equal(v.nmembers, 3);
+  uint64_t epoch = v.epoch;
+  pid_t pids[CLUSTER_MAX_AGENTS];
+  for (int i = 0; i < c->nagents; i++)
+    pids[i] = c->agent[i];
+  cluster_sleep(0.5);
+  assert_int_equal(cluster_job_get(c, job, &v), 0);
+  uint64_t before = job_min_iteration(&v);
+  assert_int_equal(etcd_fixture_kill(c->etcd, 0), 0);
+  cluster_sleep(3.0);
+  for (int i = 0; i < c->nagents; i++)
+    if (pids[i])
+      assert_true(alive(pids[i]));
+  assert_int_equal(etcd_fixture_restart(c->etcd, 0), 0);
+  /* Progress written after the outage shows training went on through it. */
+  double deadline = cluster_now() + 30;
+  uint64_t after = 0;
+  while (cluster_now() < deadline) {
+    if (cluster_job_get(c, job, &v) == 0 && v.nmembers == 3 &&
+        (after = job_min_iteration(&v)) > before + 100)
+      break;
+    cluster_sleep(0.25);
+  }
+  fprintf(stderr, "  iteration %llu before the outage, %llu after\n", (unsigned long long)before,
+          (unsigned long long)after);
+  if (after <= before + 100)
+    cluster_dump_logs(c);
+  assert_true(after > before + 100);
+  assert_int_equal(v.epoch, epoch);
+  for (int i = 0; i < c->nagents; i++)
+    assert_int_equal(c->agent[i], pids[i]);
+  delete_job(c, job);
+}
+
+static int log_contains(const cluster_t *c, int agent, const char *needle) {
+  char path[320], line[1024];
+  int found = 0;
+  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, needle) != NULL;
+  fclose(f);
+  return found;
+}
+
+static void test_restart_from_checkpoint(void **state) {
+  cluster_t *c = *state;
+  const char *job = "resume";
+  job_view_t v;
+  int live[CLUSTER_MAX_AGENTS], nlive = 0;
+  submit(c,
+         "{\"name\":\"resume\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+         "\"algorithm\":\"wagma\",\"workers\":2,\"group_size\":2,\"staleness_bound\":4,"
+         "\"batch_size\":32,\"iterations\":100000000,\"eval_every\":100,"
+         "\"checkpoint\":{\"every\":300,\"path\":\"%s/ckpt\"}}",
+         c->dir);
+  if (wait_epoch(c, job, 0, 2, 700, 60, &v) != 0)
+    cluster_dump_logs(c);
+  assert_int_equal(v.nmembers, 2);
+  /* Kill every member at once: nobody survives to hand the model over. */
+  for (int i = 0; i < c->nagents; i++)
+    if (c->agent[i] > 0 && job_member(&v, c->agent_name[i])) {
+      kill(c->agent[i], SIGKILL);
+      waitpid(c->agent[i], NULL, 0);
+      c->agent[i] = 0;
+    }
+  for (int i = 0; i < c->nagents; i++)
+    if (c->agent[i] > 0)
+      live[nlive++] = i;
+  /* Fresh agents (and the free ones) take the job over from its checkpoint. */
+  int a = cluster_add_agent(c, NULL), b = cluster_add_agent(c, NULL);
+  assert_true(a >= 0 && b >= 0);
+  uint64_t epoch0 = v.epoch;
+  if (wait_epoch(c, job, epoch0, 2, 0, 60, &v) != 0)
+    cluster_dump_logs(c);
+  int resumed = 0;
+  for (int i = 0; i < v.nmembers; i++)
+    for (int k = 0; k < c->nagents; k++)
+      if (strcmp(v.members[i].name, c->agent_name[k]) == 0)
+        resumed += log_contains(c, k, "job resume: resumed from checkpoint");
+  (void)live;
+  (void)nlive;
+  assert_int_equal(resumed, 2);
+  assert_true(job_min_iteration(&v) >= 300);
+  delete_job(c, job);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wagma_converges),
@@ -255,6 +370,8 @@ int main(void) {
       cmocka_unit_test(test_local_sgd_converges),
       cmocka_unit_test(test_wagma_wait_avoiding_converges),
       cmocka_unit_test(test_kill_then_scale_up),
+      cmocka_unit_test(test_etcd_outage),
+      cmocka_unit_test(test_restart_from_checkpoint),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -21,10 +21,23 @@
 
 #define STOP_S 3.0
 
-static const char *const agent_args[] = {"--lease-ttl", "8", "--progress-interval", "0.2",
-                                         "--round-deadline", "0.2", "--synthetic-train", "4096",
-                                         "--synthetic-test", "1024", "--eval-samples", "256",
-                                         "--collective-timeout", "30", "--linger", "10", NULL};
+static const char *const agent_args[] = {"--lease-ttl",
+                                         "8",
+                                         "--progress-interval",
+                                         "0.2",
+                                         "--round-deadline",
+                                         "0.2",
+                                         "--synthetic-train",
+                                         "4096",
+                                         "--synthetic-test",
+                                         "1024",
+                                         "--eval-samples",
+                                         "256",
+                                         "--collective-timeout",
+                                         "30",
+                                         "--linger",
+                                         "10",
+                                         NULL};
 
 static int setup(void **state) {
   static cluster_t c;
