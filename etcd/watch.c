@@ -187,6 +187,7 @@ static int run_stream(wagma_etcd_watch_t *w, size_t endpoint, int64_t *compact_r
   }
   create.start_revision = w->next_rev;
   create.prev_kv = w->prev_kv != 0;
+  create.progress_notify = 1;
   request.request_union_case = ETCDSERVERPB__WATCH_REQUEST__REQUEST_UNION_CREATE_REQUEST;
   request.create_request = &create;
 
@@ -216,6 +217,11 @@ static int run_stream(wagma_etcd_watch_t *w, size_t endpoint, int64_t *compact_r
       rc = WAGMA_EIO;
     } else if (response->n_events > 0) {
       rc = deliver(w, response);
+    } else if (!response->created && response->header != NULL &&
+               response->header->revision >= w->next_rev) {
+      /* Progress notification: every event up to header.revision has been sent, so a
+       * quiet watch resumes after it (and not from a revision compaction may remove). */
+      w->next_rev = response->header->revision + 1;
     }
     protobuf_c_message_free_unpacked(&response->base, NULL);
   }

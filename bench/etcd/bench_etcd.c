@@ -20,7 +20,8 @@
 #include "etcd_fixture.h"
 #include "wagma/etcd.h"
 
-#define VALUE_SIZE 256
+#define KEY_SIZE 256 /* as etcdctl check perf: 256-byte keys, 1024-byte values */
+#define VALUE_SIZE 1024
 #define MAX_THREADS 64
 #define MAX_SAMPLES 200000
 
@@ -41,13 +42,18 @@ struct put_worker {
 
 static void *put_main(void *arg) {
   struct put_worker *w = arg;
-  char key[64], value[VALUE_SIZE];
+  char key[KEY_SIZE + 1], value[VALUE_SIZE];
   memset(value, 'v', sizeof value);
   while (now_ns() < w->until_ns) {
-    snprintf(key, sizeof key, "/bench/%s/%d/%" PRId64, w->watch_mode ? "watch" : "put", w->id,
-             w->puts % 1000);
-    if (w->watch_mode)
+    if (w->watch_mode) {
+      snprintf(key, sizeof key, "/bench/watch/%d/%" PRId64, w->id, w->puts % 1000);
       snprintf(value, sizeof value, "%" PRId64, now_ns());
+    } else {
+      /* a new 256-byte key per put, like check perf's random keys */
+      int n = snprintf(key, sizeof key, "/bench/put/%d/%" PRId64 "/", w->id, w->puts);
+      memset(key + n, 'k', KEY_SIZE - (size_t)n);
+      key[KEY_SIZE] = '\0';
+    }
     if (wagma_etcd_put(w->etcd, key, value, w->watch_mode ? strlen(value) : sizeof value, 0,
                        NULL) != 0)
       w->errors++;
@@ -152,8 +158,9 @@ int main(void) {
   options.endpoints = etcd_fixture_endpoints(fixture);
   if (wagma_etcd_open(&options, &etcd) != 0)
     goto out;
-  printf("etcd client benchmark: private etcd %s, %d-byte values, %.0f s per run\n",
-         options.endpoints, VALUE_SIZE, seconds);
+  printf("etcd client benchmark: private etcd %s, puts of %d-byte keys + %d-byte values, "
+         "%.0f s per run\n",
+         options.endpoints, KEY_SIZE, VALUE_SIZE, seconds);
   printf("%-34s %8s %12s %10s %10s %10s\n", "run", "threads", "puts/s", "p50 ms", "p99 ms",
          "max ms");
 

@@ -200,10 +200,37 @@ static void cluster_keeps_serving_without_one_member(void **state) {
   free(r);
 }
 
+static void keepalive_reports_loss_while_etcd_is_down(void **state) {
+  etcd_fixture_t *fixture = NULL;
+  wagma_etcd_t *etcd;
+  wagma_etcd_keepalive_t *keepalive = NULL;
+  int64_t lease = 0, start;
+  int lost = 0;
+  (void)state;
+
+  assert_int_equal(etcd_fixture_start(1, &fixture), 0);
+  etcd = open_client(fixture);
+  assert_int_equal(wagma_etcd_lease_grant(etcd, 2, &lease), 0);
+  assert_int_equal(wagma_etcd_keepalive_start(etcd, lease, lost_fn, &lost, &keepalive), 0);
+  test_sleep_ms(1000);
+  assert_int_equal(__atomic_load_n(&lost, __ATOMIC_SEQ_CST), 0);
+  assert_int_equal(etcd_fixture_kill(fixture, 0), 0);
+  start = test_now_ms();
+  while (__atomic_load_n(&lost, __ATOMIC_SEQ_CST) == 0 && test_now_ms() - start < 15000)
+    test_sleep_ms(50);
+  /* no refresh for a whole TTL: the holder is told, not left believing it is alive */
+  assert_int_equal(__atomic_load_n(&lost, __ATOMIC_SEQ_CST), WAGMA_ETIMEDOUT);
+  assert_true(test_now_ms() - start <= 2000 + CALL_TIMEOUT_MS + 3000);
+  wagma_etcd_keepalive_stop(keepalive);
+  wagma_etcd_close(etcd);
+  etcd_fixture_stop(fixture);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(watch_survives_kill_and_restart),
       cmocka_unit_test(cluster_keeps_serving_without_one_member),
+      cmocka_unit_test(keepalive_reports_loss_while_etcd_is_down),
   };
   return cmocka_run_group_tests_name("etcd_failover", tests, NULL, NULL);
 }
