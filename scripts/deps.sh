@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev
   libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
   libcurl4-openssl-dev dataset-fashion-mnist
-  openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
+  openmpi-bin libopenmpi-dev wrk yamllint valgrind clang gnuplot-nox
   libyaml-dev
   python3-torch
 )
