@@ -233,7 +233,8 @@ int wagma_model_forward(wagma_model_t *m, const float *x, const int32_t *y, size
  * WAGMA_EINVAL when no forward preceded it. */
 int wagma_model_backward(wagma_model_t *m);
 /* Forward over samples [first, first+count) of ds in batches of max_batch (count 0 = to the end);
- * out->loss is the mean over them. ds->features must match the model's input. */
+ * out->loss is the mean over them. ds->features must match the model's input. Leaves the
+ * gradients alone but ends the last forward: backward() needs a new forward afterwards. */
 int wagma_model_evaluate(wagma_model_t *m, const wagma_dataset_t *ds, size_t first, size_t count,
                          wagma_eval_t *out);
 
