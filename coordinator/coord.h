@@ -166,7 +166,8 @@ typedef struct wg_coord {
 
 /* http.c: the MHD daemon (opaque here). */
 struct MHD_Daemon;
-int wg_http_start(wg_coord_t *c, struct MHD_Daemon **out);
+int wg_http_bind(wg_coord_t *c, int *fd);
+int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out);
 void wg_http_stop(struct MHD_Daemon *d);
 
 /* Handles one request (router + auth + handler). Fills *res. */

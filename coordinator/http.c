@@ -8,10 +8,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <errno.h>
 #include <microhttpd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coord.h"
 #include "wagma/log_internal.h"
@@ -141,10 +143,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
-/* Starts the daemon on c->listen_host:c->listen_port. Ownership: the caller stops it with
- * wg_http_stop. */
-int wg_http_start(wg_coord_t *c, struct MHD_Daemon **out) {
+/* Binds and listens on c->listen_host:c->listen_port (port 0: any free one, written back to
+ * c->listen_port). Ownership: *fd is the caller's until wg_http_start takes it. */
+int wg_http_bind(wg_coord_t *c, int *fd_out) {
   struct sockaddr_in sa;
+  socklen_t len = sizeof sa;
+  int one = 1, fd = -1;
   memset(&sa, 0, sizeof sa);
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)c->listen_port);
@@ -153,20 +157,34 @@ int wg_http_start(wg_coord_t *c, struct MHD_Daemon **out) {
             c->listen_host);
     return WAGMA_EINVAL;
   }
-  struct MHD_Daemon *d = MHD_start_daemon(
-      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, (uint16_t)c->listen_port, NULL, NULL,
-      on_request, c, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
-      (unsigned)c->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-      MHD_OPTION_END);
-  if (!d) {
-    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot listen on %s:%d", c->listen_host,
-            c->listen_port);
+  fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 512) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot listen on %s:%d: %s", c->listen_host,
+            c->listen_port, strerror(errno));
+    if (fd >= 0)
+      close(fd);
     return WAGMA_EIO;
   }
-  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-  if (info && info->port)
-    c->listen_port = info->port;
+  c->listen_port = ntohs(sa.sin_port);
+  *fd_out = fd;
+  return 0;
+}
+
+/* Starts the daemon on a socket from wg_http_bind (taken over: closed by wg_http_stop, or
+ * here on failure). Ownership: the caller stops the daemon with wg_http_stop. */
+int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out) {
+  struct MHD_Daemon *d =
+      MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
+                       c, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE,
+                       (unsigned)c->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
+                       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+  if (!d) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the HTTP server");
+    close(fd);
+    return WAGMA_EIO;
+  }
   *out = d;
   return 0;
 }

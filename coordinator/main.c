@@ -1,8 +1,9 @@
 /* coordinator/main.c — wagma-coordinator: options, logging, signals, start and stop order.
  *
- * Start: etcd handle -> metrics -> election (campaign thread) -> scheduler (reconcile thread)
- * -> REST server. Stop (SIGINT / SIGTERM): REST server -> scheduler -> election (revokes the
- * lease so a follower takes over at once) -> etcd. The main thread only waits for a signal. */
+ * Start: etcd handle -> metrics -> bind the REST socket (resolves port 0) -> election
+ * (campaign thread) -> scheduler (reconcile thread) -> REST server. Stop (SIGINT / SIGTERM): REST
+ * server -> scheduler -> election (revokes the lease so a follower takes over at once) -> etcd. The
+ * main thread only waits for a signal. */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -226,14 +227,22 @@ int main(int argc, char **argv) {
   }
   if (wg_metrics_create(&c.metrics))
     goto out;
-  if (wg_http_start(&c, &http))
+  int listen_fd = -1;
+  if (wg_http_bind(&c, &listen_fd))
     goto out;
   char address[96];
   snprintf(address, sizeof address, "%s:%d", c.listen_host, c.listen_port);
   if (wg_election_start(c.etcd, &c.keys, c.id, address, c.lease_ttl_s, c.log, c.log_user,
-                        &c.election))
+                        &c.election)) {
+    close(listen_fd);
     goto out;
-  if (wg_scheduler_start(&c, &c.scheduler))
+  }
+  if (wg_scheduler_start(&c, &c.scheduler)) {
+    close(listen_fd);
+    goto out;
+  }
+  /* Last: handlers see every part set. */
+  if (wg_http_start(&c, listen_fd, &http))
     goto out;
   wg_logf(c.log, c.log_user, WAGMA_LOG_INFO,
           "listening on http://%s, etcd %s, prefix %s, lease ttl %d s, auth %s", address, endpoints,

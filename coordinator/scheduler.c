@@ -15,7 +15,7 @@
  *     agents (name order, device must match for cuda jobs) appended as joiners up to
  *     spec.workers. A job without members starts only when min_workers agents are free.
  *     If the membership changed: plan epoch + 1, start_round = the highest iteration any
- *     member of the previous plan reported (never below the previous start_round), joiners
+ *     agent of the job reported (never below the previous start_round), joiners
  *     marked (none when nobody survived: a fresh start or a restart from a checkpoint).
  *   Writes: the joiners' assignment keys first, in chunks (each put guarded by the
  *   assignment's version / mod revision and the agent key's create revision), then the plan
@@ -455,18 +455,13 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     goto out;
 
   /* A new plan. */
+  /* start_round: the highest iteration any agent of this job reported (the members of the
+   * previous plan, or after losing everyone the last members), never below the previous
+   * start_round. Agents that left earlier reported lower iterations, so they do not matter. */
   uint64_t start_round = j->status.start_round;
-  for (int r = 0; r < j->status.nmembers; r++) {
-    const wagma_progress_t *pr = find_progress(j, j->status.members[r]);
-    if (pr && pr->iteration > start_round)
-      start_round = pr->iteration;
-  }
-  if (j->status.nmembers == 0) /* restart after losing everyone: resume where they were */
-    for (int r = 0; r < ncur; r++) {
-      const wagma_progress_t *pr = find_progress(j, names[r]);
-      if (pr && pr->iteration > start_round)
-        start_round = pr->iteration;
-    }
+  for (int r = 0; r < j->nprogress; r++)
+    if (j->progress[r].progress.iteration > start_round)
+      start_round = j->progress[r].progress.iteration;
   pm = calloc((size_t)n, sizeof *pm);
   member_names = calloc((size_t)n, sizeof *member_names);
   agent_rec_t **joiners = calloc((size_t)n + 1, sizeof *joiners);

@@ -277,6 +277,20 @@ static void test_lease_expiry(void **state) {
   assert_true(harness_wait_epoch(c.base, "exp", 3, 3 + SLACK) >= 0);
   harness_agent_kill(e->etcd, &b[0]);
   assert_true(harness_wait_state(c.base, "exp", "pending", 3 + SLACK) >= 0);
+
+  /* New agents restart it where the lost members had got to, with nobody as joiner. */
+  fake_agent_t n[2];
+  harness_agent_start(e->etcd, &n[0], "b3", 7103, 10);
+  harness_agent_start(e->etcd, &n[1], "b4", 7104, 10);
+  assert_true(harness_wait_epoch(c.base, "exp", 4, 3 + SLACK) >= 0);
+  v = call(&c, "GET", "/v1/jobs/exp/plan", NULL, NULL, 200);
+  assert_int_equal(json_array_size(json_object_get(v, "members")), 2);
+  assert_int_equal(json_integer_value(json_object_get(v, "start_round")), 30);
+  json_array_foreach(json_object_get(v, "members"), i, m)
+      assert_true(json_is_false(json_object_get(m, "joiner")));
+  json_decref(v);
+  harness_agent_kill(e->etcd, &n[0]);
+  harness_agent_kill(e->etcd, &n[1]);
   harness_coord_stop(&c, SIGTERM);
 }
 
@@ -362,8 +376,9 @@ static void test_failover(void **state) {
   assert_true(took <= ttl + 1.0 + SLACK);
 
   /* The new leader schedules. */
+  harness_agent_start(e->etcd, &a[2], "d2", 7302, 10); /* free: the job is full */
+  harness_sleep(0.3);
   harness_agent_kill(e->etcd, &a[1]);
-  harness_agent_start(e->etcd, &a[2], "d2", 7302, 10);
   assert_true(harness_wait_epoch(c[follower].base, "fo", 2, 3 + SLACK) >= 0);
   json_t *v = job_status(&c[follower], "fo");
   assert_string_equal(member_name(v, 0), "d0");
