@@ -3,6 +3,9 @@
  * One training step = draw a minibatch (gather + standardize), forward, backward, optimizer
  * step (SGD, momentum 0.9). Prints one line per model in a fixed format that run.sh parses:
  *   wagma <model> batch <B> threads <T> steps <N> samples/s <X> loss <first> -> <last>
+ *         params <P> cpu_samples/s <Y>
+ * samples/s is per wall-clock second, cpu_samples/s per second of this process's CPU time
+ * (less sensitive to other load on the machine).
  * Usage: bench_train [--model lenet5|mlp|softmax|SPEC]... [--batch 64] [--steps 300]
  *                    [--warmup 20] [--threads 1] [--data fashion|synthetic] [--eval]
  * Data: Fashion-MNIST when installed (default), else synthetic data of the same shape. */
@@ -13,9 +16,9 @@
 
 #include "agent/train/train.h"
 
-static double now(void) {
+static double now(clockid_t clock) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(clock, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
@@ -40,10 +43,12 @@ static int run_model(const char *spec, const wagma_dataset_t *tr, const wagma_da
       (rc = wagma_sampler_init(&s, tr->n, WAGMA_SAMPLE_SHUFFLE, wagma_seed_derive(1, "bench"))) ||
       (rc = wagma_batch_alloc(&b, batch, tr->features)))
     goto out;
-  double first = 0, last = 0, t0 = 0;
+  double first = 0, last = 0, t0 = 0, c0 = 0;
   for (size_t t = 0; t < warmup + steps; t++) {
-    if (t == warmup)
-      t0 = now();
+    if (t == warmup) {
+      t0 = now(CLOCK_MONOTONIC);
+      c0 = now(CLOCK_PROCESS_CPUTIME_ID);
+    }
     wagma_eval_t e;
     if ((rc = wagma_batch_draw(&b, &s, tr, batch)) ||
         (rc = wagma_model_forward(m, b.x, b.y, batch, &e)) || (rc = wagma_model_backward(m)))
@@ -53,10 +58,11 @@ static int run_model(const char *spec, const wagma_dataset_t *tr, const wagma_da
       first = e.loss;
     last = e.loss;
   }
-  double secs = now() - t0;
-  printf("wagma %s batch %zu threads %d steps %zu samples/s %.0f loss %.3f -> %.3f params %zu\n",
+  double secs = now(CLOCK_MONOTONIC) - t0, cpu = now(CLOCK_PROCESS_CPUTIME_ID) - c0;
+  printf("wagma %s batch %zu threads %d steps %zu samples/s %.0f loss %.3f -> %.3f params %zu "
+         "cpu_samples/s %.0f\n",
          spec, batch, wagma_train_threads(), steps, (double)(steps * batch) / secs, first, last,
-         wagma_model_param_count(m));
+         wagma_model_param_count(m), (double)(steps * batch) / cpu);
   if (eval && te) {
     wagma_eval_t e;
     if ((rc = wagma_model_evaluate(m, te, 0, 0, &e)))

@@ -35,12 +35,20 @@ for ((r = 0; r < rounds; r++)); do
 done
 [ "$have_torch" = 1 ] || echo "torch not importable by /usr/bin/python3: no baseline (apt-get install python3-torch)"
 
+best() { # best() SIDE MODEL FIELD: the largest value after FIELD on SIDE's lines for MODEL
+  awk -v s="$1" -v m="$2" -v f="$3" '$1==s && $2==m {for (i = 3; i < NF; i++) if ($i==f && $(i+1)>b) b=$(i+1)}
+    END {print b+0}' "$out"
+}
+ratio() { awk -v w="$1" -v t="$2" 'BEGIN {if (t > 0) printf "%.2fx", w / t; else print "n/a"}'; }
+
 echo
 echo "best of $rounds, batch $batch, $steps timed steps, 1 thread ($(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg))"
-printf '%-8s %14s %14s %8s\n' model "wagma samples/s" "torch samples/s" ratio
+echo "wall = samples per wall-clock second; cpu = per second of the process's CPU time"
+printf '%-8s %12s %12s %7s %12s %12s %7s\n' model "wagma wall" "torch wall" ratio \
+  "wagma cpu" "torch cpu" ratio
 for m in $models; do
-  w=$(awk -v m="$m" '$1=="wagma" && $2==m && $9=="samples/s" {if ($10>b) b=$10} END {print b+0}' "$out")
-  t=$(awk -v m="$m" '$1=="torch" && $2==m && $9=="samples/s" {if ($10>b) b=$10} END {print b+0}' "$out")
-  ratio=$(awk -v w="$w" -v t="$t" 'BEGIN {if (t > 0) printf "%.2fx", w / t; else print "n/a"}')
-  printf '%-8s %14s %14s %8s\n' "$m" "$w" "$t" "$ratio"
+  ww=$(best wagma "$m" samples/s) tw=$(best torch "$m" samples/s)
+  wc=$(best wagma "$m" cpu_samples/s) tc=$(best torch "$m" cpu_samples/s)
+  printf '%-8s %12s %12s %7s %12s %12s %7s\n' "$m" "$ww" "$tw" "$(ratio "$ww" "$tw")" \
+    "$wc" "$tc" "$(ratio "$wc" "$tc")"
 done

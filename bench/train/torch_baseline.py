@@ -5,6 +5,7 @@ Same work per step as bench_train: draw a minibatch from a per-epoch shuffled tr
 (already standardized floats in memory), forward, softmax cross-entropy, backward, SGD step
 (lr 0.02, momentum 0.9). One intra-op and one inter-op thread. Prints, per model:
   torch <model> batch <B> threads 1 steps <N> samples/s <X> loss <first> -> <last>
+        params <P> cpu_samples/s <Y>
 Needs Debian's python3-torch (run with /usr/bin/python3)."""
 import argparse
 import gzip
@@ -59,10 +60,10 @@ def run(name, x, y, batch, steps, warmup):
     loss_fn = nn.CrossEntropyLoss()
     perm, pos = torch.randperm(len(x)), 0
     first = last = 0.0
-    t0 = time.perf_counter()
+    t0 = c0 = 0.0
     for t in range(warmup + steps):
         if t == warmup:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
         if pos + batch > len(perm):
             perm, pos = torch.randperm(len(x)), 0
         idx = perm[pos:pos + batch]
@@ -74,10 +75,11 @@ def run(name, x, y, batch, steps, warmup):
         if t == 0:
             first = loss.item()
         last = loss.item() if t == warmup + steps - 1 else last
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     params = sum(p.numel() for p in net.parameters())
     print(f"torch {name} batch {batch} threads {torch.get_num_threads()} steps {steps} "
-          f"samples/s {steps * batch / secs:.0f} loss {first:.3f} -> {last:.3f} params {params}",
+          f"samples/s {steps * batch / secs:.0f} loss {first:.3f} -> {last:.3f} params {params} "
+          f"cpu_samples/s {steps * batch / cpu:.0f}",
           flush=True)
 
 
