@@ -2,6 +2,8 @@
 # Installs wagma's build and test dependencies from Debian's registry.
 # Idempotent: packages already present are not fetched again; apt-get update runs
 # only when something is missing. Needs root (or sudo) on Debian 12.
+#   scripts/deps.sh          what scripts/test.sh and scripts/demo.sh need
+#   scripts/deps.sh --bench  plus the benchmarks' baselines and plotting (PyTorch, gnuplot)
 set -euo pipefail
 
 PACKAGES=(
@@ -10,10 +12,12 @@ PACKAGES=(
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev
   libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
   libcurl4-openssl-dev dataset-fashion-mnist
-  openmpi-bin libopenmpi-dev wrk yamllint valgrind clang gnuplot-nox
+  openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
   libyaml-dev
-  python3-torch
 )
+if [ "${1:-}" = "--bench" ]; then
+  PACKAGES+=(python3-torch gnuplot-nox)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
