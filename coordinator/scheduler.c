@@ -1,7 +1,8 @@
 /* coordinator/scheduler.c — membership, assignment and job lifecycle (the reconcile loop).
  *
  * One thread. It watches everything under <prefix>/ and runs a reconcile pass after each
- * burst of changes (at most every 50 ms) and at least once a second. A pass reads the whole
+ * burst of changes (at most every 50 ms; progress reports count only when they say "done" or
+ * "failed") and at least once a second. A pass reads the whole
  * tree with ONE Range (a consistent snapshot at one revision) and, when this replica leads,
  * writes the differences; a follower only refreshes its metrics. Because every decision is
  * recomputed from etcd, a restarted or newly elected coordinator simply resumes.
@@ -696,12 +697,26 @@ static void reconcile(wg_scheduler_t *sch) {
 
 /* ---- thread and watch ---------------------------------------------------------------------- */
 
+/* Progress reports (about one per agent per second) only matter to the scheduler when they
+ * signal completion or failure; the others wait for the periodic pass, so a large job does
+ * not make the scheduler re-read the tree continuously. */
+static int event_matters(wg_scheduler_t *s, const wagma_etcd_event_t *ev) {
+  if (wagma_key_parse(&s->c->keys, ev->kv.key, ev->kv.key_len, NULL, NULL) !=
+          WAGMA_KEY_JOB_PROGRESS ||
+      ev->type != WAGMA_ETCD_EVENT_PUT)
+    return 1;
+  return ev->kv.value && (strstr(ev->kv.value, "done") || strstr(ev->kv.value, "failed"));
+}
+
 static void on_watch(void *user, int status, const wagma_etcd_event_t *events, size_t n,
                      int64_t revision) {
-  (void)events;
-  (void)n;
   (void)revision;
   wg_scheduler_t *s = user;
+  int matters = status != 0;
+  for (size_t i = 0; i < n && !matters; i++)
+    matters = event_matters(s, &events[i]);
+  if (!matters)
+    return;
   pthread_mutex_lock(&s->mu);
   s->dirty = 1;
   if (status != 0)
@@ -755,7 +770,7 @@ static void *scheduler_main(void *arg) {
       break;
     timed_wait(s, 0.05); /* debounce: gather a burst of changes */
     if (!s->dirty && !s->stop)
-      timed_wait(s, s->watch ? 0.5 : 0.25);
+      timed_wait(s, s->watch ? 1.0 : 0.25);
   }
   pthread_mutex_unlock(&s->mu);
   wagma_etcd_watch_stop(s->watch);
