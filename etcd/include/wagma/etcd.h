@@ -70,7 +70,7 @@ int wagma_etcd_ping(wagma_etcd_t *etcd, int64_t *revision);
 typedef struct wagma_etcd_kv {
   char *key; /* NUL-terminated */
   size_t key_len;
-  char *value; /* NUL-terminated (NULL-free only when the range was keys_only: then "") */
+  char *value; /* NUL-terminated; "" (value_len 0) in a keys_only range */
   size_t value_len;
   int64_t create_revision;
   int64_t mod_revision;
