@@ -13,7 +13,7 @@
  *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
  *     i.e. lease expired - drop out), cut to spec.workers (highest ranks leave), then free
- *     agents (name order, device must match for cuda jobs) appended as joiners up to
+ *     agents (name order, same device as the job) appended as joiners up to
  *     spec.workers. A job without members starts only when min_workers agents are free.
  *     If the membership changed: plan epoch + 1, start_round = the highest iteration any
  *     agent of the job reported (never below the previous start_round), joiners
@@ -361,8 +361,10 @@ static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, c
   }
 }
 
+/* An agent runs jobs of its own device: cpu jobs on cpu agents (no GPU is tied up by a CPU
+ * job), cuda jobs on cuda agents. */
 static int device_ok(const wg_job_record_t *j, const agent_rec_t *a) {
-  return j->spec.device != WAGMA_DEVICE_CUDA || a->info.device == WAGMA_DEVICE_CUDA;
+  return j->spec.device == a->info.device;
 }
 
 static void reconcile_job(pass_t *p, wg_job_record_t *j) {
@@ -449,7 +451,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   }
   int same = n == ncur && j->status.state == WAGMA_JOB_RUNNING;
   for (int r = 0; same && r < n; r++)
-    same = strcmp(next[r]->name, names[r]) == 0;
+    same = strcmp(next[r]->name, names[r]) == 0 && strcmp(next[r]->info.address, addrs[r]) == 0;
   if (same)
     goto out;
   if (!p->leader)

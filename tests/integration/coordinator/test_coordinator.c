@@ -333,6 +333,120 @@ static void test_restart(void **state) {
   harness_agent_kill(e->etcd, &a[2]);
 }
 
+static void put_agent_device(env_t *e, fake_agent_t *a, const char *name, int port,
+                             const char *device) {
+  char key[128], val[160];
+  memset(a, 0, sizeof *a);
+  snprintf(a->name, sizeof a->name, "%s", name);
+  assert_int_equal(wagma_etcd_lease_grant(e->etcd, 10, &a->lease), 0);
+  snprintf(key, sizeof key, "/wagma/agents/%s", name);
+  snprintf(val, sizeof val, "{\"address\":\"127.0.0.1:%d\",\"device\":\"%s\"}", port, device);
+  assert_int_equal(wagma_etcd_put(e->etcd, key, val, strlen(val), a->lease, NULL), 0);
+  assert_int_equal(wagma_etcd_keepalive_start(e->etcd, a->lease, NULL, NULL, &a->ka), 0);
+}
+
+static int count_assignments(env_t *e, const char *job) {
+  wagma_etcd_range_t r = {0};
+  wagma_etcd_range_options_t o = {.prefix = 1};
+  int n = 0;
+  assert_int_equal(wagma_etcd_range(e->etcd, "/wagma/assignments/", &o, &r), 0);
+  for (size_t i = 0; i < r.n; i++) {
+    char want[96];
+    snprintf(want, sizeof want, "\"job\":\"%s\"", job);
+    n += strstr(r.kvs[i].value, want) != NULL;
+  }
+  wagma_etcd_range_free(&r);
+  return n;
+}
+
+static void test_scheduling(void **state) {
+  env_t *e = *state;
+  coord_proc_t c;
+  fake_agent_t g[5];
+  harness_coord_start(&c, etcd_fixture_endpoints(e->fx), "sched", 3, NULL, NULL);
+  /* Two jobs wait; the older one gets the agents first (FIFO). */
+  json_decref(call(&c, "POST", "/v1/jobs", "{\"name\":\"old\",\"workers\":3,\"min_workers\":2}",
+                   NULL, 201));
+  harness_sleep(0.05);
+  json_decref(call(&c, "POST", "/v1/jobs", "{\"name\":\"gpu\",\"workers\":1,\"device\":\"cuda\"}",
+                   NULL, 201));
+  put_agent_device(e, &g[0], "g0", 7500, "cpu");
+  put_agent_device(e, &g[1], "g1", 7501, "cpu");
+  assert_true(harness_wait_epoch(c.base, "old", 1, 5 + SLACK) >= 0);
+  /* A cuda agent goes to the cuda job even though "old" still wants a third worker... */
+  put_agent_device(e, &g[2], "g2", 7502, "cuda");
+  assert_true(harness_wait_epoch(c.base, "gpu", 1, 3 + SLACK) >= 0);
+  json_t *v = job_status(&c, "gpu");
+  assert_string_equal(member_name(v, 0), "g2");
+  json_decref(v);
+  /* ...and a cpu agent never goes to the cuda job. */
+  put_agent_device(e, &g[3], "g3", 7503, "cpu");
+  assert_true(harness_wait_epoch(c.base, "old", 2, 3 + SLACK) >= 0);
+  v = job_status(&c, "old");
+  assert_int_equal(json_array_size(json_object_get(v, "members")), 3);
+  assert_string_equal(member_name(v, 2), "g3");
+  json_decref(v);
+  assert_int_equal(count_assignments(e, "old"), 3);
+
+  /* Scale down: the highest rank leaves, its assignment is released. */
+  json_decref(call(&c, "PATCH", "/v1/jobs/old", "{\"workers\":2}", NULL, 200));
+  assert_true(harness_wait_epoch(c.base, "old", 3, 3 + SLACK) >= 0);
+  v = job_status(&c, "old");
+  assert_int_equal(json_array_size(json_object_get(v, "members")), 2);
+  assert_string_equal(member_name(v, 0), "g0");
+  assert_string_equal(member_name(v, 1), "g1");
+  json_decref(v);
+  double t0 = harness_now();
+  while (count_assignments(e, "old") != 2 && harness_now() - t0 < 3 + SLACK)
+    harness_sleep(0.05);
+  assert_int_equal(count_assignments(e, "old"), 2);
+
+  /* An agent that re-registers with another address left and comes back as a joiner. */
+  char val[96];
+  snprintf(val, sizeof val, "{\"address\":\"127.0.0.1:7999\"}");
+  assert_int_equal(wagma_etcd_put(e->etcd, "/wagma/agents/g1", val, strlen(val), g[1].lease, NULL),
+                   0);
+  assert_true(harness_wait_epoch(c.base, "old", 4, 3 + SLACK) >= 0);
+  v = call(&c, "GET", "/v1/jobs/old/plan", NULL, NULL, 200);
+  json_t *m;
+  size_t i;
+  int found = 0;
+  json_array_foreach(json_object_get(v, "members"), i, m) {
+    if (strcmp(json_string_value(json_object_get(m, "name")), "g1") == 0) {
+      found = 1;
+      assert_string_equal(json_string_value(json_object_get(m, "address")), "127.0.0.1:7999");
+      assert_true(json_is_true(json_object_get(m, "joiner")));
+    }
+  }
+  assert_true(found);
+  json_decref(v);
+
+  /* A member that reports failure fails the job; its agents are released. */
+  harness_progress(e->etcd, "old", "g0", 7, "failed", 1.0);
+  assert_true(harness_wait_state(c.base, "old", "failed", 3 + SLACK) >= 0);
+  v = job_status(&c, "old");
+  assert_non_null(
+      strstr(json_string_value(json_object_get(json_object_get(v, "status"), "reason")), "g0"));
+  json_decref(v);
+  t0 = harness_now();
+  while (count_assignments(e, "old") != 0 && harness_now() - t0 < 3 + SLACK)
+    harness_sleep(0.05);
+  assert_int_equal(count_assignments(e, "old"), 0);
+
+  /* A stale assignment (job unknown) is deleted. */
+  const char *stale = "{\"job\":\"ghost\",\"epoch\":1}";
+  assert_int_equal(wagma_etcd_put(e->etcd, "/wagma/assignments/g4", stale, strlen(stale), 0, NULL),
+                   0);
+  t0 = harness_now();
+  while (count_assignments(e, "ghost") != 0 && harness_now() - t0 < 3 + SLACK)
+    harness_sleep(0.05);
+  assert_int_equal(count_assignments(e, "ghost"), 0);
+
+  for (int k = 0; k < 4; k++)
+    harness_agent_kill(e->etcd, &g[k]);
+  harness_coord_stop(&c, SIGTERM);
+}
+
 static int is_leader(const coord_proc_t *p) {
   char u[256];
   long status = 0;
@@ -483,6 +597,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lifecycle, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),
       cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_scheduling, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
   };
