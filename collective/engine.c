@@ -285,6 +285,13 @@ static void publish(wagma_comm_t *c, const float *model, uint64_t version) {
   pthread_mutex_unlock(&c->snap_mu);
 }
 
+/* The version to publish the model under at round r: r, or the newest global round whose mean
+ * the model already includes when that is later (a member that jumped or applied a global
+ * correction ahead of its compute). Staleness is measured against it. (mu) */
+static uint64_t model_version(const wagma_comm_t *c, uint64_t r) {
+  return c->model_global > r + 1 ? c->model_global - 1 : r;
+}
+
 /* ---------------------------------------------------------------- corrections */
 
 /* Applies every resolved correction in round order; drops expired waits; frees entries of
@@ -308,6 +315,8 @@ static int apply_resolved(wagma_comm_t *c, float *model, uint64_t cur, double no
       e->delta = NULL;
       e->state = WG_ENTRY_APPLIED;
       applied++;
+      if (e->global && e->round + 1 > c->model_global)
+        c->model_global = e->round + 1;
     }
     if ((e->state == WG_ENTRY_APPLIED || e->state == WG_ENTRY_DROPPED) && e->round < cur) {
       *p = e->next;
@@ -574,6 +583,7 @@ static int barrier_global(wagma_comm_t *c, float *model, uint64_t g, wagma_round
   memcpy(c->global_mean, model, c->count * sizeof(float));
   c->global_round = g;
   c->have_global = 1;
+  c->model_global = g + 1;
   pthread_mutex_unlock(&c->mu);
   publish(c, model, g);
   return 0;
@@ -649,6 +659,8 @@ jumped:
     p = &e->next;
   }
   c->highest_seen = *next;
+  if (!(m->header.flags & WG_CATCHUP_NONE))
+    c->model_global = m->header.round + 1;
   c->counters.catchups++;
   pthread_mutex_unlock(&c->mu);
   wg_logf(c->log, c->log_user, WAGMA_LOG_INFO,
@@ -687,11 +699,14 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
       if (e->global && e->round > r && e->state != WG_ENTRY_DROPPED)
         jump_to = e->round;
   st.corrections_applied = apply_resolved(c, model, r, wg_now());
-  int behind = c->highest_seen > (jump_to ? jump_to : r) + c->tau;
+  if (jump_to && jump_to + 1 > c->model_global)
+    c->model_global = jump_to + 1; /* its correction is applied now or at a later step */
+  uint64_t version = model_version(c, r);
+  int behind = c->highest_seen > version + c->tau;
   pthread_mutex_unlock(&c->mu);
 
   if (jump_to) {
-    publish(c, model, jump_to);
+    publish(c, model, version);
     next = jump_to + 1;
     st.kind = WAGMA_ROUND_GLOBAL;
     st.members = c->nranks;
@@ -702,7 +717,7 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
     goto done;
   }
   next = r + 1;
-  publish(c, model, r);
+  publish(c, model, version);
   if (global && c->mode == WAGMA_GLOBAL_BARRIER)
     rc = barrier_global(c, model, r, &st);
   else
@@ -732,6 +747,17 @@ int wg_comm_apply_pending(wagma_comm_t *c, float *model) {
     return WAGMA_EINVAL;
   pthread_mutex_lock(&c->mu);
   int n = apply_resolved(c, model, atomic_load(&c->cur_round), wg_now());
+  pthread_mutex_unlock(&c->mu);
+  return n;
+}
+
+int wg_comm_busy(wagma_comm_t *c) {
+  int n = 0;
+  pthread_mutex_lock(&c->mu);
+  for (wg_entry_t *e = c->entries; e; e = e->next)
+    n += e->state == WG_ENTRY_WAITING;
+  for (wg_lround_t *lr = c->lrounds; lr; lr = lr->next)
+    n++;
   pthread_mutex_unlock(&c->mu);
   return n;
 }

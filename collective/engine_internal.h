@@ -17,6 +17,8 @@
 /* RESULT frame flags. */
 #define WG_RESULT_EXCLUDED 1u /* your contribution came too late: no correction */
 #define WG_RESULT_GLOBAL 2u   /* the result of a global round */
+/* CONTRIB flags. */
+#define WG_CONTRIB_DECLINE 1u /* no snapshot yet (still computing my first round): don't wait */
 /* CATCHUP_REP flags. */
 #define WG_CATCHUP_NONE 1u /* the peer has no global mean yet */
 
@@ -115,7 +117,16 @@ struct wagma_comm {
   int have_global;
   wagma_comm_counters_t counters; /* (mu) */
 
-  uint64_t coll_calls; /* compute thread only */
+  /* (mu) activations of global rounds that came before my first snapshot: answered by the
+   * round thread as soon as the compute thread publishes one */
+  struct {
+    uint64_t round;
+    uint32_t group;
+    int src;
+  } deferred[16];
+  int ndeferred;
+  uint64_t model_global; /* (mu) newest global round whose mean the model includes, +1 */
+  uint64_t coll_calls;   /* compute thread only */
   uint64_t catchup_seq;
   char err[256]; /* compute thread only */
 };
@@ -127,6 +138,9 @@ int wg_comm_create_with(const wagma_comm_options_t *options, const wg_transport_
 /* Applies every correction that has arrived to model (as the start of a step does) without
  * running a round; returns how many. For tests and a clean end of training. */
 int wg_comm_apply_pending(wagma_comm_t *comm, float *model);
+
+/* Contributions still waiting for a result plus rounds I lead that are still open. */
+int wg_comm_busy(wagma_comm_t *comm);
 
 /* Round deadline of a leader round starting now: max(floor, factor * latency). (mu) */
 double wg_engine_leader_timeout(const wagma_comm_t *c);

@@ -421,6 +421,66 @@ static void settle_same_snapshot(wagma_comm_t *c) {
   }
 }
 
+/* Answers an activation of (round, group) from leader src with my latest snapshot, unless I
+ * contributed already, passed the round, or my snapshot is too stale. (mu) */
+static void contribute(wagma_comm_t *c, uint64_t round, uint32_t group, int src) {
+  if (c->stopping || round < atomic_load(&c->cur_round) || wg_engine_entry_find(c, round))
+    return;
+  pthread_mutex_lock(&c->snap_mu);
+  int have = c->snap_have;
+  uint64_t version = c->snap_version;
+  pthread_mutex_unlock(&c->snap_mu);
+  if (!have || wg_engine_staleness(round, version) > c->tau)
+    return;
+  wg_entry_t *e =
+      wg_engine_entry_from_snapshot(c, round, group, wg_engine_is_global(c, round), src);
+  if (!e)
+    return;
+  e->by_round_thread = 1;
+  c->counters.rounds_joined++;
+  if (src == c->rank) {
+    wg_lround_t *lr = wg_engine_lround_find(c, round);
+    if (lr)
+      wg_engine_lround_add(c, lr, c->rank, e->version, e->delta);
+    else
+      e->state = WG_ENTRY_DROPPED;
+    return;
+  }
+  wg_frame_header_t out = {0};
+  out.kind = WG_FRAME_CONTRIB;
+  out.round = round;
+  out.group = group;
+  out.src = (uint32_t)c->rank;
+  out.aux = e->version;
+  if (c->ops->send(c->tp, src, &out, e->delta, c->count * sizeof(float)) != 0) {
+    e->state = WG_ENTRY_DROPPED; /* never reached the leader: no correction will come */
+    free(e->delta);
+    e->delta = NULL;
+    c->counters.rounds_joined--;
+  }
+}
+
+/* Once my first snapshot exists: answer deferred activations, and contribute to the global
+ * rounds I lead that wait for me. (mu) */
+static void answer_deferred(wagma_comm_t *c) {
+  pthread_mutex_lock(&c->snap_mu);
+  int have = c->snap_have;
+  pthread_mutex_unlock(&c->snap_mu);
+  if (!have)
+    return;
+  for (int i = 0; i < c->ndeferred; i++)
+    contribute(c, c->deferred[i].round, c->deferred[i].group, c->deferred[i].src);
+  c->ndeferred = 0;
+  for (wg_lround_t *lr = c->lrounds; lr;) {
+    wg_lround_t *next = lr->next;
+    int me = member_index(lr, c->rank);
+    if (lr->global && me >= 0 && lr->expected[me] && !lr->contributed[me] &&
+        !wg_engine_entry_find(c, lr->round))
+      contribute(c, lr->round, lr->group, c->rank); /* may finalize and free lr */
+    lr = next;
+  }
+}
+
 static void handle_activate(wagma_comm_t *c, wg_message_t *m) {
   const wg_frame_header_t *h = &m->header;
   int src = (int)h->src;
@@ -434,29 +494,33 @@ static void handle_activate(wagma_comm_t *c, wg_message_t *m) {
   int have = c->snap_have;
   uint64_t version = c->snap_version;
   pthread_mutex_unlock(&c->snap_mu);
+  if (!have && wg_engine_is_global(c, h->round)) {
+    /* Still computing my first round: a global round must not leave me out (I would have to
+     * catch up), so answer as soon as my first snapshot exists. */
+    if (c->ndeferred < (int)(sizeof(c->deferred) / sizeof(c->deferred[0]))) {
+      c->deferred[c->ndeferred].round = h->round;
+      c->deferred[c->ndeferred].group = h->group;
+      c->deferred[c->ndeferred].src = src;
+      c->ndeferred++;
+    }
+    goto out;
+  }
+  if (!have && h->round > c->plan.start_round) {
+    /* Still computing my first round: tell the leader of a group round not to wait for me.
+     * At the first round of the epoch the leader waits (bounded) for my compute instead. */
+    wg_frame_header_t no = {0};
+    no.kind = WG_FRAME_CONTRIB;
+    no.round = h->round;
+    no.group = h->group;
+    no.src = (uint32_t)c->rank;
+    no.flags = WG_CONTRIB_DECLINE;
+    (void)c->ops->send(c->tp, src, &no, NULL, 0);
+    goto out;
+  }
   if (!have || wg_engine_staleness(h->round, version) > c->tau)
     goto out; /* nothing yet, or too stale to contribute: catch-up will fix it */
   settle_same_snapshot(c);
-  if (c->stopping || h->round < atomic_load(&c->cur_round) || wg_engine_entry_find(c, h->round))
-    goto out;
-  wg_entry_t *e =
-      wg_engine_entry_from_snapshot(c, h->round, h->group, wg_engine_is_global(c, h->round), src);
-  if (!e)
-    goto out;
-  e->by_round_thread = 1;
-  wg_frame_header_t out = {0};
-  out.kind = WG_FRAME_CONTRIB;
-  out.round = h->round;
-  out.group = h->group;
-  out.src = (uint32_t)c->rank;
-  out.aux = e->version;
-  if (c->ops->send(c->tp, src, &out, e->delta, c->count * sizeof(float)) != 0) {
-    e->state = WG_ENTRY_DROPPED; /* never reached the leader: no correction will come */
-    free(e->delta);
-    e->delta = NULL;
-    goto out;
-  }
-  c->counters.rounds_joined++;
+  contribute(c, h->round, h->group, src);
 out:
   pthread_mutex_unlock(&c->mu);
 }
@@ -478,6 +542,16 @@ static void handle_contrib(wagma_comm_t *c, wg_message_t *m) {
   note_peer(c, src, h->round);
   if (c->stopping)
     goto out;
+  if (h->flags & WG_CONTRIB_DECLINE) {
+    wg_lround_t *open = wg_engine_lround_find(c, h->round);
+    int i = open ? member_index(open, src) : -1;
+    if (i >= 0 && !open->contributed[i]) {
+      open->expected[i] = 0;
+      if (lround_complete(open))
+        wg_engine_lround_finalize(c, open, wg_now());
+    }
+    goto out;
+  }
   if (h->length != c->count * sizeof(float) || !same_group(c, h->round, h->group, src)) {
     c->counters.frames_rejected++;
     goto out;
@@ -512,8 +586,8 @@ static void handle_contrib(wagma_comm_t *c, wg_message_t *m) {
         } else {
           lr->expected[me] = 0;
         }
-      } else if (have) {
-        lr->expected[me] = 0;
+      } else if (have || (h->round > c->plan.start_round && !global)) {
+        lr->expected[me] = 0; /* a global round waits for my first snapshot (deferred) */
       }
     } else {
       lr->expected[me] = 0;
@@ -629,6 +703,7 @@ void *wg_engine_round_main(void *arg) {
       wg_message_free(m);
     }
     pthread_mutex_lock(&c->mu);
+    answer_deferred(c);
     lrounds_tick(c, wg_now());
     pthread_mutex_unlock(&c->mu);
   }

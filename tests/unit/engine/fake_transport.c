@@ -1,6 +1,7 @@
 /* fake_transport.c — see fake_transport.h. One world mutex guards every mailbox; each
  * endpoint has its own condition variable (CLOCK_MONOTONIC). */
 #include "fake_transport.h"
+#include "tcp_internal.h" /* wg_tcp_buf_alloc: wg_message_free releases payloads with it */
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -105,7 +106,7 @@ static int fake_send(wg_transport_t *t, int dst, wg_frame_header_t *h, const voi
   m->header.src = (uint32_t)ep->rank;
   m->header.length = length;
   if (length) {
-    m->payload = aligned_alloc(64, (length + 63) & ~(size_t)63);
+    m->payload = wg_tcp_buf_alloc(length);
     memcpy(m->payload, payload, length);
   }
   fake_ep_t *d = &world[dst];

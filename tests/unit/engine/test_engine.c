@@ -275,9 +275,24 @@ static void body_conserve(rank_ctx_t *rc) {
       rc->errors++;
     note(rc, &st);
   }
+  /* Let every open round finish: nobody computes any more, round threads still answer. */
+  for (int pass = 0; pass < 2; pass++) {
+    pthread_barrier_wait(&g_barrier);
+    double until = wg_now() + 15;
+    while (wg_comm_busy(rc->comm) > 0 && wg_now() < until)
+      usleep(10 * 1000);
+    usleep(100 * 1000);
+  }
   pthread_barrier_wait(&g_barrier);
-  usleep(1500 * 1000); /* let every open round finish (deadline floor 0.5 s) */
-  pthread_barrier_wait(&g_barrier);
+  if (getenv("ENGINE_DEBUG")) {
+    wagma_comm_counters_t k;
+    wagma_comm_counters(rc->comm, &k);
+    fprintf(stderr,
+            "rank %d busy %d left_out %llu joined %llu applied %llu skipped %llu catchups %llu\n",
+            rc->rank, wg_comm_busy(rc->comm), (unsigned long long)k.rounds_left_out,
+            (unsigned long long)k.rounds_joined, (unsigned long long)k.corrections_applied,
+            (unsigned long long)k.rounds_skipped, (unsigned long long)k.catchups);
+  }
   wg_comm_apply_pending(rc->comm, rc->model);
 }
 
