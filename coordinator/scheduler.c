@@ -36,6 +36,7 @@
 #include <time.h>
 
 #include "coord.h"
+#include "snapshot.h"
 #include "wagma/log_internal.h"
 
 #define CHUNK 60 /* keys per Txn: 2 compares each stays under etcd's default 128 ops */
@@ -51,152 +52,11 @@ struct wg_scheduler {
   wagma_etcd_watch_t *watch; /* scheduler thread only */
 };
 
-/* ---- snapshot ---------------------------------------------------------------------------- */
-
-typedef struct agent_rec {
-  char name[WAGMA_API_NAME_MAX];
-  wagma_agent_info_t info;
-  int64_t create_rev;
-  int busy;    /* member of an active job (snapshot), or taken in this pass */
-  int touched; /* assignment written in this pass */
-} agent_rec_t;
-
-typedef struct assign_rec {
-  char agent[WAGMA_API_NAME_MAX];
-  wagma_assignment_t a;
-  int64_t mod;
-} assign_rec_t;
-
-typedef struct snapshot {
-  agent_rec_t *agents;
-  size_t nagents;
-  assign_rec_t *assigns;
-  size_t nassigns;
-  wg_job_record_t *jobs;
-  size_t njobs;
-  int64_t revision;
-} snapshot_t;
-
-static void snapshot_free(snapshot_t *s) {
-  for (size_t i = 0; i < s->njobs; i++)
-    wg_job_record_free(&s->jobs[i]);
-  free(s->jobs);
-  free(s->agents);
-  free(s->assigns);
-  memset(s, 0, sizeof *s);
-}
-
-static int load_snapshot(wg_coord_t *c, snapshot_t *s) {
-  char root[256];
-  wagma_etcd_range_t range = {0};
-  wagma_etcd_range_options_t opt = {.prefix = 1};
-  int e;
-  memset(s, 0, sizeof *s);
-  wagma_key_root(&c->keys, root, sizeof root);
-  if ((e = wagma_etcd_range(c->etcd, root, &opt, &range)))
-    return e;
-  s->revision = range.revision;
-  s->agents = calloc(range.n + 1, sizeof *s->agents);
-  s->assigns = calloc(range.n + 1, sizeof *s->assigns);
-  s->jobs = calloc(range.n + 1, sizeof *s->jobs);
-  if (!s->agents || !s->assigns || !s->jobs) {
-    e = WAGMA_ENOMEM;
-    goto out;
-  }
-  size_t i = 0;
-  while (i < range.n) {
-    const wagma_etcd_kv_t *kv = &range.kvs[i];
-    char job[WAGMA_API_NAME_MAX] = "", agent[WAGMA_API_NAME_MAX] = "";
-    wagma_api_error_t err;
-    wagma_key_kind_t kind = wagma_key_parse(&c->keys, kv->key, kv->key_len, job, agent);
-    if (kind == WAGMA_KEY_AGENT) {
-      agent_rec_t *a = &s->agents[s->nagents];
-      if (wagma_agent_info_from_json(kv->value, kv->value_len, &a->info, &err) == 0) {
-        snprintf(a->name, sizeof a->name, "%s", agent);
-        a->create_rev = kv->create_revision;
-        s->nagents++;
-      } else {
-        wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "%s: bad registration (%s: %s)", kv->key,
-                err.field, err.message);
-      }
-      i++;
-    } else if (kind == WAGMA_KEY_ASSIGNMENT) {
-      assign_rec_t *a = &s->assigns[s->nassigns];
-      if (wagma_assignment_from_json(kv->value, kv->value_len, &a->a, &err) != 0)
-        memset(&a->a, 0, sizeof a->a); /* undecodable: treated as stale, deleted */
-      snprintf(a->agent, sizeof a->agent, "%s", agent);
-      a->mod = kv->mod_revision;
-      s->nassigns++;
-      i++;
-    } else if (job[0]) {
-      size_t j = i + 1;
-      while (j < range.n) {
-        char other[WAGMA_API_NAME_MAX] = "";
-        wagma_key_parse(&c->keys, range.kvs[j].key, range.kvs[j].key_len, other, NULL);
-        if (strcmp(other, job) != 0)
-          break;
-        j++;
-      }
-      if ((e = wg_job_record_from_kvs(c, job, range.kvs + i, j - i, &s->jobs[s->njobs])))
-        goto out;
-      if (s->jobs[s->njobs].has_spec && s->jobs[s->njobs].has_status)
-        s->njobs++;
-      else
-        wg_job_record_free(&s->jobs[s->njobs]);
-      i = j;
-    } else {
-      i++;
-    }
-  }
-out:
-  wagma_etcd_range_free(&range);
-  if (e)
-    snapshot_free(s);
-  return e;
-}
-
-static agent_rec_t *find_agent(snapshot_t *s, const char *name) {
-  size_t lo = 0, hi = s->nagents;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    int d = strcmp(s->agents[mid].name, name);
-    if (d == 0)
-      return &s->agents[mid];
-    if (d < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return NULL;
-}
-
-static assign_rec_t *find_assign(snapshot_t *s, const char *name) {
-  size_t lo = 0, hi = s->nassigns;
-  while (lo < hi) {
-    size_t mid = (lo + hi) / 2;
-    int d = strcmp(s->assigns[mid].agent, name);
-    if (d == 0)
-      return &s->assigns[mid];
-    if (d < 0)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return NULL;
-}
-
 static const wagma_progress_t *find_progress(const wg_job_record_t *j, const char *agent) {
   for (int i = 0; i < j->nprogress; i++)
     if (strcmp(j->progress[i].agent, agent) == 0)
       return &j->progress[i].progress;
   return NULL;
-}
-
-static int is_member(const wg_job_record_t *j, const char *agent) {
-  for (int i = 0; i < j->status.nmembers; i++)
-    if (strcmp(j->status.members[i], agent) == 0)
-      return 1;
-  return 0;
 }
 
 static int cmp_created(const void *a, const void *b) {
@@ -291,7 +151,7 @@ static int reserve(pass_t *p, const char *job, uint64_t epoch, agent_rec_t **age
     cmps[nc++] = fence(p);
     for (int k = 0; k < m; k++) {
       agent_rec_t *ag = agents[base + k];
-      assign_rec_t *old = find_assign(p->s, ag->name);
+      assign_rec_t *old = wg_snapshot_assign(p->s, ag->name);
       wagma_key_assignment(&p->c->keys, ag->name, keys[k][0], sizeof keys[k][0]);
       wagma_key_agent(&p->c->keys, ag->name, keys[k][1], sizeof keys[k][1]);
       cmps[nc++] = (wagma_etcd_cmp_t){.key = keys[k][0],
@@ -415,7 +275,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     goto out;
   int n = 0, survivors = 0;
   for (int r = 0; r < ncur && n < target; r++) {
-    agent_rec_t *a = find_agent(s, names[r]);
+    agent_rec_t *a = wg_snapshot_agent(s, names[r]);
     if (a && strcmp(a->info.address, addrs[r]) == 0) { /* same registration address */
       next[n++] = a;
       a->busy = 1;
@@ -558,14 +418,15 @@ static void cleanup_assignments(pass_t *p) {
   for (size_t i = 0; i <= s->nassigns; i++) {
     if (i < s->nassigns) {
       assign_rec_t *a = &s->assigns[i];
-      agent_rec_t *ag = find_agent(s, a->agent);
+      agent_rec_t *ag = wg_snapshot_agent(s, a->agent);
       if (ag && ag->touched)
         continue;
       wg_job_record_t *job = NULL;
       for (size_t k = 0; k < s->njobs && a->a.job[0]; k++)
         if (strcmp(s->jobs[k].id, a->a.job) == 0)
           job = &s->jobs[k];
-      int stale = !job || wagma_job_state_terminal(job->status.state) || !is_member(job, a->agent);
+      int stale =
+          !job || wagma_job_state_terminal(job->status.state) || !wg_job_has_member(job, a->agent);
       if (!stale)
         continue;
       wagma_key_assignment(&p->c->keys, a->agent, keys[n], sizeof keys[n]);
@@ -584,71 +445,11 @@ static void cleanup_assignments(pass_t *p) {
   }
 }
 
-/* Renders the cluster view for /metrics. Ownership: the caller frees. */
-static char *render_snapshot(const snapshot_t *s) {
-  size_t cap = 1024 + s->njobs * 320;
-  char *b = malloc(cap);
-  size_t len = 0;
-  int counts[5] = {0};
-  size_t busy = 0;
-  if (!b)
-    return NULL;
-  for (size_t i = 0; i < s->njobs; i++)
-    if ((int)s->jobs[i].status.state >= 0 && s->jobs[i].status.state <= WAGMA_JOB_STOPPED)
-      counts[s->jobs[i].status.state]++;
-  for (size_t i = 0; i < s->nagents; i++)
-    busy += s->agents[i].busy != 0;
-#define OUT(...)                                                                                   \
-  do {                                                                                             \
-    int w_ = snprintf(b + len, cap - len, __VA_ARGS__);                                            \
-    if (w_ > 0 && (size_t)w_ < cap - len)                                                          \
-      len += (size_t)w_;                                                                           \
-  } while (0)
-  OUT("# HELP wagma_jobs Jobs by state\n# TYPE wagma_jobs gauge\n");
-  for (int st = 0; st <= WAGMA_JOB_STOPPED; st++)
-    OUT("wagma_jobs{state=\"%s\"} %d\n", wagma_job_state_name(st), counts[st]);
-  OUT("# HELP wagma_agents Registered agents\n# TYPE wagma_agents gauge\nwagma_agents %zu\n",
-      s->nagents);
-  OUT("# HELP wagma_agents_free Agents not in an active job\n# TYPE wagma_agents_free gauge\n"
-      "wagma_agents_free %zu\n",
-      s->nagents - busy);
-  OUT("# HELP wagma_plan_epoch Current plan epoch per job\n# TYPE wagma_plan_epoch gauge\n");
-  for (size_t i = 0; i < s->njobs; i++)
-    OUT("wagma_plan_epoch{job=\"%s\"} %llu\n", s->jobs[i].id,
-        (unsigned long long)s->jobs[i].status.epoch);
-  OUT("# HELP wagma_job_regroupings Plans after the first per job\n"
-      "# TYPE wagma_job_regroupings gauge\n");
-  for (size_t i = 0; i < s->njobs; i++)
-    OUT("wagma_job_regroupings{job=\"%s\"} %llu\n", s->jobs[i].id,
-        (unsigned long long)s->jobs[i].status.regroupings);
-  OUT("# HELP wagma_job_iteration Highest iteration reported per job\n"
-      "# TYPE wagma_job_iteration gauge\n");
-  for (size_t i = 0; i < s->njobs; i++)
-    OUT("wagma_job_iteration{job=\"%s\"} %llu\n", s->jobs[i].id,
-        (unsigned long long)wg_job_record_iteration(&s->jobs[i]));
-  OUT("# HELP wagma_job_loss Mean training loss reported by the members\n"
-      "# TYPE wagma_job_loss gauge\n");
-  for (size_t i = 0; i < s->njobs; i++) {
-    const wg_job_record_t *j = &s->jobs[i];
-    double sum = 0;
-    int cnt = 0;
-    for (int k = 0; k < j->nprogress; k++)
-      if (isfinite(j->progress[k].progress.loss) && is_member(j, j->progress[k].agent)) {
-        sum += j->progress[k].progress.loss;
-        cnt++;
-      }
-    if (cnt)
-      OUT("wagma_job_loss{job=\"%s\"} %.6g\n", j->id, sum / cnt);
-  }
-#undef OUT
-  return b;
-}
-
 static void reconcile(wg_scheduler_t *sch) {
   wg_coord_t *c = sch->c;
   snapshot_t s;
   pass_t p = {.c = c, .s = &s};
-  int e = load_snapshot(c, &s);
+  int e = wg_snapshot_load(c, &s);
   if (e) {
     wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "reconcile: read: %s",
             wagma_etcd_errmsg(c->etcd));
@@ -662,7 +463,7 @@ static void reconcile(wg_scheduler_t *sch) {
     if (j->status.state != WAGMA_JOB_RUNNING)
       continue;
     for (int r = 0; r < j->status.nmembers; r++) {
-      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      agent_rec_t *a = wg_snapshot_agent(&s, j->status.members[r]);
       if (a)
         a->busy = 1;
     }
@@ -674,22 +475,22 @@ static void reconcile(wg_scheduler_t *sch) {
       continue;
     /* Let this job see its own members as available again. */
     for (int r = 0; r < j->status.nmembers && j->status.state == WAGMA_JOB_RUNNING; r++) {
-      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      agent_rec_t *a = wg_snapshot_agent(&s, j->status.members[r]);
       if (a)
         a->busy = 0;
     }
     reconcile_job(&p, j);
     /* Whatever happened, the job's (new) members are not free for later jobs. */
     for (int r = 0; r < j->status.nmembers && j->status.state == WAGMA_JOB_RUNNING; r++) {
-      agent_rec_t *a = find_agent(&s, j->status.members[r]);
+      agent_rec_t *a = wg_snapshot_agent(&s, j->status.members[r]);
       if (a)
         a->busy = 1;
     }
   }
   if (p.leader)
     cleanup_assignments(&p);
-  wg_metrics_set_snapshot(c->metrics, render_snapshot(&s));
-  snapshot_free(&s);
+  wg_metrics_set_snapshot(c->metrics, wg_snapshot_render(&s));
+  wg_snapshot_free(&s);
   if (p.again) {
     pthread_mutex_lock(&sch->mu);
     sch->dirty = 1;

@@ -1,0 +1,44 @@
+/* coordinator/snapshot.h — private to the scheduler: one consistent read of the whole key
+ * tree (agents, assignments, jobs) at one etcd revision, and its rendering for /metrics. */
+#ifndef WAGMA_COORD_SNAPSHOT_H
+#define WAGMA_COORD_SNAPSHOT_H
+
+#include "coord.h"
+
+typedef struct agent_rec {
+  char name[WAGMA_API_NAME_MAX];
+  wagma_agent_info_t info;
+  int64_t create_rev;
+  int busy;    /* member of an active job (snapshot), or taken in this pass */
+  int touched; /* assignment written in this pass */
+} agent_rec_t;
+
+typedef struct assign_rec {
+  char agent[WAGMA_API_NAME_MAX];
+  wagma_assignment_t a;
+  int64_t mod;
+} assign_rec_t;
+
+typedef struct snapshot {
+  agent_rec_t *agents;
+  size_t nagents;
+  assign_rec_t *assigns;
+  size_t nassigns;
+  wg_job_record_t *jobs;
+  size_t njobs;
+  int64_t revision;
+} snapshot_t;
+
+/* Reads everything under <prefix>/ with one Range. Ownership: *s is the caller's
+ * (wg_snapshot_free). Records that do not decode are skipped (assignments kept as stale). */
+int wg_snapshot_load(wg_coord_t *c, snapshot_t *s);
+void wg_snapshot_free(snapshot_t *s);
+/* Binary searches (etcd returns keys sorted); NULL when absent. */
+agent_rec_t *wg_snapshot_agent(snapshot_t *s, const char *name);
+assign_rec_t *wg_snapshot_assign(snapshot_t *s, const char *name);
+/* 1 if agent is in the job's status.members. */
+int wg_job_has_member(const wg_job_record_t *j, const char *agent);
+/* The cluster gauges of /metrics. Ownership: the caller frees. */
+char *wg_snapshot_render(const snapshot_t *s);
+
+#endif
