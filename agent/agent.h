@@ -69,6 +69,7 @@ typedef struct wg_job_config {
   int nesterov;
   uint64_t warmup;
   int batch_size;
+  int workers;         /* spec.workers: an epochs job runs epochs x n / (batch x workers) */
   uint64_t iterations; /* 0 when epochs is given */
   uint64_t epochs;
   uint64_t eval_every;

@@ -37,6 +37,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->weight_decay = spec.optimizer.weight_decay;
   cfg->warmup = spec.optimizer.warmup;
   cfg->batch_size = spec.batch_size;
+  cfg->workers = spec.workers;
   cfg->iterations = spec.iterations;
   cfg->epochs = spec.epochs;
   cfg->eval_every = spec.eval_every;

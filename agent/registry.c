@@ -50,6 +50,7 @@ struct wg_control {
   wagma_etcd_keepalive_t *keepalive;
   double next_register;
   int register_failures;
+  int old_lease_checked; /* the key of a previous run was looked at */
   wagma_etcd_watch_t *assign_watch;
   double next_assign_watch;
   wagma_etcd_watch_t *plan_watch;
@@ -137,6 +138,21 @@ static void ensure_registered(wg_control_t *c) {
   if (!info) {
     e = WAGMA_ENOMEM;
     goto out;
+  }
+  if (!c->old_lease_checked) {
+    /* A previous run of this name whose lease has not expired yet: revoke it, so that the
+     * coordinator sees the departure and this process joins as a joiner (docs/api.md). */
+    wagma_etcd_kv_t *old = NULL;
+    e = wagma_etcd_get(c->etcd, key, &old, NULL);
+    if (e && e != WAGMA_ENOTFOUND)
+      goto out;
+    if (e == 0 && old->lease) {
+      LOG(c, WAGMA_LOG_INFO, "revoking the lease %llx of a previous run of %s",
+          (unsigned long long)old->lease, c->opt->name);
+      wagma_etcd_lease_revoke(c->etcd, old->lease);
+    }
+    wagma_etcd_kv_free(old);
+    c->old_lease_checked = 1;
   }
   if ((e = wagma_etcd_lease_grant(c->etcd, c->opt->lease_ttl_s, &lease)))
     goto out;

@@ -199,7 +199,9 @@ out:
 static uint64_t total_iterations(const wg_job_t *j) {
   if (j->cfg.iterations)
     return j->cfg.iterations;
-  double per_epoch = (double)j->train.n / ((double)j->cfg.batch_size * (double)j->plan.nranks);
+  /* docs/api.md: an epoch counts the samples of all spec.workers workers. */
+  int workers = j->cfg.workers > 0 ? j->cfg.workers : j->plan.nranks;
+  double per_epoch = (double)j->train.n / ((double)j->cfg.batch_size * (double)workers);
   return (uint64_t)ceil((double)j->cfg.epochs * per_epoch);
 }
 
@@ -245,23 +247,35 @@ static int load_checkpoint(wg_runner_ctx_t *r, const wg_checkpoint_rec_t *ck) {
   return 0;
 }
 
-/* Enters the epoch of plan (a copy the job takes over). */
+/* Adopts the plan of a new epoch (a copy the job takes over); connect_epoch does the rest. */
 static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
                         const wg_checkpoint_rec_t *ck) {
   wg_job_t *j = &r->job;
-  wagma_comm_options_t co;
-  int e, all_joiners = 1;
   close_comm(j);
   wagma_plan_free(&j->plan);
   j->plan = *plan;
   memset(plan, 0, sizeof *plan);
   j->epoch = j->plan.epoch;
+  j->have_ck = have_ck;
+  if (have_ck)
+    j->ck = *ck;
   j->rank = wagma_plan_rank_of(&j->plan, r->opt->name);
-  if (j->rank < 0) {
+  j->need_connect = j->rank >= 0;
+  j->connect_at = 0;
+  j->connect_failures = 0;
+  if (j->rank < 0)
     RLOG(r, WAGMA_LOG_INFO, "job %s: not a member of epoch %llu; idle", j->cfg.job,
          (unsigned long long)j->epoch);
-    return;
-  }
+}
+
+/* Creates the communicator of the adopted plan and runs the opening global sync. When the
+ * communicator cannot be created (e.g. the listen port is briefly taken) it tries again a
+ * second later, for as long as the plan is current. */
+static void connect_epoch(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  wagma_comm_options_t co;
+  const wg_checkpoint_rec_t *ck = &j->ck;
+  int e, all_joiners = 1, have_ck = j->have_ck;
   for (int i = 0; i < j->plan.nranks; i++)
     all_joiners &= j->plan.members[i].joiner;
   wagma_comm_options_init(&co);
@@ -274,18 +288,15 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
   co.log = wg_agent_log;
   co.log_user = (void *)r->opt->name;
   double t0 = wg_mono();
-  for (int attempt = 0; attempt < 5; attempt++) {
-    if ((e = wagma_comm_create(&co, &j->comm)) == 0)
-      break;
+  if ((e = wagma_comm_create(&co, &j->comm)) != 0) {
     j->comm = NULL;
-    RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s", j->cfg.job,
-         (unsigned long long)j->epoch, wagma_strerror(e));
-    if (wg_shared_stopping(r->shared))
-      return;
-    wg_sleep_s(1.0);
-  }
-  if (!j->comm)
+    j->connect_at = wg_mono() + 1.0;
+    if (j->connect_failures++ % 30 == 0)
+      RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s; retrying",
+           j->cfg.job, (unsigned long long)j->epoch, wagma_strerror(e));
     return;
+  }
+  j->need_connect = 0;
 
   /* Global sync: joiners (weight 0) receive the model and the iteration from the others. A
    * member without a model that the plan does not mark as a joiner is part of a fresh start
@@ -460,6 +471,8 @@ static void *runner_main(void *arg) {
       enter_epoch(r, &plan, have_ck, &ck);
       have_plan = 0; /* taken over */
     }
+    if (j->need_connect && wg_mono() >= j->connect_at)
+      connect_epoch(r);
     if (!j->comm || j->done) {
       if (j->done && j->comm && wg_mono() - j->done_at > r->opt->linger_s) {
         RLOG(r, WAGMA_LOG_INFO, "job %s: finished %.0f s ago; closing the communicator", j->cfg.job,

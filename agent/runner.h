@@ -26,6 +26,11 @@ typedef struct wg_job {
   wagma_plan_t plan;
   int rank; /* -1 when not a member */
   wagma_comm_t *comm;
+  int need_connect; /* a member of the adopted plan without its communicator yet */
+  double connect_at;
+  int connect_failures;
+  int have_ck;
+  wg_checkpoint_rec_t ck; /* the job's checkpoint record when the plan was adopted */
   uint64_t iter0, round0; /* iteration and comm round at the start of the epoch */
   uint64_t iteration, total_iterations;
   int done;

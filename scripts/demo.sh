@@ -52,7 +52,7 @@ if [ "${WAGMA_DEMO_SKIP_DEPS:-0}" != 1 ]; then
 fi
 if [ "${WAGMA_DEMO_SKIP_BUILD:-0}" != 1 ]; then
   say "building into $BUILD"
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake -S "$ROOT" -B "$BUILD" >/dev/null
   cmake --build "$BUILD" -j"$(nproc)" --target wagma-coordinator wagma-agent >/dev/null
 fi
 COORD="$BUILD/coordinator/wagma-coordinator"
@@ -64,12 +64,12 @@ TMP="$(mktemp -d "${TMPDIR:-/tmp}/wagma-demo.XXXXXX")"
 USED=" "
 port_free() {
   case "$USED" in *" $1 "*) return 1 ;; esac
-  ! (ss -Hltn 2>/dev/null || true) | awk '{print $4}' | grep -Eq "[:.]$1\$"
+  ! (ss -Htan 2>/dev/null || true) | awk '{print $4}' | grep -Eq "[:.]$1\$"
 }
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((20000 + RANDOM % 12000)) # below the ephemeral range (32768+)
     if port_free "$p"; then USED="$USED$p "; echo "$p"; return 0; fi
   done
   echo "demo: no free port" >&2; return 1

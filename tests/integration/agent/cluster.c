@@ -29,17 +29,27 @@ void cluster_sleep(double s) {
     ;
 }
 
+/* A port nobody listens on, below the ephemeral range (32768+): an agent binds its collective
+ * port only when a plan arrives, and an ephemeral port could be taken by then by some
+ * process's outgoing connection. */
 static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0)
-    return -1;
-  if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
+  static unsigned seed;
+  if (!seed)
+    seed = (unsigned)getpid() ^ (unsigned)time(NULL);
+  for (int attempt = 0; attempt < 200; attempt++) {
+    int port = 20000 + (int)(rand_r(&seed) % 12000), ok = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                            .sin_port = htons((uint16_t)port)};
+    if (fd < 0)
+      return -1;
+    ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    if (ok)
+      return port;
+  }
+  return -1;
 }
 
 /* fork + exec argv with stdout/stderr to log; the child dies with the test. */
