@@ -6,7 +6,9 @@
 #   baseline  GET /healthz          (no etcd round trip: the HTTP server's own cost)
 #             GET /v1/jobs/{id}     (one etcd Range + JSON of spec, status, 8 members)
 #             POST /v1/jobs         (one etcd Txn + one Range; unique names)
-# and prints each one's throughput and latency with the ratio to the baseline.
+# and prints each one's throughput and latency with the ratio to the baseline; then the
+# scheduling latency at P = 100, 1000, 5000 agents (bench_schedule; SCHED_SIZES overrides) and
+# the plan computation time (bench_plan).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-coord}
@@ -58,6 +60,8 @@ run() { # label, wrk args...
 results=()
 results+=("$(run "GET /healthz (baseline)" "$base/healthz")")
 results+=("$(run "GET /v1/jobs/{id}" "$base/v1/jobs/bench")")
+# Scheduling at scale before the POST run (its thousands of pending jobs would take agents).
+sched=$("$build/bench/coordinator/bench_schedule" "127.0.0.1:$cport" ${SCHED_SIZES:-100 1000 5000})
 results+=("$(run "POST /v1/jobs" -s "$root/bench/coordinator/post_job.lua" "$base/v1/jobs")")
 baseline=$(echo "${results[0]}" | cut -d'|' -f2)
 echo
@@ -68,6 +72,9 @@ for r in "${results[@]}"; do
   ratio=$(python3 -c "print(f'{float($rps)/float($baseline):.2f}x')")
   echo "| $label | $rps | $p50 | $p99 | $non | $ratio |"
 done
+echo
+echo "scheduling (bench_schedule, same etcd and coordinator):"
+echo "$sched"
 echo
 echo "plan computation (bench_plan):"
 "$build/bench/coordinator/bench_plan"
