@@ -122,7 +122,9 @@ void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res
   if (!spec.name[0])
     random_name(spec.name, sizeof spec.name);
   st.state = WAGMA_JOB_PENDING;
-  snprintf(st.reason, sizeof st.reason, "waiting for %d free agents", spec.min_workers);
+  /* The scheduler writes the same text while the job waits: no rewrite per pass. */
+  snprintf(st.reason, sizeof st.reason, "waiting for %d free %s agents", spec.min_workers,
+           wagma_device_name(spec.device));
   st.created = wg_now();
   if (wagma_job_spec_to_json(&spec, &spec_json) || wagma_job_status_to_json(&st, &status_json)) {
     wg_response_error(res, 500, "internal", NULL, "out of memory");

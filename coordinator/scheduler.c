@@ -30,6 +30,7 @@
  * while that job's plan lists it (docs/api.md). */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ struct wg_scheduler {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int stop;                  /* under mu */
+  atomic_int stopping;       /* read by a pass in progress */
   int dirty;                 /* under mu */
   int watch_dead;            /* under mu: the watch ended (compaction); restart it */
   wagma_etcd_watch_t *watch; /* scheduler thread only */
@@ -75,6 +77,8 @@ typedef struct pass {
   int64_t lease;
   char leader_key[256];
   int again; /* another pass is needed soon */
+  int abort; /* etcd unavailable or stopping: no more writes in this pass */
+  atomic_int *stopping;
 } pass_t;
 
 static wagma_etcd_cmp_t fence(pass_t *p) {
@@ -86,7 +90,13 @@ static wagma_etcd_cmp_t fence(pass_t *p) {
 
 static int txn(pass_t *p, const wagma_etcd_cmp_t *cmps, size_t ncmps, const wagma_etcd_op_t *ops,
                size_t nops, const char *what) {
+  if (p->abort || atomic_load(p->stopping)) {
+    p->abort = 1;
+    return WAGMA_ECANCELED;
+  }
   int e = wagma_etcd_txn(p->c->etcd, cmps, ncmps, ops, nops, NULL, 0, NULL);
+  if (e == WAGMA_EUNAVAIL || e == WAGMA_ETIMEDOUT)
+    p->abort = 1; /* every further write would wait for the same deadline */
   if (e == WAGMA_ECONFLICT) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_DEBUG, "%s: changed meanwhile, retrying", what);
     p->again = 1;
@@ -287,8 +297,9 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     nfree += !s->agents[i].busy && device_ok(j, &s->agents[i]);
   if (survivors == 0 && nfree < j->spec.min_workers) {
     /* Cannot start (or restart): stay or become pending. */
-    snprintf(reason, sizeof reason, "waiting for agents: %d free, min_workers %d", nfree,
-             j->spec.min_workers);
+    /* Constant per job (no free count): pending jobs are not rewritten at every pass. */
+    snprintf(reason, sizeof reason, "waiting for %d free %s agents", j->spec.min_workers,
+             wagma_device_name(j->spec.device));
     if (p->leader && (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
                       strcmp(j->status.reason, reason) != 0)) {
       wagma_job_status_t st = j->status;
@@ -448,7 +459,7 @@ static void cleanup_assignments(pass_t *p) {
 static void reconcile(wg_scheduler_t *sch) {
   wg_coord_t *c = sch->c;
   snapshot_t s;
-  pass_t p = {.c = c, .s = &s};
+  pass_t p = {.c = c, .s = &s, .stopping = &sch->stopping};
   int e = wg_snapshot_load(c, &s);
   if (e) {
     wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "reconcile: read: %s",
@@ -469,7 +480,7 @@ static void reconcile(wg_scheduler_t *sch) {
     }
   }
   qsort(s.jobs, s.njobs, sizeof *s.jobs, cmp_created);
-  for (size_t i = 0; i < s.njobs; i++) {
+  for (size_t i = 0; i < s.njobs && !p.abort; i++) {
     wg_job_record_t *j = &s.jobs[i];
     if (wagma_job_state_terminal(j->status.state))
       continue;
@@ -487,7 +498,7 @@ static void reconcile(wg_scheduler_t *sch) {
         a->busy = 1;
     }
   }
-  if (p.leader)
+  if (p.leader && !p.abort)
     cleanup_assignments(&p);
   wg_metrics_set_snapshot(c->metrics, wg_snapshot_render(&s));
   wg_snapshot_free(&s);
@@ -603,6 +614,7 @@ void wg_scheduler_stop(wg_scheduler_t *s) {
     return;
   pthread_mutex_lock(&s->mu);
   s->stop = 1;
+  atomic_store(&s->stopping, 1);
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
   pthread_join(s->thread, NULL);
