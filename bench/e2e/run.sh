@@ -11,8 +11,10 @@
 # setting, and the final accuracy (whole test set, after the last iteration).
 #
 # usage: bench/e2e/run.sh [--iterations N] [--target A] [--out DIR] [--settings "..."]
-#                         [--algorithms "..."] [--build DIR]
-# Writes DIR/results.md (the table), DIR/<setting>-<algorithm>.dat and DIR/e2e.png (gnuplot).
+#                         [--algorithms "..."] [--build DIR] [--repeat R]
+# With --repeat R every run is repeated R times (interleaved: each round runs every algorithm
+# once) and the table shows medians. Writes DIR/results.md (the table),
+# DIR/<setting>-<algorithm>.dat (the first repetition) and DIR/e2e.png (gnuplot).
 # Stops everything it starts by PID; needs curl, etcd, gnuplot (scripts/deps.sh).
 set -euo pipefail
 
@@ -24,6 +26,7 @@ OUT="$ROOT/bench/e2e/out"
 SETTINGS="none transient persistent"
 ALGORITHMS="wagma-barrier wagma-wait-avoiding allreduce local-sgd"
 RUN_TIMEOUT=400
+REPEAT=1
 while [ $# -gt 0 ]; do
   case "$1" in
   --iterations) ITERATIONS="$2"; shift 2 ;;
@@ -32,6 +35,7 @@ while [ $# -gt 0 ]; do
   --settings) SETTINGS="$2"; shift 2 ;;
   --algorithms) ALGORITHMS="$2"; shift 2 ;;
   --build) BUILD="$2"; shift 2 ;;
+  --repeat) REPEAT="$2"; shift 2 ;;
   -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
   *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -119,9 +123,10 @@ start_cluster() {
 
 mean_of() { grep -o "\"$1\":[0-9][0-9.eE+-]*" | cut -d: -f2 | awk '{s+=$1; n++} END {if (n) printf "%.4f", s/n}'; }
 
-# run_job SETTING ALGORITHM -> prints "time_to_target final_accuracy wall_total"
+# run_job SETTING ALGORITHM REP -> prints "time_to_target final_accuracy wall_total state"
 run_job() {
-  local setting=$1 algo=$2 name="$1-$2" algorithm sync dat="$OUT/$1-$2.dat"
+  local setting=$1 algo=$2 name="$1-$2-r$3" algorithm sync dat="$OUT/$1-$2.dat"
+  [ "$3" = 1 ] || dat="$OUT/$1-$2-r$3.dat"
   case "$algo" in
   wagma-barrier) algorithm=wagma; sync=barrier ;;
   wagma-wait-avoiding) algorithm=wagma; sync=wait-avoiding ;;
@@ -158,8 +163,16 @@ run_job() {
   printf '%s %s %.1f %s\n' "$tta" "$final" "$now" "$state"
 }
 
+# median of numbers ("-" = not reached, counted as +infinity); "-" when most are "-".
+median() {
+  printf '%s\n' "$@" | sed 's/^-$/1e30/' | sort -g |
+    awk '{v[NR] = $1} END {m = v[int((NR + 1) / 2)]; if (m + 0 >= 1e30) print "-"; else print m}'
+}
+
 RESULTS="$OUT/results.md"
 {
+  echo "Medians of $REPEAT run(s)."
+  echo
   echo "| setting | algorithm | time to $TARGET (s) | speedup vs allreduce | final accuracy | wall for $ITERATIONS it (s) |"
   echo "|---|---|---|---|---|---|"
 } >"$RESULTS"
@@ -167,12 +180,17 @@ for setting in $SETTINGS; do
   say "setting $setting: starting etcd, coordinator, 4 agents"
   start_cluster "$setting"
   declare -A TTA=() FIN=() WALL=()
+  for rep in $(seq 1 "$REPEAT"); do
+    for algo in $ALGORITHMS; do
+      say "  $setting / $algo (#$rep): training $ITERATIONS iterations"
+      read -r tta fin wall st < <(run_job "$setting" "$algo" "$rep")
+      say "  $setting / $algo (#$rep): time to $TARGET ${tta}s, final accuracy $fin, ${wall}s ($st)"
+      TTA[$algo]="${TTA[$algo]:-} $tta"; FIN[$algo]="${FIN[$algo]:-} $fin"; WALL[$algo]="${WALL[$algo]:-} $wall"
+      sleep 1
+    done
+  done
   for algo in $ALGORITHMS; do
-    say "  $setting / $algo: training $ITERATIONS iterations"
-    read -r tta fin wall st < <(run_job "$setting" "$algo")
-    say "  $setting / $algo: time to $TARGET ${tta}s, final accuracy $fin, ${wall}s ($st)"
-    TTA[$algo]=$tta; FIN[$algo]=$fin; WALL[$algo]=$wall
-    sleep 1
+    TTA[$algo]=$(median ${TTA[$algo]}); FIN[$algo]=$(median ${FIN[$algo]}); WALL[$algo]=$(median ${WALL[$algo]})
   done
   for algo in $ALGORITHMS; do
     ratio="-"
@@ -192,7 +210,7 @@ if command -v gnuplot >/dev/null; then
     echo "set terminal pngcairo size $((480 * n)),420 noenhanced font ',10'"
     echo "set output '$OUT/e2e.png'"
     echo "set multiplot layout 1,$n title 'Fashion-MNIST MLP, 4 CPU agents: mean test accuracy (2000 samples) vs wall time'"
-    echo "set xlabel 'seconds since submission'; set ylabel 'accuracy'; set yrange [0.6:0.92]; set grid"
+    echo "set xlabel 'seconds since submission'; set ylabel 'accuracy'; set yrange [0.75:0.91]; set grid"
     echo "set key bottom right"
     for setting in $SETTINGS; do
       echo "set title '$setting'"
