@@ -151,21 +151,7 @@ static void planning_time_is_printed(void **state) {
              groups[s], nphases, reps, best * 1e3, worst * 1e3);
     }
   }
-  /* and the JSON codec at P = 10000 */
-  wagma_plan_t plan, back;
-  char *json = NULL, err[256];
-  assert_int_equal(wagma_plan_build(10000, 4, NULL, &plan), 0);
-  pu_fill_members(&plan);
-  double t0 = now_s();
-  assert_int_equal(wagma_plan_to_json(&plan, &json), 0);
-  double t1 = now_s();
-  assert_int_equal(wagma_plan_from_json(json, strlen(json), &back, err, sizeof(err)), 0);
-  double t2 = now_s();
-  printf("plan JSON P=10000 S=4: %zu bytes, to_json %.2f ms, from_json %.2f ms\n", strlen(json),
-         (t1 - t0) * 1e3, (t2 - t1) * 1e3);
-  free(json);
-  wagma_plan_free(&back);
-  wagma_plan_free(&plan);
+  /* the JSON codec's time at P = 10000: test_plan_json.c, codec_time_is_printed */
 }
 
 /* With fresh inputs, L consecutive rounds of group averaging leave the exact global mean on

@@ -1,5 +1,7 @@
 /* Unit tests of the plan JSON codec (collective/plan_json.c): exact round trips, the
- * documented shape, and a table of bad inputs each rejected with its field named. */
+ * documented shape, the direct encoder byte for byte against jansson's dump of the same object
+ * (escapes, UTF-8 acceptance), a table of bad inputs each rejected with its field named, and
+ * the codec's time at P = 10000 (printed, not asserted). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,8 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
+#include <time.h>
 
 #include "test_plan_util.h"
 
@@ -103,6 +107,168 @@ static void encoder_refuses_what_cannot_decode(void **state) {
   assert_int_equal(wagma_plan_to_json(&plan, &json), WAGMA_EINVAL); /* not UTF-8 */
   assert_int_equal(wagma_plan_to_json(&plan, NULL), WAGMA_EINVAL);
   assert_int_equal(wagma_plan_to_json(NULL, &json), WAGMA_EINVAL);
+  wagma_plan_free(&plan);
+}
+
+/* The reference: the documented object built as a json_t tree and dumped compact by jansson
+ * (what wagma_plan_to_json produced before it wrote the text itself). NULL when a string is not
+ * valid UTF-8. The plan must validate. */
+static char *jansson_reference(const wagma_plan_t *plan) {
+  static const char *const sync[] = {"barrier", "wait-avoiding"};
+  json_t *members = json_array(), *phases = json_array();
+  char *out = NULL;
+  for (int i = 0; i < plan->nranks; i++) {
+    json_t *name = json_string(plan->members[i].name);
+    json_t *address = json_string(plan->members[i].address);
+    if (!name || !address) {
+      json_decref(name);
+      json_decref(address);
+      goto out;
+    }
+    json_array_append_new(members,
+                          json_pack("{s:i, s:o, s:o, s:b}", "rank", i, "name", name, "address",
+                                    address, "joiner", plan->members[i].joiner));
+  }
+  for (int j = 0; j < plan->nphases; j++) {
+    const wagma_phase_t *ph = &plan->phases[j];
+    json_t *groups = json_array();
+    for (int g = 0; g < ph->ngroups; g++) {
+      json_t *ranks = json_array();
+      for (int x = ph->offsets[g]; x < ph->offsets[g + 1]; x++)
+        json_array_append_new(ranks, json_integer(ph->ranks[x]));
+      json_array_append_new(groups, ranks);
+    }
+    json_array_append_new(phases, groups);
+  }
+  json_t *root =
+      json_pack("{s:I, s:I, s:i, s:i, s:s, s:O, s:O}", "epoch", (json_int_t)plan->epoch,
+                "start_round", (json_int_t)plan->start_round, "group_size", plan->group_size,
+                "staleness_bound", plan->staleness_bound, "global_sync", sync[plan->global_sync],
+                "members", members, "phases", phases);
+  assert_non_null(root);
+  out = json_dumps(root, JSON_COMPACT);
+  json_decref(root);
+out:
+  json_decref(members);
+  json_decref(phases);
+  return out;
+}
+
+static void assert_matches_reference(const wagma_plan_t *plan) {
+  char *mine = NULL, *ref = jansson_reference(plan);
+  int rc = wagma_plan_to_json(plan, &mine);
+  if (!ref) {
+    assert_int_equal(rc, WAGMA_EINVAL); /* both refuse */
+    assert_null(mine);
+    return;
+  }
+  assert_int_equal(rc, 0);
+  assert_string_equal(mine, ref);
+  free(mine);
+  free(ref);
+}
+
+static void encoder_matches_jansson(void **state) {
+  (void)state;
+  static const int cases[][2] = {{1, 2}, {3, 2}, {9, 3}, {70, 5}, {1000, 4}};
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    wagma_plan_t plan;
+    assert_int_equal(wagma_plan_build(cases[c][0], cases[c][1], NULL, &plan), 0);
+    pu_fill_members(&plan);
+    plan.epoch = c == 0 ? (uint64_t)INT64_MAX : c * 1000000007ull;
+    plan.start_round = c == 1 ? (uint64_t)INT64_MAX : c;
+    plan.staleness_bound = c == 2 ? INT32_MAX : (int)c + 1;
+    plan.global_sync = c % 2 ? WAGMA_GLOBAL_WAIT_AVOIDING : WAGMA_GLOBAL_BARRIER;
+    plan.members[0].joiner = 1;
+    assert_matches_reference(&plan);
+    wagma_plan_free(&plan);
+  }
+  /* every byte of a name: each control character, the escapes, '/', DEL, and UTF-8 */
+  wagma_plan_t plan;
+  assert_int_equal(wagma_plan_build(2, 2, NULL, &plan), 0);
+  pu_fill_members(&plan);
+  for (int b = 1; b < 0x80; b++) {
+    snprintf(plan.members[0].name, WAGMA_NAME_MAX, "x%cy%c", b, b);
+    snprintf(plan.members[1].address, WAGMA_ADDRESS_MAX, "%c", b);
+    assert_matches_reference(&plan);
+  }
+  /* well-formed and ill-formed UTF-8: the encoder accepts exactly what jansson accepts */
+  static const char *const utf8[] = {
+      "\xc2\x80",
+      "\xdf\xbf",
+      "\xe0\xa0\x80",
+      "\xef\xbf\xbf",
+      "\xed\x9f\xbf",
+      "\xee\x80\x80",
+      "\xf0\x90\x80\x80",
+      "\xf4\x8f\xbf\xbf",
+      "caf\xc3\xa9", /* valid */
+      "\x80",
+      "\xbf",
+      "\xc0\x80",
+      "\xc1\xbf",
+      "\xe0\x9f\xbf",
+      "\xed\xa0\x80",
+      "\xed\xbf\xbf",
+      "\xf0\x8f\xbf\xbf",
+      "\xf4\x90\x80\x80",
+      "\xf5\x80\x80\x80",
+      "\xff",
+      "\xc3",
+      "\xc3x",
+      "\xe2\x82",
+      "\xf0\x90\x80",
+      "\xe2\x82\xc3\xa9", /* invalid */
+  };
+  for (size_t i = 0; i < sizeof(utf8) / sizeof(utf8[0]); i++) {
+    snprintf(plan.members[1].name, WAGMA_NAME_MAX, "n%s", utf8[i]);
+    assert_matches_reference(&plan);
+    snprintf(plan.members[1].name, WAGMA_NAME_MAX, "a1");
+    snprintf(plan.members[0].address, WAGMA_ADDRESS_MAX, "%s:1", utf8[i]);
+    assert_matches_reference(&plan);
+    snprintf(plan.members[0].address, WAGMA_ADDRESS_MAX, "h:1");
+  }
+  wagma_plan_free(&plan);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Prints the codec's time at P = 10000 (not asserted: unit tests run loaded and under
+ * sanitizers), with jansson's tree + dump of the same plan as the named baseline. */
+static void codec_time_is_printed(void **state) {
+  (void)state;
+  const int reps = 5;
+  double enc = 1e9, dec = 1e9, ref = 1e9;
+  size_t bytes = 0;
+  wagma_plan_t plan;
+  assert_int_equal(wagma_plan_build(10000, 4, NULL, &plan), 0);
+  pu_fill_members(&plan);
+  for (int rep = 0; rep < reps; rep++) {
+    wagma_plan_t back;
+    char *json = NULL, *baseline = NULL, err[256];
+    double t0 = now_s();
+    assert_int_equal(wagma_plan_to_json(&plan, &json), 0);
+    double t1 = now_s();
+    assert_int_equal(wagma_plan_from_json(json, strlen(json), &back, err, sizeof(err)), 0);
+    double t2 = now_s();
+    baseline = jansson_reference(&plan);
+    double t3 = now_s();
+    assert_string_equal(json, baseline);
+    enc = t1 - t0 < enc ? t1 - t0 : enc;
+    dec = t2 - t1 < dec ? t2 - t1 : dec;
+    ref = t3 - t2 < ref ? t3 - t2 : ref;
+    bytes = strlen(json);
+    free(json);
+    free(baseline);
+    wagma_plan_free(&back);
+  }
+  printf("plan JSON P=10000 S=4: %zu bytes, best of %d: to_json %.2f ms (jansson tree+dump "
+         "%.2f ms, %.1fx), from_json %.2f ms\n",
+         bytes, reps, enc * 1e3, ref * 1e3, ref / enc, dec * 1e3);
   wagma_plan_free(&plan);
 }
 
@@ -247,7 +413,9 @@ const struct CMUnitTest plan_json_tests[] = {
     cmocka_unit_test(shape_is_the_documented_one),
     cmocka_unit_test(round_trips_are_exact),
     cmocka_unit_test(encoder_refuses_what_cannot_decode),
+    cmocka_unit_test(encoder_matches_jansson),
     cmocka_unit_test(bad_inputs_name_their_field),
     cmocka_unit_test(decoder_arguments),
+    cmocka_unit_test(codec_time_is_printed),
 };
 const size_t plan_json_ntests = sizeof(plan_json_tests) / sizeof(plan_json_tests[0]);
