@@ -12,7 +12,10 @@
  *  - etcd down for a few seconds: the agents keep training on the last plan (same epoch, same
  *    processes, the iteration grew across the outage);
  *  - every agent SIGKILLed: fresh agents restart the job from its checkpoint (rank 0 wrote it
- *    and recorded it in etcd), not from the seed.
+ *    and recorded it in etcd), not from the seed;
+ *  - a job given in epochs ends after epochs x n / (batch x workers) iterations;
+ *  - an agent that cannot set a job up (its data set is missing) reports "failed" and the job
+ *    fails with the agent's reason.
  * Everything started is stopped by PID (cluster.c). */
 #include <setjmp.h>
 #include <signal.h>
@@ -30,6 +33,7 @@
 #define LOSS_BOUND 0.5
 #define ACC_BOUND 0.8
 
+/* --data-dir points nowhere: synthetic jobs do not need it, Fashion-MNIST jobs must fail. */
 static const char *const agent_args[] = {"--lease-ttl",
                                          "6",
                                          "--progress-interval",
@@ -44,6 +48,8 @@ static const char *const agent_args[] = {"--lease-ttl",
                                          "512",
                                          "--linger",
                                          "20",
+                                         "--data-dir",
+                                         "/nonexistent/wagma-test",
                                          NULL};
 
 static int setup(void **state) {
@@ -363,12 +369,45 @@ static void test_restart_from_checkpoint(void **state) {
   delete_job(c, job);
 }
 
+static void test_epochs_job(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  /* 4096 synthetic samples / (32 x 4 workers) = 32 iterations per epoch. */
+  submit(c, "{\"name\":\"two-epochs\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+            "\"algorithm\":\"allreduce\",\"workers\":4,\"batch_size\":32,\"epochs\":2,"
+            "\"eval_every\":16}");
+  if (cluster_job_wait_state(c, "two-epochs", "succeeded", 60, &v) != 0)
+    cluster_dump_logs(c);
+  assert_string_equal(v.state, "succeeded");
+  for (int i = 0; i < v.nmembers; i++) {
+    assert_string_equal(v.members[i].state, "done");
+    assert_int_equal(v.members[i].iteration, 64);
+  }
+}
+
+static void test_setup_failure_fails_the_job(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  char *body = NULL;
+  long st = 0;
+  /* The agents run with --data-dir /nonexistent/...: Fashion-MNIST cannot load. */
+  submit(c, "{\"name\":\"no-data\",\"model\":\"mlp\",\"dataset\":\"fashion-mnist\","
+            "\"workers\":2,\"iterations\":10}");
+  assert_int_equal(cluster_job_wait_state(c, "no-data", "failed", 60, &v), 0);
+  assert_int_equal(cluster_http(c, "GET", "/v1/jobs/no-data", NULL, &st, &body), 0);
+  fprintf(stderr, "  %s\n", body);
+  assert_non_null(strstr(body, "setup failed"));
+  free(body);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_wagma_converges),
       cmocka_unit_test(test_allreduce_converges),
       cmocka_unit_test(test_local_sgd_converges),
       cmocka_unit_test(test_wagma_wait_avoiding_converges),
+      cmocka_unit_test(test_epochs_job),
+      cmocka_unit_test(test_setup_failure_fails_the_job),
       cmocka_unit_test(test_kill_then_scale_up),
       cmocka_unit_test(test_etcd_outage),
       cmocka_unit_test(test_restart_from_checkpoint),
