@@ -5,12 +5,13 @@
  *   main.c        options, logging, signals, start / stop order
  *   registry.c    the control thread: lease + agent key, assignment and plan watches, job spec,
  *                 progress and checkpoint records (the only code that talks to etcd)
- *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress record encoding
+ *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress and checkpoint records
  *   runner.c      the runner thread: job setup, epochs (communicator, global sync), the loop
  *   algorithms.c  one iteration of wagma / allreduce / local-sgd, straggler injection
  *
- * api.h and agent/train/train.h both define wagma_model_t and wagma_dataset_t, so no file
- * includes both: this header uses neither, and the job config carries plain enums of its own.
+ * The job config carries the api's model and dataset kinds (wagma_model_kind_t,
+ * wagma_dataset_kind_t); runner.c maps the model kind to the training library's architecture
+ * (WAGMA_ARCH_*), the only place that does.
  *
  * Threads: the main thread waits for signals; the control thread owns the etcd handle; the
  * runner thread owns the model, the data and the communicator. They meet only in wg_shared_t,
@@ -21,6 +22,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "wagma/api.h"
 #include "wagma/collective.h"
 #include "wagma/status.h"
 
@@ -57,14 +59,14 @@ extern int wg_agent_log_level;
 
 /* ---- job configuration (decoded from the job spec by jobconf.c) -------------------------- */
 
-enum { WG_MODEL_SOFTMAX = 0, WG_MODEL_MLP = 1, WG_MODEL_LENET5 = 2 };
-enum { WG_DATA_FASHION_MNIST = 0, WG_DATA_SYNTHETIC = 1 };
 enum { WG_ALGO_WAGMA = 0, WG_ALGO_ALLREDUCE = 1, WG_ALGO_LOCAL_SGD = 2 };
 enum { WG_OPT_SGD = 0, WG_OPT_ADAM = 1 };
 
 typedef struct wg_job_config {
   char job[WAGMA_NAME_MAX];
-  int model, dataset, algorithm, optimizer;
+  wagma_model_kind_t model;
+  wagma_dataset_kind_t dataset;
+  int algorithm, optimizer;
   double lr, momentum, weight_decay;
   int nesterov;
   uint64_t warmup;

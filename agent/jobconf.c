@@ -1,7 +1,6 @@
 /* agent/jobconf.c — the api.h side of the agent: decodes the stored job spec into the agent's
  * own wg_job_config_t and encodes the records the agent writes (registration, progress,
- * checkpoint). Pure functions, no threads; kept apart from the training code because api.h and
- * agent/train/train.h define types of the same names. */
+ * checkpoint). Pure functions, no threads. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,11 +21,8 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
     return WAGMA_EINVAL;
   }
   snprintf(cfg->job, sizeof cfg->job, "%s", job);
-  cfg->model = spec.model == WAGMA_MODEL_MLP      ? WG_MODEL_MLP
-               : spec.model == WAGMA_MODEL_LENET5 ? WG_MODEL_LENET5
-                                                  : WG_MODEL_SOFTMAX;
-  cfg->dataset =
-      spec.dataset == WAGMA_DATASET_SYNTHETIC ? WG_DATA_SYNTHETIC : WG_DATA_FASHION_MNIST;
+  cfg->model = spec.model;
+  cfg->dataset = spec.dataset;
   cfg->algorithm = spec.algorithm == WAGMA_ALGO_ALLREDUCE   ? WG_ALGO_ALLREDUCE
                    : spec.algorithm == WAGMA_ALGO_LOCAL_SGD ? WG_ALGO_LOCAL_SGD
                                                             : WG_ALGO_WAGMA;

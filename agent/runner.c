@@ -135,7 +135,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   j->rank = -1;
   j->loss_ema = j->step_ema = j->accuracy = NAN;
   j->window_start = wg_mono();
-  if (cfg->dataset == WG_DATA_SYNTHETIC) {
+  if (cfg->dataset == WAGMA_DATASET_SYNTHETIC) {
     wagma_synthetic_config_t tr = wagma_synthetic_defaults(r->opt->synthetic_train, cfg->seed, 0);
     wagma_synthetic_config_t te = wagma_synthetic_defaults(r->opt->synthetic_test, cfg->seed, 1);
     if ((e = wagma_dataset_synthetic(&j->train, &tr, err, sizeof err)) ||
@@ -145,10 +145,11 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
                                                    &j->train, &j->test, err, sizeof err))) {
     goto out;
   }
-  int kind = cfg->model == WG_MODEL_MLP      ? WAGMA_MODEL_MLP
-             : cfg->model == WG_MODEL_LENET5 ? WAGMA_MODEL_LENET5
-                                             : WAGMA_MODEL_SOFTMAX;
-  wagma_model_config_t mc = wagma_model_defaults(kind);
+  /* the one place a spec's model kind becomes the training library's architecture */
+  int arch = cfg->model == WAGMA_MODEL_MLP      ? WAGMA_ARCH_MLP
+             : cfg->model == WAGMA_MODEL_LENET5 ? WAGMA_ARCH_LENET5
+                                                : WAGMA_ARCH_SOFTMAX;
+  wagma_model_config_t mc = wagma_model_defaults(arch);
   if ((size_t)cfg->batch_size > mc.max_batch)
     mc.max_batch = (size_t)cfg->batch_size;
   if ((e = wagma_model_create(&mc, &j->model, err, sizeof err)))

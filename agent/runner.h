@@ -1,6 +1,6 @@
 /* agent/runner.h — private to runner.c and algorithms.c: the state of the job the runner
  * trains (model, data, communicator of the current epoch, statistics). Includes the training
- * library, so it must not be included together with wagma/api.h (see agent.h). */
+ * library next to wagma/api.h (via agent.h); their names are distinct. */
 #ifndef WAGMA_AGENT_RUNNER_H
 #define WAGMA_AGENT_RUNNER_H
 

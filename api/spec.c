@@ -21,10 +21,10 @@ static const char *const optimizer_names[] = {"sgd", "adam"};
 static const char *const device_names[] = {"cpu", "cuda"};
 
 #define ENUM_NAME(table, v) ((int)(v) >= 0 && (int)(v) < NELEM(table) ? table[(int)(v)] : "?")
-const char *wagma_model_name(wagma_model_t v) {
+const char *wagma_model_name(wagma_model_kind_t v) {
   return ENUM_NAME(model_names, v);
 }
-const char *wagma_dataset_name(wagma_dataset_t v) {
+const char *wagma_dataset_name(wagma_dataset_kind_t v) {
   return ENUM_NAME(dataset_names, v);
 }
 const char *wagma_algorithm_name(wagma_algorithm_t v) {
@@ -167,11 +167,11 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
     } else if (strcmp(key, "model") == 0) {
       if ((e = decode_enum_field(v, key, model_names, NELEM(model_names), &en, err)))
         goto out;
-      s.model = (wagma_model_t)en;
+      s.model = (wagma_model_kind_t)en;
     } else if (strcmp(key, "dataset") == 0) {
       if ((e = decode_enum_field(v, key, dataset_names, NELEM(dataset_names), &en, err)))
         goto out;
-      s.dataset = (wagma_dataset_t)en;
+      s.dataset = (wagma_dataset_kind_t)en;
     } else if (strcmp(key, "algorithm") == 0) {
       if ((e = decode_enum_field(v, key, algorithm_names, NELEM(algorithm_names), &en, err)))
         goto out;

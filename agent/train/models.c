@@ -71,17 +71,17 @@ struct wagma_model {
   uint64_t signature;
 };
 
-wagma_model_config_t wagma_model_defaults(int kind) {
+wagma_model_config_t wagma_model_defaults(int arch) {
   wagma_model_config_t c;
   memset(&c, 0, sizeof(c));
-  c.kind = kind;
+  c.arch = arch;
   c.channels = 1;
   c.rows = 28;
   c.cols = 28;
   c.classes = 10;
   c.hidden[0] = 256;
   c.hidden[1] = 128;
-  c.n_hidden = kind == WAGMA_MODEL_MLP ? 2 : 0;
+  c.n_hidden = arch == WAGMA_ARCH_MLP ? 2 : 0;
   c.activation = WAGMA_ACT_RELU;
   c.pool = WAGMA_POOL_MAX;
   c.max_batch = 256;
@@ -101,23 +101,23 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
   char *sizes = name ? strchr(name, ':') : NULL;
   if (sizes)
     *sizes++ = '\0';
-  int kind;
+  int arch;
   if (!name) {
     wg_train_errf(err, err_len, "empty model spec");
     return WAGMA_EINVAL;
   } else if (!strcmp(name, "softmax") || !strcmp(name, "logreg")) {
-    kind = WAGMA_MODEL_SOFTMAX;
+    arch = WAGMA_ARCH_SOFTMAX;
   } else if (!strcmp(name, "mlp")) {
-    kind = WAGMA_MODEL_MLP;
+    arch = WAGMA_ARCH_MLP;
   } else if (!strcmp(name, "lenet5") || !strcmp(name, "lenet")) {
-    kind = WAGMA_MODEL_LENET5;
+    arch = WAGMA_ARCH_LENET5;
   } else {
     wg_train_errf(err, err_len, "unknown model '%s' (softmax, mlp, lenet5)", name);
     return WAGMA_EINVAL;
   }
-  wagma_model_config_t c = wagma_model_defaults(kind);
+  wagma_model_config_t c = wagma_model_defaults(arch);
   if (sizes) {
-    if (kind != WAGMA_MODEL_MLP) {
+    if (arch != WAGMA_ARCH_MLP) {
       wg_train_errf(err, err_len, "model '%s' takes no layer sizes", name);
       return WAGMA_EINVAL;
     }
@@ -234,13 +234,13 @@ static layer_t *add_pool(wagma_model_t *m, size_t c, size_t h, size_t w, size_t 
 static int build_layers(wagma_model_t *m, char *err, size_t err_len) {
   const wagma_model_config_t *c = &m->cfg;
   size_t in = c->channels * c->rows * c->cols;
-  switch (c->kind) {
-  case WAGMA_MODEL_SOFTMAX:
+  switch (c->arch) {
+  case WAGMA_ARCH_SOFTMAX:
     snprintf(m->desc, sizeof(m->desc), "softmax in%zux%zux%zu", c->channels, c->rows, c->cols);
     if (!add_dense(m, in, c->classes))
       goto bad;
     return WAGMA_OK;
-  case WAGMA_MODEL_MLP: {
+  case WAGMA_ARCH_MLP: {
     snprintf(m->desc, sizeof(m->desc), "mlp in%zux%zux%zu", c->channels, c->rows, c->cols);
     size_t width = in;
     for (size_t i = 0; i < c->n_hidden; i++) {
@@ -252,7 +252,7 @@ static int build_layers(wagma_model_t *m, char *err, size_t err_len) {
       goto bad;
     return WAGMA_OK;
   }
-  case WAGMA_MODEL_LENET5: {
+  case WAGMA_ARCH_LENET5: {
     snprintf(m->desc, sizeof(m->desc), "lenet5 in%zux%zux%zu", c->channels, c->rows, c->cols);
     layer_t *l = add_conv(m, c->channels, c->rows, c->cols, 6, 5, 2);
     if (!l || !add_act(m, l->out_len, c->activation))
@@ -272,7 +272,9 @@ static int build_layers(wagma_model_t *m, char *err, size_t err_len) {
       goto bad;
     return WAGMA_OK;
   }
-  default: wg_train_errf(err, err_len, "unknown model kind %d", c->kind); return WAGMA_EINVAL;
+  default:
+    wg_train_errf(err, err_len, "unknown model architecture %d", c->arch);
+    return WAGMA_EINVAL;
   }
 bad:
   wg_train_errf(err, err_len, "model '%s' does not fit its input (%zux%zux%zu)", m->desc,
@@ -304,7 +306,7 @@ static int check_config(const wagma_model_config_t *c, char *err, size_t err_len
     wg_train_errf(err, err_len, "unknown pooling %d", c->pool);
     return WAGMA_EINVAL;
   }
-  if (c->kind == WAGMA_MODEL_MLP) {
+  if (c->arch == WAGMA_ARCH_MLP) {
     if (c->n_hidden > WAGMA_MLP_MAX_HIDDEN) {
       wg_train_errf(err, err_len, "too many hidden layers: %zu", c->n_hidden);
       return WAGMA_EINVAL;
@@ -336,7 +338,7 @@ int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, cha
   if (!m)
     goto out;
   m->cfg = *cfg;
-  if (m->cfg.kind != WAGMA_MODEL_MLP)
+  if (m->cfg.arch != WAGMA_ARCH_MLP)
     m->cfg.n_hidden = 0;
   m->in_len = cfg->channels * cfg->rows * cfg->cols;
   rc = build_layers(m, err, err_len);

@@ -171,14 +171,14 @@ int wagma_batch_draw(wagma_batch_t *b, wagma_sampler_t *s, const wagma_dataset_t
 
 /* ---------------------------------------------------------------- models */
 
-enum wagma_model_kind { WAGMA_MODEL_SOFTMAX = 0, WAGMA_MODEL_MLP = 1, WAGMA_MODEL_LENET5 = 2 };
+enum wagma_train_arch { WAGMA_ARCH_SOFTMAX = 0, WAGMA_ARCH_MLP = 1, WAGMA_ARCH_LENET5 = 2 };
 enum wagma_activation { WAGMA_ACT_RELU = 0, WAGMA_ACT_TANH = 1 };
 enum wagma_pool_mode { WAGMA_POOL_MAX = 0, WAGMA_POOL_AVG = 1 };
 
 #define WAGMA_MLP_MAX_HIDDEN 8
 
 typedef struct wagma_model_config {
-  int kind;                            /* enum wagma_model_kind */
+  int arch;                            /* enum wagma_train_arch */
   size_t channels, rows, cols;         /* input image, 1 x 28 x 28 by default */
   size_t classes;                      /* 10 by default */
   size_t hidden[WAGMA_MLP_MAX_HIDDEN]; /* MLP hidden sizes, default 256, 128 */
@@ -188,12 +188,12 @@ typedef struct wagma_model_config {
   size_t max_batch; /* largest batch forward() accepts, 256 by default */
 } wagma_model_config_t;
 
-/* Defaults for a kind (see the fields). LeNet-5: conv 5x5 6ch (pad 2 on 28x28, so any input of
- * at least 12x12 works) + pool 2, conv 5x5 16ch + pool 2, fc 120, fc 84, fc classes. */
-wagma_model_config_t wagma_model_defaults(int kind);
+/* Defaults for an architecture (see the fields). LeNet-5: conv 5x5 6ch (pad 2 on 28x28, so any
+ * input of at least 12x12 works) + pool 2, conv 5x5 16ch + pool 2, fc 120, fc 84, fc classes. */
+wagma_model_config_t wagma_model_defaults(int arch);
 
 /* Parses "softmax", "mlp", "mlp:512-256-128", "lenet5" (also "lenet"), with optional suffixes
- * ",tanh" ",relu" ",avgpool" ",maxpool". Starts from wagma_model_defaults(kind). */
+ * ",tanh" ",relu" ",avgpool" ",maxpool". Starts from wagma_model_defaults(arch). */
 int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *err,
                              size_t err_len);
 
@@ -214,7 +214,7 @@ float *wagma_model_params(wagma_model_t *m); /* param_count floats, owned by the
 float *wagma_model_grads(wagma_model_t *m);  /* same layout */
 const wagma_model_config_t *wagma_model_config(const wagma_model_t *m);
 /* Human-readable layer list, e.g. "lenet5 conv5x5x6-relu-maxpool2-...", and a 64-bit
- * signature of the architecture (kind, shapes, parameter layout) stored in checkpoints. */
+ * signature of the network (architecture, shapes, parameter layout) stored in checkpoints. */
 const char *wagma_model_describe(const wagma_model_t *m);
 uint64_t wagma_model_signature(const wagma_model_t *m);
 

@@ -59,15 +59,15 @@ int wagma_api_name_valid(const char *name);
  * Job spec
  * ---------------------------------------------------------------------------------------- */
 
-typedef enum wagma_model {
+typedef enum wagma_model_kind {
   WAGMA_MODEL_SOFTMAX = 0,
   WAGMA_MODEL_MLP,
   WAGMA_MODEL_LENET5
-} wagma_model_t;
-typedef enum wagma_dataset {
+} wagma_model_kind_t;
+typedef enum wagma_dataset_kind {
   WAGMA_DATASET_FASHION_MNIST = 0,
   WAGMA_DATASET_SYNTHETIC
-} wagma_dataset_t;
+} wagma_dataset_kind_t;
 typedef enum wagma_algorithm {
   WAGMA_ALGO_WAGMA = 0,
   WAGMA_ALGO_ALLREDUCE,
@@ -93,8 +93,8 @@ typedef struct wagma_checkpoint_spec {
 
 typedef struct wagma_job_spec {
   char name[WAGMA_API_NAME_MAX]; /* the job id; default "job-<8 hex>" chosen by the server */
-  wagma_model_t model;           /* default softmax */
-  wagma_dataset_t dataset;       /* default fashion-mnist */
+  wagma_model_kind_t model;      /* default softmax */
+  wagma_dataset_kind_t dataset;  /* default fashion-mnist */
   wagma_algorithm_t algorithm;   /* default wagma */
   int workers;                   /* target size, required, 1..10000 */
   int min_workers;               /* default = workers; 1 <= min_workers <= workers */
@@ -145,8 +145,8 @@ int wagma_job_patch_apply(const wagma_job_patch_t *patch, wagma_job_spec_t *spec
                           wagma_api_error_t *err);
 
 /* Enum names as they appear in JSON ("softmax", "fashion-mnist", "wait-avoiding", ...). */
-const char *wagma_model_name(wagma_model_t v);
-const char *wagma_dataset_name(wagma_dataset_t v);
+const char *wagma_model_name(wagma_model_kind_t v);
+const char *wagma_dataset_name(wagma_dataset_kind_t v);
 const char *wagma_algorithm_name(wagma_algorithm_t v);
 const char *wagma_sync_name(wagma_sync_t v);
 const char *wagma_optimizer_name(wagma_optimizer_type_t v);

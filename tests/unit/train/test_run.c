@@ -30,12 +30,12 @@ static void model_specs_parse_and_validate(void **state) {
   wagma_model_config_t cfg;
   char err[256];
   assert_int_equal(wagma_model_config_parse("mlp:512-256-128,tanh", &cfg, err, sizeof(err)), 0);
-  assert_int_equal(cfg.kind, WAGMA_MODEL_MLP);
+  assert_int_equal(cfg.arch, WAGMA_ARCH_MLP);
   assert_int_equal(cfg.n_hidden, 3);
   assert_int_equal(cfg.hidden[2], 128);
   assert_int_equal(cfg.activation, WAGMA_ACT_TANH);
   assert_int_equal(wagma_model_config_parse("lenet,avgpool", &cfg, err, sizeof(err)), 0);
-  assert_int_equal(cfg.kind, WAGMA_MODEL_LENET5);
+  assert_int_equal(cfg.arch, WAGMA_ARCH_LENET5);
   assert_int_equal(cfg.pool, WAGMA_POOL_AVG);
   const char *bad[] = {
       "",           "resnet",         "mlp:",        "mlp:0", "mlp:12-", "mlp:1-2-3-4-5-6-7-8-9",
@@ -64,16 +64,16 @@ static void model_specs_parse_and_validate(void **state) {
   wagma_model_destroy(m);
 
   /* Shapes that do not work are refused with a message. */
-  cfg = wagma_model_defaults(WAGMA_MODEL_LENET5);
+  cfg = wagma_model_defaults(WAGMA_ARCH_LENET5);
   cfg.rows = cfg.cols = 8;
   err[0] = '\0';
   assert_int_equal(wagma_model_create(&cfg, &m, err, sizeof(err)), WAGMA_EINVAL);
   assert_null(m);
   assert_non_null(strstr(err, "does not fit"));
-  cfg = wagma_model_defaults(WAGMA_MODEL_SOFTMAX);
+  cfg = wagma_model_defaults(WAGMA_ARCH_SOFTMAX);
   cfg.classes = 1;
   assert_int_equal(wagma_model_create(&cfg, &m, err, sizeof(err)), WAGMA_EINVAL);
-  cfg = wagma_model_defaults(WAGMA_MODEL_SOFTMAX);
+  cfg = wagma_model_defaults(WAGMA_ARCH_SOFTMAX);
   cfg.max_batch = 0;
   assert_int_equal(wagma_model_create(&cfg, &m, err, sizeof(err)), WAGMA_EINVAL);
 }
