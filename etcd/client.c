@@ -7,7 +7,22 @@
  * uses its own pluck completion queue, drained with grpc_completion_queue_pluck before it is
  * destroyed, with exactly one batch in flight.
  * Invariants: `preferred` is always a valid endpoint index; every call carries a deadline;
- * UNAVAILABLE moves to the next endpoint, with a short backoff after each full round. */
+ * UNAVAILABLE moves to the next endpoint, with a short backoff after each full round.
+ *
+ * Reconnect policy (gRPC 1.51 subchannels, one channel per endpoint). When a connection
+ * breaks, gRPC retries it with its own backoff: 100 ms, x1.6 with jitter, capped at 1 s
+ * (GRPC_ARG_INITIAL/MAX_RECONNECT_BACKOFF_MS). GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is, in
+ * gRPC core, the minimum *connect timeout*, not a backoff: 5 s, so an attempt that reached
+ * an etcd still starting (port bound, no HTTP/2 SETTINGS yet) is not abandoned too early;
+ * it is independent of our call deadlines, which may be shorter. While an endpoint is in
+ * backoff, calls to it fail at once with UNAVAILABLE and the call moves on; after the
+ * backoff the subchannel goes IDLE and the next call (or watch stream) starts a new attempt.
+ * gRPC's epoll poller makes connection progress only while some thread polls, so the
+ * failover backoff polls (poll_sleep_ms) instead of sleeping. Net effect: a restarted
+ * etcd is used again by the first call after it serves, whatever call_timeout_ms is
+ * (tests/integration/etcd/test_etcd_failover.c, recovers_*). An endpoint that accepts
+ * TCP but never answers costs a call its whole deadline (WAGMA_ETIMEDOUT, no failover)
+ * until gRPC's connect timeout marks it unreachable; after that calls fail over. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -237,9 +252,11 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
 
   grpc_init();
   grpc_started = 1;
-  /* Reconnect quickly after an etcd restart; fail calls fast while it is down. */
+  /* Reconnect quickly after an etcd restart; fail calls fast while it is down (see the
+   * reconnect policy above). */
   args[0] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 100}};
-  /* gRPC also uses this as the minimum connect timeout: keep it generous. */
+  /* Despite its name, gRPC core uses this only as the minimum connect timeout (an attempt
+   * gets max(its backoff, this) to finish TCP + HTTP/2 SETTINGS): keep it generous. */
   args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 5000}};
   args[2] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}};
   args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};

@@ -1,11 +1,16 @@
 /* Integration tests of libwagma_etcd when etcd fails: SIGKILL + restart on the same data
  * dir (watch resumes without loss or duplicates; calls fail fast and recover; keepalive
- * rides it out) and a 3-member cluster that loses a member. */
+ * rides it out), a 3-member cluster that loses a member, and how fast a handle with a short
+ * call timeout (1000 / 500 ms) works again after a restart or a silent endpoint. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -226,11 +231,166 @@ static void keepalive_reports_loss_while_etcd_is_down(void **state) {
   etcd_fixture_stop(fixture);
 }
 
+/* ---- recovery time after a restart, with short call timeouts -------------------------- */
+
+#define RECOVERY_BOUND_MS 5000 /* from etcd healthy again to the first successful call */
+#define RECOVERY_LEASE_TTL_S 8
+
+/* Opens a handle with call_timeout_ms, keeps a watch and a keepalive on it, SIGKILLs etcd,
+ * lets calls fail for a while (so gRPC's reconnect backoff grows), restarts etcd on the same
+ * data dir and requires the handle, the watch and the keepalive to work again promptly. */
+static void recovers_promptly_after_restart(int call_timeout_ms) {
+  etcd_fixture_t *fixture = NULL;
+  wagma_etcd_t *etcd = NULL;
+  wagma_etcd_watch_t *watch = NULL;
+  wagma_etcd_keepalive_t *keepalive = NULL;
+  wagma_etcd_watch_options_t options = {.prefix = 1};
+  wagma_etcd_options_t handle_options = {.call_timeout_ms = call_timeout_ms};
+  recorder_t *r = calloc(1, sizeof *r);
+  wagma_etcd_kv_t *kv = NULL;
+  int64_t lease = 0, killed_at, healthy_at, recovered_at, put_ok_at, start;
+  int lost = 0, rc = 0, failures = 0;
+
+  recorder_init(r);
+  assert_int_equal(etcd_fixture_start(1, &fixture), 0);
+  handle_options.endpoints = etcd_fixture_endpoints(fixture);
+  assert_int_equal(wagma_etcd_open(&handle_options, &etcd), 0);
+  assert_int_equal(wagma_etcd_lease_grant(etcd, RECOVERY_LEASE_TTL_S, &lease), 0);
+  assert_int_equal(wagma_etcd_keepalive_start(etcd, lease, lost_fn, &lost, &keepalive), 0);
+  assert_int_equal(wagma_etcd_put(etcd, "/r/leased", "x", 1, lease, NULL), 0);
+  assert_int_equal(wagma_etcd_watch_start(etcd, "/r/w/", &options, recorder_watch_fn, r, &watch),
+                   0);
+  assert_int_equal(wagma_etcd_put(etcd, "/r/w/before", "1", 1, 0, NULL), 0);
+  assert_int_equal(recorder_wait_events(r, 1, 10000), 1);
+
+  assert_int_equal(etcd_fixture_kill(fixture, 0), 0);
+  killed_at = test_now_ms();
+  /* calls fail (each within its deadline) while etcd is down */
+  while (test_now_ms() - killed_at < 2500) {
+    start = test_now_ms();
+    rc = wagma_etcd_get(etcd, "/r/w/before", &kv, NULL);
+    assert_int_equal(rc, WAGMA_EUNAVAIL);
+    assert_true(test_now_ms() - start < call_timeout_ms + 3000);
+    failures++;
+  }
+  assert_int_equal(etcd_fixture_restart(fixture, 0), 0);
+  healthy_at = test_now_ms();
+
+  /* the same handle works again within RECOVERY_BOUND_MS of etcd being healthy */
+  while ((rc = wagma_etcd_get(etcd, "/r/w/before", &kv, NULL)) != 0) {
+    if (test_now_ms() - healthy_at > RECOVERY_BOUND_MS)
+      fail_msg("timeout %d ms: no call succeeded %lld ms after etcd was healthy: %d %s",
+               call_timeout_ms, (long long)(test_now_ms() - healthy_at), rc,
+               wagma_etcd_errmsg(etcd));
+    test_sleep_ms(20);
+  }
+  recovered_at = test_now_ms();
+  assert_string_equal(kv->value, "1");
+  wagma_etcd_kv_free(kv);
+  assert_int_equal(wagma_etcd_put(etcd, "/r/w/after", "2", 1, 0, NULL), 0);
+  put_ok_at = test_now_ms();
+  print_message("timeout %d ms: %d failed calls while down; first call ok %lld ms after "
+                "etcd healthy\n",
+                call_timeout_ms, failures, (long long)(recovered_at - healthy_at));
+
+  /* the watch resumed: it delivers the put made after the restart */
+  assert_int_equal(recorder_wait_events(r, 2, RECOVERY_BOUND_MS), 2);
+  assert_string_equal(r->events[1].key, "/r/w/after");
+  print_message("timeout %d ms: watch delivered %lld ms after the put\n", call_timeout_ms,
+                (long long)(test_now_ms() - put_ok_at));
+
+  /* the keepalive resumed: had it not refreshed since the kill, it would have reported the
+   * lease lost by killed_at + TTL */
+  while (test_now_ms() - killed_at < RECOVERY_LEASE_TTL_S * 1000 + 2000 &&
+         __atomic_load_n(&lost, __ATOMIC_SEQ_CST) == 0)
+    test_sleep_ms(100);
+  assert_int_equal(__atomic_load_n(&lost, __ATOMIC_SEQ_CST), 0);
+  assert_int_equal(wagma_etcd_get(etcd, "/r/leased", &kv, NULL), 0);
+  wagma_etcd_kv_free(kv);
+
+  wagma_etcd_keepalive_stop(keepalive);
+  wagma_etcd_watch_stop(watch);
+  wagma_etcd_close(etcd);
+  etcd_fixture_stop(fixture);
+  recorder_destroy(r);
+  free(r);
+}
+
+static void recovers_promptly_after_restart_1000ms(void **state) {
+  (void)state;
+  recovers_promptly_after_restart(1000);
+}
+
+static void recovers_promptly_after_restart_500ms(void **state) {
+  (void)state;
+  recovers_promptly_after_restart(500);
+}
+
+/* etcd binds its client port before it is ready to serve, so a reconnection can meet a
+ * listener that accepts TCP but sends no HTTP/2 SETTINGS (gRPC: "connection attempt timed
+ * out before receiving SETTINGS frame"). Simulated with a silent listener held longer than
+ * gRPC's connect timeout; once etcd serves again, the handle must recover promptly. */
+static void recovers_after_a_silent_endpoint(void **state) {
+  etcd_fixture_t *fixture = NULL;
+  wagma_etcd_t *etcd = NULL;
+  wagma_etcd_options_t options = {.call_timeout_ms = 1000};
+  wagma_etcd_kv_t *kv = NULL;
+  struct sockaddr_in address = {.sin_family = AF_INET};
+  int rc, listener, one = 1, calls = 0;
+  int64_t silent_at, healthy_at, start;
+  (void)state;
+
+  assert_int_equal(etcd_fixture_start(1, &fixture), 0);
+  options.endpoints = etcd_fixture_endpoints(fixture);
+  assert_int_equal(wagma_etcd_open(&options, &etcd), 0);
+  assert_int_equal(wagma_etcd_put(etcd, "/s/k", "1", 1, 0, NULL), 0);
+  assert_int_equal(etcd_fixture_kill(fixture, 0), 0);
+
+  listener = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(listener >= 0);
+  address.sin_port = htons((uint16_t)atoi(strchr(etcd_fixture_endpoint(fixture, 0), ':') + 1));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  assert_int_equal(bind(listener, (struct sockaddr *)&address, sizeof address), 0);
+  assert_int_equal(listen(listener, 64), 0);
+  silent_at = test_now_ms();
+  while (test_now_ms() - silent_at < 7000) { /* > gRPC's 5 s connect timeout */
+    start = test_now_ms();
+    rc = wagma_etcd_get(etcd, "/s/k", &kv, NULL);
+    if (rc != WAGMA_ETIMEDOUT && rc != WAGMA_EUNAVAIL)
+      fail_msg("get from a silent endpoint: %d %s", rc, wagma_etcd_errmsg(etcd));
+    assert_true(test_now_ms() - start < options.call_timeout_ms + 3000);
+    assert_non_null(strstr(wagma_etcd_errmsg(etcd), etcd_fixture_endpoint(fixture, 0)));
+    calls++;
+    test_sleep_ms(200);
+  }
+  close(listener);
+  assert_int_equal(etcd_fixture_restart(fixture, 0), 0);
+  healthy_at = test_now_ms();
+  while ((rc = wagma_etcd_get(etcd, "/s/k", &kv, NULL)) != 0) {
+    if (test_now_ms() - healthy_at > RECOVERY_BOUND_MS)
+      fail_msg("no call succeeded %lld ms after etcd was healthy: %d %s",
+               (long long)(test_now_ms() - healthy_at), rc, wagma_etcd_errmsg(etcd));
+    test_sleep_ms(20);
+  }
+  print_message("silent endpoint: %d failed calls; first call ok %lld ms after etcd healthy\n",
+                calls, (long long)(test_now_ms() - healthy_at));
+  assert_string_equal(kv->value, "1");
+  wagma_etcd_kv_free(kv);
+  wagma_etcd_close(etcd);
+  etcd_fixture_stop(fixture);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(watch_survives_kill_and_restart),
       cmocka_unit_test(cluster_keeps_serving_without_one_member),
       cmocka_unit_test(keepalive_reports_loss_while_etcd_is_down),
+      cmocka_unit_test(recovers_promptly_after_restart_1000ms),
+      cmocka_unit_test(recovers_promptly_after_restart_500ms),
+      cmocka_unit_test(recovers_after_a_silent_endpoint),
   };
+  if (getenv("TEST_FILTER") != NULL) /* e.g. TEST_FILTER='recovers_*' */
+    cmocka_set_test_filter(getenv("TEST_FILTER"));
   return cmocka_run_group_tests_name("etcd_failover", tests, NULL, NULL);
 }
