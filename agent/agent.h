@@ -97,7 +97,7 @@ typedef struct wg_progress_snap {
 
 typedef struct wg_checkpoint_rec {
   char job[WAGMA_NAME_MAX];
-  char path[320];
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX];
   uint64_t iteration, epoch;
 } wg_checkpoint_rec_t;
 

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
-
 #include "agent/agent.h"
 #include "wagma/api.h"
 
@@ -73,35 +71,32 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   return json;
 }
 
+/* Ownership: the caller frees the result (NULL on failure, e.g. an empty path). */
 char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent) {
-  json_t *o =
-      json_pack("{s:s, s:I, s:I, s:s, s:f}", "path", r->path, "iteration", (json_int_t)r->iteration,
-                "epoch", (json_int_t)r->epoch, "agent", agent, "time", wg_wall());
-  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  return s;
+  wagma_checkpoint_record_t rec;
+  char *json = NULL;
+  memset(&rec, 0, sizeof rec);
+  snprintf(rec.path, sizeof rec.path, "%s", r->path);
+  rec.iteration = r->iteration;
+  rec.epoch = r->epoch;
+  snprintf(rec.agent, sizeof rec.agent, "%s", agent ? agent : "");
+  rec.time = wg_wall();
+  if (wagma_checkpoint_record_to_json(&rec, &json) != 0)
+    return NULL;
+  return json;
 }
 
+/* Fills path, iteration and epoch; job is left empty (the caller knows it). */
 int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_t *r) {
-  json_error_t jerr;
-  json_t *o = json_loadb(json, len, 0, &jerr);
-  int e = WAGMA_EINVAL;
+  wagma_checkpoint_record_t rec;
+  wagma_api_error_t aerr;
   memset(r, 0, sizeof *r);
-  if (!o)
+  if (wagma_checkpoint_record_from_json(json, len, &rec, &aerr) != 0)
     return WAGMA_EINVAL;
-  json_t *path = json_object_get(o, "path"), *it = json_object_get(o, "iteration");
-  json_t *ep = json_object_get(o, "epoch");
-  if (!json_is_string(path) || !json_is_integer(it) || json_integer_value(it) < 0)
-    goto out;
-  if (strlen(json_string_value(path)) >= sizeof r->path)
-    goto out;
-  snprintf(r->path, sizeof r->path, "%s", json_string_value(path));
-  r->iteration = (uint64_t)json_integer_value(it);
-  r->epoch = json_is_integer(ep) ? (uint64_t)json_integer_value(ep) : 0;
-  e = 0;
-out:
-  json_decref(o);
-  return e;
+  snprintf(r->path, sizeof r->path, "%s", rec.path);
+  r->iteration = rec.iteration;
+  r->epoch = rec.epoch;
+  return 0;
 }
 
 char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {

@@ -1,7 +1,8 @@
 /* api/records.c — codecs of the records kept in etcd besides the spec: job status
- * (coordinator), progress and agent registration (agents), assignment (coordinator), and the
- * REST error body. Decoders of agent-written records ignore unknown fields (newer agents may
- * add some); the status decoder is strict about types only. Pure functions, thread-safe. */
+ * (coordinator), progress, checkpoint and agent registration (agents), assignment
+ * (coordinator), and the REST error body. Decoders of agent-written records ignore unknown fields
+ * (newer agents may add some); the status decoder is strict about types only. Pure functions,
+ * thread-safe. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -286,6 +287,65 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
       goto out;
   }
   *out = p;
+out:
+  json_decref(root);
+  return e;
+}
+
+/* ---- checkpoint record ------------------------------------------------------------------ */
+
+int wagma_checkpoint_record_to_json(const wagma_checkpoint_record_t *r, char **json) {
+  *json = NULL;
+  if (!r->path[0])
+    return WAGMA_EINVAL;
+  json_t *o = json_object();
+  if (!o)
+    return WAGMA_ENOMEM;
+  json_object_set_new(o, "path", json_string(r->path));
+  json_object_set_new(o, "iteration", json_integer((json_int_t)r->iteration));
+  json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+  json_object_set_new(o, "agent", json_string(r->agent));
+  json_object_set_new(o, "time", json_real(r->time));
+  int e = wg_api_dump(o, json);
+  json_decref(o);
+  return e;
+}
+
+int wagma_checkpoint_record_from_json(const char *json, size_t len, wagma_checkpoint_record_t *out,
+                                      wagma_api_error_t *err) {
+  wagma_checkpoint_record_t r;
+  json_t *v;
+  int e = 0;
+  memset(&r, 0, sizeof r);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  if (!(v = json_object_get(root, "path"))) {
+    e = wg_api_fail(err, "path", "is required");
+    goto out;
+  }
+  if ((e = wg_api_str(v, "path", r.path, sizeof r.path, err)))
+    goto out;
+  if (!r.path[0]) {
+    e = wg_api_fail(err, "path", "must not be empty");
+    goto out;
+  }
+  if (!(v = json_object_get(root, "iteration"))) {
+    e = wg_api_fail(err, "iteration", "is required");
+    goto out;
+  }
+  if ((e = wg_api_u64(v, "iteration", U64MAX_JSON, &r.iteration, err)))
+    goto out;
+  if ((v = json_object_get(root, "epoch")) &&
+      (e = wg_api_u64(v, "epoch", U64MAX_JSON, &r.epoch, err)))
+    goto out;
+  if ((v = json_object_get(root, "agent")) &&
+      (e = wg_api_str(v, "agent", r.agent, sizeof r.agent, err)))
+    goto out;
+  if ((v = json_object_get(root, "time")) &&
+      (e = wg_api_num(v, "time", 0, 0, 1e12, 0, &r.time, err)))
+    goto out;
+  *out = r;
 out:
   json_decref(root);
   return e;

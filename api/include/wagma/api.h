@@ -31,9 +31,11 @@
 extern "C" {
 #endif
 
-#define WAGMA_API_NAME_MAX 64    /* job and agent names, including the NUL */
-#define WAGMA_API_ADDR_MAX 64    /* "host:port", including the NUL */
-#define WAGMA_API_PATH_MAX 256   /* checkpoint path, including the NUL */
+#define WAGMA_API_NAME_MAX 64  /* job and agent names, including the NUL */
+#define WAGMA_API_ADDR_MAX 64  /* "host:port", including the NUL */
+#define WAGMA_API_PATH_MAX 256 /* checkpoint path, including the NUL */
+/* a checkpoint file: the spec's checkpoint.path directory + '/' + file name, with the NUL */
+#define WAGMA_API_CHECKPOINT_PATH_MAX 384
 #define WAGMA_API_REASON_MAX 256 /* status reason, including the NUL */
 #define WAGMA_API_MAX_WORKERS 10000
 #define WAGMA_API_PREFIX_MAX 128
@@ -227,6 +229,26 @@ int wagma_progress_to_json(const wagma_progress_t *p, char **json);
 /* Required: iteration. Unknown fields are ignored. */
 int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *p,
                              wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
+ * Checkpoint record (written by the job's rank 0 to <prefix>/jobs/<job>/checkpoint after each
+ * checkpoint file it saved; read by every agent that (re)starts the job, to resume from it)
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct wagma_checkpoint_record {
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX]; /* the checkpoint file (required, non-empty) */
+  uint64_t iteration;                       /* iterations the checkpoint holds (required) */
+  uint64_t epoch;                           /* plan epoch it was saved in, default 0 */
+  char agent[WAGMA_API_NAME_MAX];           /* the agent that wrote it, default "" */
+  double time;                              /* unix seconds it was written, default 0 */
+} wagma_checkpoint_record_t;
+
+/* Ownership: the caller frees *json. Fails (WAGMA_EINVAL) on an empty path. */
+int wagma_checkpoint_record_to_json(const wagma_checkpoint_record_t *r, char **json);
+/* Required: path, iteration. Unknown fields are ignored (newer agents may add some), as for
+ * progress; known fields are type- and range-checked. */
+int wagma_checkpoint_record_from_json(const char *json, size_t len, wagma_checkpoint_record_t *r,
+                                      wagma_api_error_t *err);
 
 /* ------------------------------------------------------------------------------------------
  * Agent registration (written by the agent under its lease) and assignment (coordinator)

@@ -1,5 +1,6 @@
 /* Unit tests of wagma_api: job spec codec (defaults, round trip, a table of bad specs each
- * naming its field), PATCH bodies, status / progress / agent / assignment codecs, the REST
+ * naming its field), PATCH bodies, status / progress / checkpoint / agent / assignment codecs,
+ * the REST
  * error body, and the etcd key layout. */
 #include <math.h>
 #include <setjmp.h>
@@ -282,6 +283,84 @@ static void test_progress_codec(void **state) {
   assert_string_equal(err.field, "loss");
 }
 
+static void test_checkpoint_record_codec(void **state) {
+  (void)state;
+  wagma_checkpoint_record_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  memset(&a, 0, sizeof a);
+  snprintf(a.path, sizeof a.path, "/tmp/ck/job-1.ckpt");
+  a.iteration = 1200;
+  a.epoch = 4;
+  snprintf(a.agent, sizeof a.agent, "a0");
+  a.time = 1700000000.5;
+  assert_int_equal(wagma_checkpoint_record_to_json(&a, &json), 0);
+  assert_non_null(json);
+  /* the field order documented in docs/api.md */
+  const char *pi = strstr(json, "\"path\""), *ii = strstr(json, "\"iteration\"");
+  const char *ei = strstr(json, "\"epoch\""), *ai = strstr(json, "\"agent\"");
+  const char *ti = strstr(json, "\"time\"");
+  assert_true(pi && ii && ei && ai && ti && pi < ii && ii < ei && ei < ai && ai < ti);
+  memset(&b, 0xab, sizeof b);
+  assert_int_equal(wagma_checkpoint_record_from_json(json, strlen(json), &b, &err), 0);
+  assert_string_equal(b.path, a.path);
+  assert_int_equal(b.iteration, a.iteration);
+  assert_int_equal(b.epoch, a.epoch);
+  assert_string_equal(b.agent, a.agent);
+  assert_true(b.time == a.time);
+  free(json);
+
+  /* an empty path is not encoded */
+  a.path[0] = '\0';
+  json = (char *)"untouched";
+  assert_int_equal(wagma_checkpoint_record_to_json(&a, &json), WAGMA_EINVAL);
+  assert_null(json);
+
+  /* the older two-field record and unknown fields are accepted; defaults fill the rest */
+  const char *old = "{\"path\":\"/d/j.ckpt\",\"iteration\":7,\"sha256\":\"00\"}";
+  assert_int_equal(wagma_checkpoint_record_from_json(old, strlen(old), &b, &err), 0);
+  assert_string_equal(b.path, "/d/j.ckpt");
+  assert_int_equal(b.iteration, 7);
+  assert_int_equal(b.epoch, 0);
+  assert_string_equal(b.agent, "");
+  assert_true(b.time == 0);
+
+  /* required fields, types and ranges name their field; the output is left alone */
+  static const struct {
+    const char *json, *field;
+  } bad[] = {
+      {"{\"iteration\":1}", "path"},
+      {"{\"path\":\"/x\"}", "iteration"},
+      {"{\"path\":\"\",\"iteration\":1}", "path"},
+      {"{\"path\":3,\"iteration\":1}", "path"},
+      {"{\"path\":\"/x\",\"iteration\":-1}", "iteration"},
+      {"{\"path\":\"/x\",\"iteration\":1.5}", "iteration"},
+      {"{\"path\":\"/x\",\"iteration\":1,\"epoch\":\"2\"}", "epoch"},
+      {"{\"path\":\"/x\",\"iteration\":1,\"agent\":7}", "agent"},
+      {"{\"path\":\"/x\",\"iteration\":1,\"time\":-3}", "time"},
+      {"[1]", ""},
+      {"{\"path\":", ""},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    memset(&err, 0, sizeof err);
+    memset(&b, 0, sizeof b);
+    assert_int_equal(wagma_checkpoint_record_from_json(bad[i].json, strlen(bad[i].json), &b, &err),
+                     WAGMA_EINVAL);
+    assert_string_equal(err.field, bad[i].field);
+    assert_string_equal(b.path, "");
+  }
+
+  /* a path longer than the record holds is rejected, not truncated */
+  char longrec[WAGMA_API_CHECKPOINT_PATH_MAX + 64];
+  char longpath[WAGMA_API_CHECKPOINT_PATH_MAX + 1];
+  memset(longpath, 'p', sizeof longpath - 1);
+  longpath[sizeof longpath - 1] = '\0';
+  snprintf(longrec, sizeof longrec, "{\"path\":\"%s\",\"iteration\":1}", longpath);
+  assert_int_equal(wagma_checkpoint_record_from_json(longrec, strlen(longrec), &b, &err),
+                   WAGMA_EINVAL);
+  assert_string_equal(err.field, "path");
+}
+
 static void test_agent_and_assignment(void **state) {
   (void)state;
   wagma_agent_info_t a = {0}, b;
@@ -439,6 +518,7 @@ int main(void) {
       cmocka_unit_test(test_patch),
       cmocka_unit_test(test_status_codec),
       cmocka_unit_test(test_progress_codec),
+      cmocka_unit_test(test_checkpoint_record_codec),
       cmocka_unit_test(test_agent_and_assignment),
       cmocka_unit_test(test_error_body),
       cmocka_unit_test(test_keys),
