@@ -16,17 +16,20 @@
  *  - broadcast: binomial tree when small, a segmented chain (pipeline) when large.
  *  - average: an allreduce of the weights, then of w * buf, divided by the weight sum.
  *
- * seq plan of one operation (base = ctx->seq): step s, segment k -> base + s * nseg + k.
+ * seq plan of one operation (base = ctx->seq): step s, segment k -> base + s * nseg + k;
+ * failure notices use base | WG_COLL_NOTICE_BIT.
  * Every wait ends at the deadline. A wait on a participant that is dead returns WAGMA_EPEER at
- * once (the transport knows); the participants further along a ring or tree then reach their
- * deadline (WAGMA_ETIMEDOUT). A participant being dead is not by itself an error: one that
- * finished its part and closed is dead to the transport, yet the others still complete. */
+ * once (the transport knows) and sends a failure notice to every other participant; they wait
+ * in slices of WG_COLL_WAIT_SLICE_S and look for a notice between slices, so the participants
+ * further along a ring or tree return WAGMA_EPEER within about a slice instead of at their
+ * deadline. A participant being dead is not by itself an error: one that finished its part and
+ * closed is dead to the transport, yet everything it sent is queued before its death, so the
+ * others still complete; only a wait that finds nothing queued from a dead peer is a failure. */
 #include "coll.h"
 
 #include <math.h>
 #include <string.h>
 
-#define WG_COLL_SEGMENT_BYTES ((size_t)1 << 20)
 #define SEQ_SPAN ((uint64_t)1 << 20) /* seq range an operation may use (coll.h) */
 
 typedef struct coll {
@@ -34,15 +37,17 @@ typedef struct coll {
   int me; /* my index in ctx->ranks */
   int n;
   double deadline;
-  uint64_t span; /* seq values this operation may use from ctx->seq */
+  uint64_t span;       /* seq values this operation may use from ctx->seq */
+  uint64_t notice_seq; /* seq of this operation's failure notices */
 } coll_t;
 
 static int coll_init(coll_t *c, const wg_coll_ctx_t *ctx, const float *buf, size_t count,
                      double deadline) {
   if (ctx == NULL || ctx->ops == NULL || ctx->transport == NULL || ctx->ranks == NULL ||
-      ctx->nranks < 1 || (count > 0 && buf == NULL))
+      ctx->nranks < 1 || (count > 0 && buf == NULL) || ctx->seq >= WG_COLL_NOTICE_BIT - SEQ_SPAN)
     return WAGMA_EINVAL;
   c->ctx = ctx;
+  c->notice_seq = ctx->seq | WG_COLL_NOTICE_BIT;
   c->n = ctx->nranks;
   c->me = -1;
   c->deadline = deadline;
@@ -60,6 +65,44 @@ static size_t small_threshold(const wg_coll_ctx_t *ctx) {
   return ctx->small_threshold ? ctx->small_threshold : WG_COLL_SMALL_THRESHOLD_DEFAULT;
 }
 
+/* Tells every other participant that dead failed this operation (best effort) and records
+ * it for the caller. */
+static void announce_failure(const coll_t *c, int dead) {
+  const wg_coll_ctx_t *ctx = c->ctx;
+  if (ctx->failed_rank)
+    *ctx->failed_rank = dead;
+  for (int i = 0; i < c->n; i++) {
+    if (i == c->me || ctx->ranks[i] == dead)
+      continue;
+    wg_frame_header_t h = {0};
+    h.kind = WG_FRAME_COLL;
+    h.round = ctx->round;
+    h.group = ctx->group;
+    h.seq = c->notice_seq;
+    h.flags = WG_COLL_FAILED;
+    h.aux = (uint64_t)(int64_t)dead;
+    (void)ctx->ops->send(ctx->transport, ctx->ranks[i], &h, NULL, 0);
+  }
+}
+
+/* 1 (and records the dead rank) if a failure notice of this operation is queued. */
+static int notice_seen(const coll_t *c) {
+  const wg_coll_ctx_t *ctx = c->ctx;
+  wg_match_t m;
+  wg_match_any(&m);
+  m.kinds = (uint64_t)1 << WG_FRAME_COLL;
+  m.round = ctx->round;
+  m.group = ctx->group;
+  m.seq = c->notice_seq;
+  wg_message_t *notice = NULL;
+  if (ctx->ops->recv(ctx->transport, &m, 0.0, &notice) != 0)
+    return 0;
+  if (ctx->failed_rank)
+    *ctx->failed_rank = (int)(int64_t)notice->header.aux;
+  wg_message_free(notice);
+  return 1;
+}
+
 static int send_floats(const coll_t *c, int idx, uint64_t seq, const float *data, size_t n) {
   const wg_coll_ctx_t *ctx = c->ctx;
   wg_frame_header_t h = {0};
@@ -67,7 +110,10 @@ static int send_floats(const coll_t *c, int idx, uint64_t seq, const float *data
   h.round = ctx->round;
   h.group = ctx->group;
   h.seq = seq;
-  return ctx->ops->send(ctx->transport, ctx->ranks[idx], &h, data, n * sizeof(float));
+  int rc = ctx->ops->send(ctx->transport, ctx->ranks[idx], &h, data, n * sizeof(float));
+  if (rc == WAGMA_EPEER)
+    announce_failure(c, ctx->ranks[idx]);
+  return rc;
 }
 
 /* Ownership: on success *out is the caller's (wg_message_free). */
@@ -80,7 +126,19 @@ static int recv_floats(const coll_t *c, int idx, uint64_t seq, size_t n, wg_mess
   m.round = ctx->round;
   m.group = ctx->group;
   m.seq = seq;
-  int rc = ctx->ops->recv(ctx->transport, &m, c->deadline, out);
+  int rc;
+  for (;;) {
+    double until = wg_now() + WG_COLL_WAIT_SLICE_S;
+    if (!(until < c->deadline))
+      until = c->deadline;
+    rc = ctx->ops->recv(ctx->transport, &m, until, out);
+    if (rc != WAGMA_ETIMEDOUT || until >= c->deadline)
+      break;
+    if (notice_seen(c))
+      return WAGMA_EPEER; /* another participant found a peer dead: this operation failed */
+  }
+  if (rc == WAGMA_EPEER)
+    announce_failure(c, ctx->ranks[idx]);
   if (rc == 0 && (*out)->header.length != n * sizeof(float)) {
     wg_message_free(*out);
     *out = NULL;
@@ -270,12 +328,13 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
 }
 
 static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
-                          double deadline, uint64_t span) {
+                          double deadline, uint64_t span, uint64_t notice_seq) {
   coll_t c;
   int rc = coll_init(&c, ctx, buf, count, deadline);
   if (rc != 0)
     return rc;
   c.span = span;
+  c.notice_seq = notice_seq;
   if (op != WAGMA_REDUCE_SUM && op != WAGMA_REDUCE_MEAN)
     return WAGMA_EINVAL;
   if (c.n == 1 || count == 0)
@@ -291,7 +350,8 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wa
 
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
                       double deadline) {
-  return allreduce_span(ctx, buf, count, op, deadline, SEQ_SPAN);
+  return allreduce_span(ctx, buf, count, op, deadline, SEQ_SPAN,
+                        ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
 }
 
 int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int root,
@@ -357,7 +417,7 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
   /* First the weights (seq half 0), then the data (seq half 1). */
   wg_coll_ctx_t sub = *ctx;
   float wsum = weight;
-  rc = allreduce_span(&sub, &wsum, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2);
+  rc = allreduce_span(&sub, &wsum, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
   if (rc != 0)
     return rc;
   if (!(isfinite(wsum) && wsum != 0.0f))
@@ -368,7 +428,7 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
     for (size_t i = 0; i < count; i++)
       buf[i] *= weight;
   sub.seq = ctx->seq + SEQ_SPAN / 2;
-  rc = allreduce_span(&sub, buf, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2);
+  rc = allreduce_span(&sub, buf, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
   if (rc == 0 && wsum != 1.0f)
     div_floats(buf, count, wsum);
   return rc;

@@ -7,7 +7,16 @@
  * Algorithms: recursive doubling (with the usual fold-in of the non-power-of-two remainder)
  * when count * 4 <= small_threshold bytes, ring reduce-scatter + allgather otherwise.
  * Every wait ends at `deadline` (absolute wg_now() seconds): WAGMA_ETIMEDOUT, or WAGMA_EPEER
- * when a participant is known dead. No threads of its own; runs on the caller's thread. */
+ * when a participant is known dead. No threads of its own; runs on the caller's thread.
+ *
+ * Failure notices: a participant that finds a peer dead in the middle of an operation (a recv
+ * from it finds nothing queued and the transport marks it dead, or a send to it fails) sends
+ * a notice (WG_FRAME_COLL, flags WG_COLL_FAILED, aux = the dead rank, seq = ctx->seq |
+ * WG_COLL_NOTICE_BIT) to every other participant, and returns WAGMA_EPEER. Every participant
+ * that waits longer than WG_COLL_WAIT_SLICE_S looks for such a notice of its operation and
+ * returns WAGMA_EPEER too, so all survivors learn of a death within about one slice, not at
+ * their deadline. A peer that finished its part and closed is not a failure: everything it
+ * sent precedes its close on the wire, so a recv from it finds its frame queued. */
 #ifndef WAGMA_COLLECTIVE_COLL_H
 #define WAGMA_COLLECTIVE_COLL_H
 
@@ -17,17 +26,26 @@
 #include "transport.h"
 
 #define WG_COLL_SMALL_THRESHOLD_DEFAULT (64u * 1024u)
+/* Largest frame payload an operation sends (its data moves in segments of at most this), for
+ * the transport's max_payload. */
+#define WG_COLL_SEGMENT_BYTES ((size_t)1 << 20)
+/* seq values with this bit set are failure notices; ctx->seq must stay below it. */
+#define WG_COLL_NOTICE_BIT ((uint64_t)1 << 63)
+#define WG_COLL_FAILED 1u          /* flags of a failure notice */
+#define WG_COLL_WAIT_SLICE_S 0.025 /* how often a waiter looks for failure notices */
 
 typedef struct wg_coll_ctx {
   const wg_transport_ops_t *ops;
   wg_transport_t *transport;
-  int rank;         /* my rank in the plan */
-  const int *ranks; /* participating ranks, sorted ascending, includes rank */
-  int nranks;       /* entries in ranks, >= 1 */
-  uint64_t round;   /* header.round of every frame of this operation */
-  uint32_t group;   /* header.group of every frame of this operation */
-  uint64_t seq;     /* header.seq base of this operation; the op may use seq .. seq + 2^20 */
+  int rank;               /* my rank in the plan */
+  const int *ranks;       /* participating ranks, sorted ascending, includes rank */
+  int nranks;             /* entries in ranks, >= 1 */
+  uint64_t round;         /* header.round of every frame of this operation */
+  uint32_t group;         /* header.group of every frame of this operation */
+  uint64_t seq;           /* header.seq base of this operation; the op may use seq .. seq + 2^20 */
   size_t small_threshold; /* bytes; 0 = WG_COLL_SMALL_THRESHOLD_DEFAULT */
+  int *failed_rank;       /* may be NULL; on WAGMA_EPEER: the participant found dead (by me
+                             or by the sender of a notice), else left unchanged */
 } wg_coll_ctx_t;
 
 /* buf (count floats, identical count everywhere) <- sum or mean over ctx->ranks. */

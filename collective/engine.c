@@ -42,9 +42,18 @@
  * and so are corrections of rounds before the new round), publishes M as version G and jumps
  * to max(G + 1, R). This is the one place the sum of models is not conserved.
  *
- * Blocking collectives (wagma_comm_allreduce/_broadcast/_average) use COLL frames with round
- * UINT64_MAX - 1 and group = call counter; barrier global rounds use group UINT32_MAX; group
- * rounds use no COLL frames. So none of them mix.
+ * Blocking collectives (wagma_comm_allreduce/_broadcast/_average) take any count: the buffer
+ * moves in chunks of max(count option, COLL_CHUNK_MIN_FLOATS) floats, one coll operation each,
+ * so no frame exceeds the transport's max_payload and no outbound queue its bound. Chunk k
+ * uses COLL frames with round UINT64_MAX - 1 - k and group = call counter; barrier global
+ * rounds use round = the round and group UINT32_MAX; group rounds use no COLL frames. So none
+ * of them mix. A live set is one attempt: when a participant dies mid-way (EPEER, directly or
+ * by a failure notice, coll.h), the whole buffer is restored and every chunk runs again on the
+ * smaller set, so all chunks are reduced over the same members.
+ *
+ * Abort: wagma_comm_abort (any thread) sets `aborted`, wakes the waits on cv and interrupts
+ * the transport, so whatever the compute thread is blocked in returns at once; every public
+ * call then reports WAGMA_ECANCELED. Destroy stays the owner's.
  *
  * Invariants: every wait has a deadline; wagma_comm_destroy interrupts the transport (every
  * recv returns WAGMA_ECLOSED), joins the round thread, closes the transport, then frees. */
@@ -60,6 +69,7 @@
 
 #define COLL_ROUND (UINT64_MAX - 1)
 #define BARRIER_GROUP UINT32_MAX
+#define COLL_CHUNK_MIN_FLOATS ((size_t)1 << 20) /* 4 MiB */
 
 static void set_err(wagma_comm_t *c, const char *fmt, const char *what, int rc) {
   snprintf(c->err, sizeof(c->err), fmt, what, wagma_strerror(rc));
@@ -145,6 +155,7 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   c->log_user = o->log_user;
   c->ops = ops;
   c->highest_src = -1;
+  c->coll_chunk = c->count > COLL_CHUNK_MIN_FLOATS ? c->count : COLL_CHUNK_MIN_FLOATS;
   atomic_store(&c->cur_round, c->plan.start_round);
   snprintf(c->err, sizeof(c->err), "no error");
   c->snap[0] = calloc(c->count, sizeof(float));
@@ -176,7 +187,10 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   cfg.plan = &c->plan;
   cfg.rank = c->rank;
   cfg.epoch = c->epoch;
-  size_t frame = c->count * sizeof(float) + (size_t)c->nranks * 12 + 4096;
+  size_t frame = c->count * sizeof(float);
+  if (frame < WG_COLL_SEGMENT_BYTES)
+    frame = WG_COLL_SEGMENT_BYTES; /* blocking collectives of any count move such segments */
+  frame += (size_t)c->nranks * 12 + 4096;
   cfg.max_payload = frame;
   cfg.max_queued_bytes = 64 * frame + (64u << 20);
   cfg.connect_timeout_s = c->connect_timeout_s;
@@ -218,6 +232,23 @@ int wagma_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) 
   if (options->transport != WAGMA_TRANSPORT_TCP)
     return WAGMA_EINVAL;
   return wg_comm_create_with(options, &wg_tcp_transport, comm);
+}
+
+void wagma_comm_abort(wagma_comm_t *c) {
+  if (!c)
+    return;
+  atomic_store(&c->aborted, 1);
+  pthread_mutex_lock(&c->mu);
+  c->stopping = 1; /* wakes wait_entry; the round thread ends too */
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (c->tp)
+    c->ops->interrupt(c->tp); /* every recv, now and later, returns WAGMA_ECLOSED */
+}
+
+/* rc, or WAGMA_ECANCELED when the communicator was aborted and rc is an error. */
+static int cancel_rc(wagma_comm_t *c, int rc) {
+  return rc != 0 && atomic_load(&c->aborted) ? WAGMA_ECANCELED : rc;
 }
 
 void wagma_comm_destroy(wagma_comm_t *c) {
@@ -485,17 +516,20 @@ static uint64_t ranks_hash40(const int *ranks, int n) {
 
 enum coll_op { COLL_ALLREDUCE, COLL_BROADCAST, COLL_AVERAGE };
 
-/* Runs a blocking collective over the live ranks; when a peer dies mid-way it restores buf
- * and retries on the smaller live set (each set has its own seq space). */
+/* Runs a blocking collective over the live ranks, in chunks of at most chunk floats (chunk k
+ * uses round - k); when a participant dies mid-way it restores buf and runs every chunk again
+ * on the smaller live set (each set has its own seq space). Ranks a failure notice names are
+ * left out of the next attempt even before my transport sees them dead. */
 static int coll_live(wagma_comm_t *c, enum coll_op op, uint64_t round, uint32_t group, float *buf,
-                     size_t count, wagma_reduce_op_t rop, int root, float weight, int *live_out,
-                     int *nlive_out) {
+                     size_t count, size_t chunk, wagma_reduce_op_t rop, int root, float weight,
+                     int *live_out, int *nlive_out) {
   int rc = 0;
   int *live = malloc((size_t)c->nranks * sizeof(int));
+  uint8_t *excluded = calloc((size_t)c->nranks, 1);
   float *saved = malloc(count * sizeof(float));
   uint64_t prev = UINT64_MAX;
   double deadline = wg_now() + c->global_timeout_s;
-  if (!live || !saved) {
+  if (!live || !excluded || !saved) {
     rc = WAGMA_ENOMEM;
     goto out;
   }
@@ -503,7 +537,7 @@ static int coll_live(wagma_comm_t *c, enum coll_op op, uint64_t round, uint32_t 
   for (;;) {
     int n = 0;
     for (int i = 0; i < c->nranks; i++)
-      if (i == c->rank || c->ops->peer_alive(c->tp, i))
+      if (i == c->rank || (!excluded[i] && c->ops->peer_alive(c->tp, i)))
         live[n++] = i;
     uint64_t h = ranks_hash40(live, n);
     if (h == prev)
@@ -518,20 +552,26 @@ static int coll_live(wagma_comm_t *c, enum coll_op op, uint64_t round, uint32_t 
         break;
       }
     }
+    int failed = -1;
     wg_coll_ctx_t ctx = {0};
     ctx.ops = c->ops;
     ctx.transport = c->tp;
     ctx.rank = c->rank;
     ctx.ranks = live;
     ctx.nranks = n;
-    ctx.round = round;
     ctx.group = group;
     ctx.seq = h << 20;
+    ctx.failed_rank = &failed;
     memcpy(buf, saved, count * sizeof(float));
-    switch (op) {
-    case COLL_ALLREDUCE: rc = wg_coll_allreduce(&ctx, buf, count, rop, deadline); break;
-    case COLL_BROADCAST: rc = wg_coll_broadcast(&ctx, buf, count, root, deadline); break;
-    case COLL_AVERAGE: rc = wg_coll_average(&ctx, buf, count, weight, deadline); break;
+    rc = 0;
+    for (size_t off = 0, k = 0; off < count && rc == 0; off += chunk, k++) {
+      size_t len = count - off < chunk ? count - off : chunk;
+      ctx.round = round - k;
+      switch (op) {
+      case COLL_ALLREDUCE: rc = wg_coll_allreduce(&ctx, buf + off, len, rop, deadline); break;
+      case COLL_BROADCAST: rc = wg_coll_broadcast(&ctx, buf + off, len, root, deadline); break;
+      case COLL_AVERAGE: rc = wg_coll_average(&ctx, buf + off, len, weight, deadline); break;
+      }
     }
     if (live_out && nlive_out) {
       memcpy(live_out, live, (size_t)n * sizeof(int));
@@ -539,11 +579,17 @@ static int coll_live(wagma_comm_t *c, enum coll_op op, uint64_t round, uint32_t 
     }
     if (rc != WAGMA_EPEER)
       break;
+    if (failed >= 0 && failed < c->nranks && failed != c->rank)
+      excluded[failed] = 1;
+    wg_logf(c->log, c->log_user, WAGMA_LOG_INFO,
+            "engine: rank %d: collective over %d ranks failed (rank %d dead), retrying", c->rank, n,
+            failed);
   }
   if (rc != 0)
     memcpy(buf, saved, count * sizeof(float));
 out:
   free(live);
+  free(excluded);
   free(saved);
   return rc;
 }
@@ -566,8 +612,8 @@ static int barrier_global(wagma_comm_t *c, float *model, uint64_t g, wagma_round
   int live[c->nranks];
   int nlive = 0;
   st->members = c->nranks;
-  rc = coll_live(c, COLL_ALLREDUCE, g, BARRIER_GROUP, model, c->count, WAGMA_REDUCE_MEAN, 0, 0,
-                 live, &nlive);
+  rc = coll_live(c, COLL_ALLREDUCE, g, BARRIER_GROUP, model, c->count, c->count, WAGMA_REDUCE_MEAN,
+                 0, 0, live, &nlive);
   if (rc != 0) {
     set_err(c, "barrier global round: %s: %s", "allreduce", rc);
     return rc;
@@ -676,6 +722,8 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
   wagma_round_stats_t st;
   if (!c || !model)
     return WAGMA_EINVAL;
+  if (atomic_load(&c->aborted))
+    return WAGMA_ECANCELED;
   memset(&st, 0, sizeof(st));
   double t0 = wg_now();
   wg_transport_stats_t ts0 = {0}, ts1 = {0};
@@ -690,7 +738,7 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
   pthread_mutex_lock(&c->mu);
   if (c->stopping) {
     pthread_mutex_unlock(&c->mu);
-    return WAGMA_ECLOSED;
+    return cancel_rc(c, WAGMA_ECLOSED);
   }
   /* A wait-avoiding global round G > r my round thread contributed to: skip to G + 1. */
   uint64_t jump_to = 0;
@@ -716,13 +764,16 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
     st.caught_up = 1;
     goto done;
   }
+  if (atomic_load(&c->aborted))
+    return WAGMA_ECANCELED;
   next = r + 1;
   publish(c, model, version);
   if (global && c->mode == WAGMA_GLOBAL_BARRIER)
     rc = barrier_global(c, model, r, &st);
   else
     rc = group_round(c, model, r, global, &st);
-  if (rc == WAGMA_ECLOSED)
+  rc = cancel_rc(c, rc);
+  if (rc == WAGMA_ECLOSED || rc == WAGMA_ECANCELED)
     return rc;
 
 done:
@@ -766,14 +817,18 @@ int wg_comm_busy(wagma_comm_t *c) {
 
 static int public_coll(wagma_comm_t *c, enum coll_op op, float *buf, size_t count,
                        wagma_reduce_op_t rop, int root, float weight) {
-  if (!c || (!buf && count > 0) || count > c->count)
+  if (!c || (!buf && count > 0) || count > SIZE_MAX / (2 * sizeof(float)))
     return WAGMA_EINVAL;
+  if (atomic_load(&c->aborted))
+    return WAGMA_ECANCELED;
   if (count == 0)
     return 0;
   if (op == COLL_BROADCAST && (root < 0 || root >= c->nranks))
     return WAGMA_EINVAL;
   uint32_t group = (uint32_t)c->coll_calls++;
-  int rc = coll_live(c, op, COLL_ROUND, group, buf, count, rop, root, weight, NULL, NULL);
+  size_t chunk = c->coll_chunk > 0 ? c->coll_chunk : count;
+  int rc = cancel_rc(
+      c, coll_live(c, op, COLL_ROUND, group, buf, count, chunk, rop, root, weight, NULL, NULL));
   if (rc != 0)
     set_err(c, "blocking collective %s: %s",
             op == COLL_ALLREDUCE   ? "allreduce"

@@ -90,8 +90,9 @@ struct wagma_comm {
   pthread_t round_thread;
   int round_thread_started;
   pthread_mutex_t mu;
-  pthread_cond_t cv; /* CLOCK_MONOTONIC; signalled when an entry changes state */
-  int stopping;      /* (mu) */
+  pthread_cond_t cv;  /* CLOCK_MONOTONIC; signalled when an entry changes state */
+  int stopping;       /* (mu) */
+  atomic_int aborted; /* wagma_comm_abort was called: public calls return WAGMA_ECANCELED */
 
   _Atomic uint64_t cur_round; /* the round the compute thread runs next; written under mu */
 
@@ -127,6 +128,7 @@ struct wagma_comm {
   int ndeferred;
   uint64_t model_global; /* (mu) newest global round whose mean the model includes, +1 */
   uint64_t coll_calls;   /* compute thread only */
+  size_t coll_chunk;     /* floats per chunk of a blocking collective (tests may lower it) */
   uint64_t catchup_seq;
   char err[256]; /* compute thread only */
 };

@@ -16,7 +16,11 @@
  *  - A leader round's result goes to exactly its contributors; a contribution arriving after
  *    its round finished is answered with RESULT|EXCLUDED and gets no correction.
  *  - The round thread never frees an entry (the compute thread may be waiting on one); it
- *    only changes entry states. Leader rounds are created and freed under mu. */
+ *    only changes entry states. Leader rounds are created and freed under mu.
+ *  - A contribution waiting on a leader that the transport marks dead (EOF, BYE, error) is
+ *    dropped at the next tick once no RESULT of it is queued (a leader that finished and
+ *    closed sent its RESULT before its BYE), so the compute thread stops waiting at once
+ *    instead of at its deadline. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -670,6 +674,46 @@ static void handle_catchup_req(wagma_comm_t *c, wg_message_t *m) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Drops my contributions whose leader is dead with no RESULT from it queued: none will come.
+ * A queued RESULT is handled instead. Takes and drops mu. */
+static void drop_orphans(wagma_comm_t *c) {
+  pthread_mutex_lock(&c->mu);
+  for (int handled = 0; handled < 64 && !c->stopping;) {
+    wg_entry_t *e = c->entries;
+    while (e && !(e->state == WG_ENTRY_WAITING && e->leader != c->rank &&
+                  !c->ops->peer_alive(c->tp, e->leader)))
+      e = e->next;
+    if (!e)
+      break;
+    wg_match_t match;
+    wg_match_any(&match);
+    match.src = (uint64_t)e->leader;
+    match.kinds = 1u << WG_FRAME_RESULT;
+    match.round = e->round;
+    wg_message_t *m = NULL;
+    int rc = c->ops->recv(c->tp, &match, 0.0, &m);
+    if (rc == 0) {
+      pthread_mutex_unlock(&c->mu);
+      handle_result(c, m);
+      wg_message_free(m);
+      pthread_mutex_lock(&c->mu);
+      handled++;
+      continue; /* the list may have changed meanwhile: look again from its head */
+    }
+    if (rc != WAGMA_EPEER)
+      break; /* interrupted, or the transport does not report dead sources */
+    e->state = WG_ENTRY_DROPPED;
+    free(e->delta);
+    e->delta = NULL;
+    c->counters.rounds_left_out++;
+    pthread_cond_broadcast(&c->cv);
+    wg_logf(c->log, c->log_user, WAGMA_LOG_INFO,
+            "engine: rank %d: leader %d of round %llu is gone: no correction", c->rank, e->leader,
+            (unsigned long long)e->round);
+  }
+  pthread_mutex_unlock(&c->mu);
+}
+
 void *wg_engine_round_main(void *arg) {
   wagma_comm_t *c = arg;
   wg_match_t match;
@@ -706,6 +750,7 @@ void *wg_engine_round_main(void *arg) {
     answer_deferred(c);
     lrounds_tick(c, wg_now());
     pthread_mutex_unlock(&c->mu);
+    drop_orphans(c);
   }
   return NULL;
 }

@@ -10,7 +10,8 @@
  *
  * Threads: a communicator owns a transport progress thread and a round thread that answers
  * activations while the caller computes. All wagma_comm_* calls that take a buffer must come
- * from one caller thread (the "compute thread"); wagma_comm_counters may be called from any.
+ * from one caller thread (the "compute thread"); wagma_comm_counters and wagma_comm_abort may
+ * be called from any.
  *
  * Status: functions return 0 or a negative WAGMA_E* code (wagma/status.h). */
 #ifndef WAGMA_COLLECTIVE_H
@@ -156,6 +157,15 @@ int wagma_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm);
  * socket and frees everything. Safe while peers are dead or frozen. NULL is a no-op. */
 void wagma_comm_destroy(wagma_comm_t *comm);
 
+/* Cancels the communicator from any thread (e.g. a control thread that learned of a new plan
+ * while the compute thread is blocked in a round): a wagma_comm_step, _allreduce, _broadcast
+ * or _average blocked on it returns WAGMA_ECANCELED at once (within milliseconds), and so does
+ * every later one; rounds in flight are abandoned (peers see this member as gone once it is
+ * destroyed). Thread-safe and idempotent; NULL is a no-op. It does not free anything: the
+ * owner still calls wagma_comm_destroy from the compute thread, and must not let abort run
+ * concurrently with or after destroy (e.g. guard the pointer with a mutex). */
+void wagma_comm_abort(wagma_comm_t *comm);
+
 typedef enum wagma_round_kind {
   WAGMA_ROUND_GROUP = 0,
   WAGMA_ROUND_GLOBAL = 1,
@@ -204,7 +214,10 @@ typedef struct wagma_comm_counters {
  * publishes model as the snapshot of version r, applies every pending correction in round
  * order, runs round r (a group round, or the global round when (r+1) mod tau == 0, in the
  * plan's global_sync mode) and leaves the averaged model in model. stats may be NULL.
- * Returns 0, WAGMA_ETIMEDOUT (a barrier global round missed its deadline), WAGMA_ECLOSED. */
+ * A barrier global round whose member is known dead (closed, EOF) moves on without it within
+ * a fraction of a second; only a frozen member makes it wait for global_timeout_s.
+ * Returns 0, WAGMA_ETIMEDOUT (a barrier global round missed its deadline), WAGMA_ECLOSED,
+ * WAGMA_ECANCELED (wagma_comm_abort). */
 int wagma_comm_step(wagma_comm_t *comm, float *model, wagma_round_stats_t *stats);
 
 /* The round the caller computes next (starts at the plan's start_round). */
@@ -218,8 +231,13 @@ typedef enum wagma_reduce_op {
 } wagma_reduce_op_t;
 
 /* Blocking allreduce over all live members (recursive doubling for small buffers, ring
- * reduce-scatter + allgather for large ones). Every member must call it in the same order.
- * Fails with WAGMA_ETIMEDOUT / WAGMA_EPEER if a member does not take part in time. */
+ * reduce-scatter + allgather for large ones). Every member must call it in the same order with
+ * the same count; count may exceed options.count (the buffer moves in chunks, all reduced
+ * over the same members; it takes a temporary copy of count floats). A member that dies
+ * mid-way is left out and the call runs again on the survivors, within a fraction of a second
+ * of the death becoming known. Fails with WAGMA_ETIMEDOUT if a member does not take part
+ * within global_timeout_s (e.g. frozen), WAGMA_EPEER if no retry can help, WAGMA_ECANCELED
+ * after wagma_comm_abort. The blocking collectives below behave the same way. */
 int wagma_comm_allreduce(wagma_comm_t *comm, float *buf, size_t count, wagma_reduce_op_t op);
 
 /* Blocking broadcast of buf from root to all members. */

@@ -33,6 +33,7 @@ void ew_scenario_init(ew_scenario_t *sc, int P, int S, int tau, wagma_global_syn
   sc->seed = 1;
   sc->kill_rank = -1;
   sc->stop_rank = -1;
+  sc->leave_rank = -1;
   sc->hard_timeout_s = 90;
   sc->settle_s = 0.1;
 }
@@ -118,6 +119,16 @@ static void child(ew_shared_t *sh, int rank) {
     res->round = r;
     if (r >= (uint64_t)sc->rounds)
       break;
+    if (rank == sc->leave_rank && r >= (uint64_t)sc->leave_round) {
+      /* Leave while the others are already waiting in this round. */
+      usleep((useconds_t)(sc->leave_delay_s * 1e6));
+      res->final_round = r;
+      res->finished = 1;
+      sh->victim_hit = 1;
+      wagma_comm_destroy(comm);
+      res->exited_ok = 1;
+      return;
+    }
     for (int i = 0; i < EW_COUNT; i++) {
       float g = 0.01f * (float)((rank + 1) * ((i % 5) - 2));
       res->model[i] += g;

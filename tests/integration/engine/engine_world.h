@@ -29,6 +29,10 @@ typedef struct ew_scenario {
   int kill_rank; /* -1: none; SIGKILLed once it reached round 10 */
   int stop_rank; /* -1: none; SIGSTOPped at round 10 for stop_s seconds */
   double stop_s;
+  int leave_rank; /* -1: none; at leave_round it waits leave_delay_s, then destroys its
+                     communicator (an orderly BYE) and exits 0 while the others go on */
+  int leave_round;
+  double leave_delay_s;
   double hard_timeout_s; /* default 90 */
   double settle_s;       /* after all finished: let open rounds end (default 0.1 s) */
 } ew_scenario_t;
@@ -57,7 +61,7 @@ typedef struct ew_result {
  * not a victim exited 0 before the hard deadline. */
 int ew_run(const ew_scenario_t *sc, ew_result_t *results);
 
-/* Scenario defaults: kill/stop none, floor 0.5 s, hard timeout 90 s. */
+/* Scenario defaults: kill/stop/leave none, floor 0.5 s, hard timeout 90 s. */
 void ew_scenario_init(ew_scenario_t *sc, int P, int S, int tau, wagma_global_sync_t mode);
 
 #endif

@@ -1,7 +1,11 @@
 /* test_engine_tcp.c — the engine over real TCP between real processes (one fork per rank on
  * 127.0.0.1): exact group and global means for P = 2, 4, 6, 8; conservation of the sum of
  * models with slow ranks in both global modes (staleness <= tau); SIGKILL and SIGSTOP of a
- * rank mid-run; epoch changes that destroy communicators with rounds in flight. */
+ * rank mid-run; epoch changes that destroy communicators with rounds in flight; a rank that
+ * closes (BYE) while the others wait for it in a barrier global round; blocking collectives of
+ * more floats than the model (exact); wagma_comm_abort from another thread while a step waits
+ * for a peer that does not take part. */
+#include <pthread.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -175,6 +179,225 @@ static void test_sigstop_catches_up(void **s) {
   assert_true(res[3].steps < res[0].steps);
 }
 
+/* A rank leaves (destroy: BYE) 0.5 s after the others entered the barrier global round 7:
+ * they must move on within about a second, not at global_timeout_s (30 s). */
+static void check_leave(int P, int leaver, wagma_global_sync_t mode) {
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, P, 2, 4, mode);
+  sc.rounds = 16;
+  sc.floor_s = 0.3;
+  for (int r = 0; r < P; r++)
+    sc.base_ms[r] = 2;
+  sc.leave_rank = leaver;
+  sc.leave_round = 7;
+  sc.leave_delay_s = 0.5;
+  sc.hard_timeout_s = 60;
+  assert_int_equal(ew_run(&sc, res), 0);
+  for (int r = 0; r < P; r++) {
+    assert_true(res[r].exited_ok);
+    if (r == leaver)
+      continue;
+    if (getenv("EW_DEBUG"))
+      fprintf(stderr, "leave P=%d: rank %d max wait after the leave %.3f s\n", P, r,
+              res[r].max_wait_after_s);
+    assert_int_equal(res[r].errors, 0);
+    assert_true(res[r].final_round >= 16);
+    /* the wait includes the leaver's 0.5 s delay */
+    assert_true(res[r].max_wait_after_s < 2.5);
+  }
+}
+
+static void test_bye_in_barrier_round(void **s) {
+  (void)s;
+  check_leave(4, 2, WAGMA_GLOBAL_BARRIER);
+  check_leave(6, 0, WAGMA_GLOBAL_BARRIER); /* rank 0 also leads group rounds */
+  check_leave(5, 3, WAGMA_GLOBAL_WAIT_AVOIDING);
+}
+
+/* ---------------------------------------------------------------- forked worlds */
+
+static int free_ports(int n, int *ports);
+
+/* Forks P children running fn(rank, ports); returns 0 when all exit 0 within timeout_s. */
+static int run_children(int P, int (*fn)(int rank, const int *ports), double timeout_s) {
+  int ports[EW_MAXP];
+  pid_t pids[EW_MAXP];
+  if (free_ports(P, ports) != 0)
+    return -1;
+  fflush(NULL);
+  for (int r = 0; r < P; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0)
+      exit(fn(r, ports));
+    if (pids[r] < 0)
+      return -1;
+  }
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int left = P, failed = 0;
+  while (left > 0) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > timeout_s) {
+      failed = 1;
+      break;
+    }
+    for (int r = 0; r < P; r++) {
+      int status;
+      if (pids[r] > 0 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+          fprintf(stderr, "rank %d: status 0x%x\n", r, status);
+          failed = 1;
+        }
+        pids[r] = 0;
+        left--;
+      }
+    }
+    usleep(5000);
+  }
+  for (int r = 0; r < P; r++)
+    if (pids[r] > 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], NULL, 0);
+    }
+  return failed ? -1 : 0;
+}
+
+static wagma_comm_t *open_comm(int P, int rank, const int *ports, int tau,
+                               wagma_global_sync_t mode) {
+  wagma_plan_t plan;
+  if (wagma_plan_build(P, 2, NULL, &plan) != 0)
+    return NULL;
+  plan.epoch = 1;
+  plan.staleness_bound = tau;
+  plan.global_sync = mode;
+  for (int i = 0; i < P; i++) {
+    snprintf(plan.members[i].name, WAGMA_NAME_MAX, "r%d", i);
+    snprintf(plan.members[i].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%d", ports[i]);
+  }
+  wagma_comm_options_t o;
+  wagma_comm_options_init(&o);
+  o.plan = &plan;
+  o.rank = rank;
+  o.count = EW_COUNT;
+  o.connect_timeout_s = 15;
+  o.round_deadline_floor_s = 10;
+  o.global_timeout_s = 30;
+  wagma_comm_t *comm = NULL;
+  int rc = wagma_comm_create(&o, &comm);
+  wagma_plan_free(&plan);
+  return rc == 0 ? comm : NULL;
+}
+
+/* ---------------------------------------------------------------- collectives > count */
+
+#define BIG_P 3
+static const size_t big_counts[] = {3 * EW_COUNT, 3 * ((size_t)1 << 20) + 3}; /* 1 and 4 chunks */
+
+static float big_value(int rank, size_t i) {
+  return (float)((int)(i % 97) - 40) * (float)(rank + 1);
+}
+
+/* Allreduce sum and mean, broadcast and weighted average of 3 x count floats and of a buffer
+ * that moves in 4 chunks; integer values, so sums and broadcasts are exact bit for bit. */
+static int big_child(int rank, const int *ports) {
+  wagma_comm_t *comm = open_comm(BIG_P, rank, ports, 4, WAGMA_GLOBAL_BARRIER);
+  if (!comm)
+    return 10;
+  int bad = 0;
+  const float factor = (float)(BIG_P * (BIG_P + 1) / 2);
+  for (size_t c = 0; c < sizeof(big_counts) / sizeof(big_counts[0]); c++) {
+    size_t n = big_counts[c];
+    float *buf = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+      buf[i] = big_value(rank, i);
+    bad |= (wagma_comm_allreduce(comm, buf, n, WAGMA_REDUCE_SUM) != 0) << 0;
+    for (size_t i = 0; i < n && !(bad & 2); i++)
+      bad |= (buf[i] != (float)((int)(i % 97) - 40) * factor) << 1;
+    for (size_t i = 0; i < n; i++)
+      buf[i] = big_value(rank, i);
+    bad |= (wagma_comm_allreduce(comm, buf, n, WAGMA_REDUCE_MEAN) != 0) << 0;
+    for (size_t i = 0; i < n && !(bad & 4); i++)
+      bad |= (buf[i] != (float)((int)(i % 97) - 40) * factor / (float)BIG_P) << 2;
+    for (size_t i = 0; i < n; i++)
+      buf[i] = rank == 2 ? big_value(2, i) : NAN;
+    bad |= (wagma_comm_broadcast(comm, buf, n, 2) != 0) << 0;
+    for (size_t i = 0; i < n && !(bad & 8); i++)
+      bad |= (buf[i] != big_value(2, i)) << 3;
+    /* rank 0 joins with weight 0: the mean of ranks 1 and 2 */
+    for (size_t i = 0; i < n; i++)
+      buf[i] = rank == 0 ? NAN : (float)(i % 7) + (float)rank;
+    bad |= (wagma_comm_average(comm, buf, n, rank == 0 ? 0.0f : 1.0f) != 0) << 0;
+    for (size_t i = 0; i < n && !(bad & 16); i++)
+      bad |= (buf[i] != (float)(i % 7) + 1.5f) << 4;
+    free(buf);
+  }
+  wagma_comm_destroy(comm);
+  return bad;
+}
+
+static void test_collectives_beyond_count(void **s) {
+  (void)s;
+  assert_int_equal(run_children(BIG_P, big_child, 120), 0);
+}
+
+/* ---------------------------------------------------------------- abort */
+
+static wagma_comm_t *abort_comm;
+static double abort_at;
+
+static void *abort_later(void *arg) {
+  (void)arg;
+  usleep(300 * 1000);
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  abort_at = (double)t.tv_sec + t.tv_nsec * 1e-9;
+  wagma_comm_abort(abort_comm);
+  return NULL;
+}
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Rank 0 steps into the barrier global round 0; rank 1 never steps (its threads answer, its
+ * compute does not come), so rank 0 waits until its control thread aborts. */
+static int abort_child(int rank, const int *ports) {
+  wagma_comm_t *comm = open_comm(2, rank, ports, 1, WAGMA_GLOBAL_BARRIER);
+  if (!comm)
+    return 10;
+  int bad = 0;
+  if (rank == 1) {
+    usleep(1500 * 1000);
+    wagma_comm_destroy(comm);
+    return 0;
+  }
+  float *model = calloc(EW_COUNT, sizeof(float));
+  abort_comm = comm;
+  pthread_t th;
+  pthread_create(&th, NULL, abort_later, NULL);
+  int rc = wagma_comm_step(comm, model, NULL);
+  double took = mono_s() - abort_at;
+  pthread_join(th, NULL);
+  if (getenv("EW_DEBUG"))
+    fprintf(stderr, "abort over tcp: step returned %d, %.2f ms after abort\n", rc, took * 1e3);
+  bad |= (rc != WAGMA_ECANCELED) << 0;
+  bad |= !(took >= 0 && took < 0.5) << 1; /* ~1 ms unloaded; generous for a loaded CI */
+  bad |= (wagma_comm_step(comm, model, NULL) != WAGMA_ECANCELED) << 2;
+  bad |= (wagma_comm_allreduce(comm, model, EW_COUNT, WAGMA_REDUCE_SUM) != WAGMA_ECANCELED) << 2;
+  double t0 = mono_s();
+  wagma_comm_destroy(comm);
+  bad |= (mono_s() - t0 > 3.0) << 3;
+  free(model);
+  return bad;
+}
+
+static void test_abort_blocked_step(void **s) {
+  (void)s;
+  assert_int_equal(run_children(2, abort_child, 60), 0);
+}
+
 /* ---------------------------------------------------------------- epoch changes */
 
 #define EPOCHS 3
@@ -303,6 +526,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_sigkill_barrier),
       cmocka_unit_test(test_sigstop_catches_up),
       cmocka_unit_test(test_epoch_changes),
+      cmocka_unit_test(test_bye_in_barrier_round),
+      cmocka_unit_test(test_collectives_beyond_count),
+      cmocka_unit_test(test_abort_blocked_step),
   };
   if (argc > 1)
     cmocka_set_test_filter(argv[1]);

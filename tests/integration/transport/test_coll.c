@@ -1,8 +1,9 @@
 /* test_coll.c — blocking collectives (coll.h) between real processes on loopback: allreduce
  * sum/mean for P = 2, 4, 6, 8 and 64, small (recursive doubling) and large (ring) buffers,
  * 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
- * running at the same time. Values are small integers so every sum is exact and the result
- * can be compared bit for bit. */
+ * running at the same time, a participant that closes without taking part (every survivor
+ * learns it within about a second through failure notices). Values are small integers so every sum
+ * is exact and the result can be compared bit for bit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -233,6 +235,61 @@ static void test_concurrent_groups(void **state) {
   world_free(&w);
 }
 
+/* P = 8, rank 5 closes (BYE) 0.3 s after the others started an allreduce over all 8 it never
+ * takes part in: every survivor, not only those that wait on rank 5 directly, returns
+ * WAGMA_EPEER naming rank 5 well before the 30 s deadline. Then the 7 survivors complete an
+ * allreduce among themselves. */
+static int run_closer(world_t *w, int rank, void *arg) {
+  (void)arg;
+  wg_transport_t *t = NULL;
+  if (world_open(w, rank, 0, 30.0, &t) != 0)
+    return 2;
+  if (rank == 5) {
+    usleep(300 * 1000);
+    wg_tcp_transport.close(t);
+    return 0;
+  }
+  int bad = 0;
+  for (int pass = 0; pass < 2; pass++) { /* small (recursive doubling) then large (ring) */
+    size_t count = pass == 0 ? 100 : 100000;
+    int failed = -1;
+    wg_coll_ctx_t ctx = make_ctx(t, rank, all_ranks, 8);
+    ctx.seq = (uint64_t)pass << 21;
+    ctx.failed_rank = &failed;
+    float *buf = calloc(count, sizeof(float));
+    double t0 = wg_now();
+    int rc = wg_coll_allreduce(&ctx, buf, count, WAGMA_REDUCE_SUM, t0 + 30.0);
+    double took = wg_now() - t0;
+    free(buf);
+    if (rc != WAGMA_EPEER || failed != 5 || took > 3.0) {
+      fprintf(stderr, "rank %d pass %d: rc %d failed %d after %.3f s\n", rank, pass, rc, failed,
+              took);
+      bad |= 1 << pass;
+    }
+  }
+  static const int survivors[] = {0, 1, 2, 3, 4, 6, 7};
+  wg_coll_ctx_t ctx = make_ctx(t, rank, survivors, 7);
+  ctx.seq = (uint64_t)3 << 20;
+  ctx.round = 2;
+  bad |= check_allreduce(&ctx, 1000, WAGMA_REDUCE_SUM) << 2;
+  wg_tcp_transport.close(t);
+  return bad;
+}
+
+static void test_peer_closes_mid_op(void **state) {
+  (void)state;
+  world_t w;
+  assert_int_equal(world_init(&w, 8, 0), 0);
+  int codes[8];
+  assert_int_equal(world_run(&w, run_closer, NULL, 90, NULL, codes, NULL, NULL), 0);
+  for (int r = 0; r < 8; r++) {
+    if (codes[r] != 0)
+      fprintf(stderr, "closer rank %d exit code %d\n", r, codes[r]);
+    assert_int_equal(codes[r], 0);
+  }
+  world_free(&w);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1)
     cmocka_set_test_filter(argv[1]); /* e.g. test_p6* */
@@ -244,6 +301,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_p6_non_power_of_two),
       cmocka_unit_test(test_p8),
       cmocka_unit_test(test_concurrent_groups),
+      cmocka_unit_test(test_peer_closes_mid_op),
       cmocka_unit_test(test_p64),
       cmocka_unit_test(test_64mib),
   };

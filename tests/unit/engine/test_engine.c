@@ -1,7 +1,9 @@
 /* test_engine.c — unit tests of the wait-avoiding engine over an in-process fake transport
  * (threads as ranks): exact group and global means, blocking collectives, conservation of the
  * sum of models under random delays in both global modes, staleness <= tau, a dead rank, a
- * frozen rank that catches up, and destroy while rounds are in flight. */
+ * frozen rank that catches up, destroy while rounds are in flight, blocking collectives of
+ * more floats than the model (chunked), and wagma_comm_abort from another thread while a step
+ * or an allreduce waits for a frozen peer. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -240,8 +242,58 @@ static void body_collectives(rank_ctx_t *rc) {
   for (int i = 0; i < COUNT; i++)
     if (fabsf(buf[i] - want) > 1e-3f)
       rc->errors++;
-  if (wagma_comm_allreduce(rc->comm, buf, COUNT + 1, WAGMA_REDUCE_SUM) != WAGMA_EINVAL)
-    rc->errors++;
+}
+
+/* Collectives of 3 x COUNT + 7 floats (more than the model), once in one piece and once in
+ * chunks of 100 floats (8 chunks); integer values, so every result is exact. */
+#define BIG (3 * COUNT + 7)
+
+static void body_big_collectives(rank_ctx_t *rc) {
+  static _Thread_local float buf[BIG];
+  int P = rc->cfg->P;
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1)
+      rc->comm->coll_chunk = 100; /* compute thread: the next calls move 100-float chunks */
+    for (int i = 0; i < BIG; i++)
+      buf[i] = (float)((i % 31) - 15) * (float)(rc->rank + 1);
+    if (wagma_comm_allreduce(rc->comm, buf, BIG, WAGMA_REDUCE_SUM) != 0)
+      rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      if (buf[i] != (float)((i % 31) - 15) * (float)(P * (P + 1) / 2))
+        rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      buf[i] = (float)(4 * (i % 31)) * (float)(rc->rank + 1);
+    if (wagma_comm_allreduce(rc->comm, buf, BIG, WAGMA_REDUCE_MEAN) != 0)
+      rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      if (buf[i] != (float)(4 * (i % 31)) * (float)(P * (P + 1) / 2) / (float)P)
+        rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      buf[i] = rc->rank == 1 ? (float)i : -1.0f;
+    if (wagma_comm_broadcast(rc->comm, buf, BIG, 1) != 0)
+      rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      if (buf[i] != (float)i)
+        rc->errors++;
+    for (int i = 0; i < BIG; i++)
+      buf[i] = rc->rank == 0 ? NAN : (float)(rc->rank + i % 3);
+    if (wagma_comm_average(rc->comm, buf, BIG, rc->rank == 0 ? 0.0f : 1.0f) != 0)
+      rc->errors++;
+    for (int i = 0; i < BIG; i++) {
+      float want = (float)(P * (P - 1) / 2 + (P - 1) * (i % 3)) / (float)(P - 1);
+      if (fabsf(buf[i] - want) > 1e-5f)
+        rc->errors++;
+    }
+  }
+}
+
+static void test_big_collectives(void **s) {
+  (void)s;
+  world_cfg_t cfg = {.P = 4, .S = 2, .tau = 4, .floor_s = 1, .body = body_big_collectives};
+  rank_ctx_t ranks[MAXP];
+  run_world(&cfg, ranks);
+  cfg.P = 3;
+  run_world(&cfg, ranks);
 }
 
 static void test_collectives(void **s) {
@@ -477,6 +529,117 @@ static void test_destroy_in_flight(void **s) {
   }
 }
 
+/* ---------------------------------------------------------------- abort */
+
+enum abort_what { ABORT_STEP_BARRIER, ABORT_STEP_GROUP, ABORT_ALLREDUCE };
+
+typedef struct abort_rank {
+  rank_ctx_t rc;
+  enum abort_what what;
+  double abort_at, returned_at, destroy_s;
+  int op_rc, later_step_rc, later_coll_rc;
+} abort_rank_t;
+
+static void *aborter(void *arg) {
+  abort_rank_t *a = arg;
+  usleep(300 * 1000);
+  a->abort_at = wg_now();
+  wagma_comm_abort(a->rc.comm);
+  wagma_comm_abort(a->rc.comm); /* idempotent */
+  return NULL;
+}
+
+/* Rank 0 is frozen (its round thread answers nothing); ranks 1 and 2 block in the operation
+ * until their own aborter thread calls wagma_comm_abort. */
+static void *abort_rank_main(void *arg) {
+  abort_rank_t *a = arg;
+  rank_ctx_t *rc = &a->rc;
+  wagma_comm_options_t o;
+  wagma_comm_options_init(&o);
+  o.plan = rc->plan;
+  o.rank = rc->rank;
+  o.count = COUNT;
+  o.round_deadline_floor_s = 10;
+  o.global_timeout_s = 20;
+  if (wg_comm_create_with(&o, &fake_transport, &rc->comm) != 0) {
+    rc->errors++;
+    pthread_barrier_wait(&g_barrier);
+    pthread_barrier_wait(&g_barrier);
+    return NULL;
+  }
+  pthread_barrier_wait(&g_barrier);
+  if (rc->rank != 0) {
+    fill_model(rc);
+    pthread_t th;
+    pthread_create(&th, NULL, aborter, a);
+    if (a->what == ABORT_ALLREDUCE)
+      a->op_rc = wagma_comm_allreduce(rc->comm, rc->model, COUNT, WAGMA_REDUCE_MEAN);
+    else
+      a->op_rc = wagma_comm_step(rc->comm, rc->model, NULL);
+    a->returned_at = wg_now();
+    pthread_join(th, NULL);
+    a->later_step_rc = wagma_comm_step(rc->comm, rc->model, NULL);
+    a->later_coll_rc = wagma_comm_broadcast(rc->comm, rc->model, COUNT, 1);
+  }
+  pthread_barrier_wait(&g_barrier);
+  double t0 = wg_now();
+  wagma_comm_destroy(rc->comm);
+  a->destroy_s = wg_now() - t0;
+  return NULL;
+}
+
+static void check_abort(enum abort_what what) {
+  world_cfg_t cfg = {
+      .P = 3, .S = 3, .tau = what == ABORT_STEP_BARRIER ? 1 : 100, .mode = WAGMA_GLOBAL_BARRIER};
+  wagma_plan_t plan;
+  make_plan(&cfg, &plan);
+  fake_world_init(3);
+  fake_freeze(0, 1);
+  pthread_barrier_init(&g_barrier, NULL, 3);
+  abort_rank_t ranks[3];
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) {
+    memset(&ranks[i], 0, sizeof(ranks[i]));
+    ranks[i].rc.rank = i;
+    ranks[i].rc.cfg = &cfg;
+    ranks[i].rc.plan = &plan;
+    ranks[i].what = what;
+    pthread_create(&th[i], NULL, abort_rank_main, &ranks[i]);
+  }
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&g_barrier);
+  fake_world_free();
+  wagma_plan_free(&plan);
+  for (int i = 0; i < 3; i++) {
+    abort_rank_t *a = &ranks[i];
+    assert_int_equal(a->rc.errors, 0);
+    assert_true(a->destroy_s < 2.0);
+    if (i == 0)
+      continue;
+    double took = a->returned_at - a->abort_at;
+    if (getenv("ENGINE_DEBUG"))
+      fprintf(stderr, "abort %d rank %d: returned %.1f ms after abort\n", (int)what, i, took * 1e3);
+    assert_int_equal(a->op_rc, WAGMA_ECANCELED);
+    assert_true(took >= 0 && took < 0.5); /* ~1 ms unloaded; generous for a loaded CI */
+    assert_int_equal(a->later_step_rc, WAGMA_ECANCELED);
+    assert_int_equal(a->later_coll_rc, WAGMA_ECANCELED);
+  }
+}
+
+static void test_abort_step_barrier(void **s) {
+  (void)s;
+  check_abort(ABORT_STEP_BARRIER);
+}
+static void test_abort_step_group(void **s) {
+  (void)s;
+  check_abort(ABORT_STEP_GROUP);
+}
+static void test_abort_allreduce(void **s) {
+  (void)s;
+  check_abort(ABORT_ALLREDUCE);
+}
+
 static void test_bad_arguments(void **s) {
   (void)s;
   wagma_comm_t *c = (wagma_comm_t *)1;
@@ -498,6 +661,7 @@ static void test_bad_arguments(void **s) {
   wagma_plan_free(&plan);
   wagma_comm_destroy(NULL);
   assert_int_equal(wagma_comm_step(NULL, NULL, NULL), WAGMA_EINVAL);
+  wagma_comm_abort(NULL);
 }
 
 int main(void) {
@@ -509,12 +673,16 @@ int main(void) {
       cmocka_unit_test(test_global_barrier_mean),
       cmocka_unit_test(test_global_wait_avoiding_mean),
       cmocka_unit_test(test_collectives),
+      cmocka_unit_test(test_big_collectives),
       cmocka_unit_test(test_conservation_barrier),
       cmocka_unit_test(test_conservation_wait_avoiding),
       cmocka_unit_test(test_dead_rank_wait_avoiding),
       cmocka_unit_test(test_dead_rank_barrier),
       cmocka_unit_test(test_frozen_rank_catches_up),
       cmocka_unit_test(test_destroy_in_flight),
+      cmocka_unit_test(test_abort_step_barrier),
+      cmocka_unit_test(test_abort_step_group),
+      cmocka_unit_test(test_abort_allreduce),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
