@@ -122,6 +122,9 @@ typedef struct wg_shared {
   wg_progress_snap_t progress;
   int checkpoint_dirty;
   wg_checkpoint_rec_t checkpoint_out;
+  wagma_comm_t *comm;  /* the runner's communicator (epoch comm_epoch), set and cleared before
+                          destroy under mu: the control side wagma_comm_abort's it under mu */
+  uint64_t comm_epoch;
 } wg_shared_t;
 
 int wg_shared_init(wg_shared_t *s);

@@ -7,7 +7,9 @@
  *    the TTL) it registers again, retrying every second while etcd is down;
  *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
  *    record and starts watching the plan; every valid plan of a newer epoch is handed to the
- *    runner through wg_shared_t (with the checkpoint record read again);
+ *    runner through wg_shared_t (with the checkpoint record read again), and the runner's
+ *    communicator of an older epoch is aborted (wagma_comm_abort) so a round blocked on a
+ *    frozen peer gives way at once; so is it on a release and on stop;
  *  - publishes the runner's progress (at most one put per progress_interval_s, at once for
  *    a final state) and rank 0's checkpoint records.
  * etcd being down never blocks training: only this thread waits on etcd (every call has the
@@ -239,6 +241,8 @@ static void offer_plan(wg_control_t *c, const char *json, size_t len) {
       (unsigned long long)plan.epoch, plan.nranks, (unsigned long long)plan.start_round,
       wagma_plan_rank_of(&plan, c->opt->name) >= 0 ? "" : " (not a member)");
   pthread_mutex_lock(&c->shared->mu);
+  if (c->shared->comm && plan.epoch > c->shared->comm_epoch)
+    wagma_comm_abort(c->shared->comm); /* the runner drops the old epoch now, not at a deadline */
   wagma_plan_free(&c->shared->plan);
   c->shared->plan = plan; /* moved */
   c->shared->have_plan = 1;
@@ -331,6 +335,8 @@ static void drop_job(wg_control_t *c) {
   c->job_loaded = 0;
   c->plan_epoch = 0;
   pthread_mutex_lock(&c->shared->mu);
+  if (c->shared->comm)
+    wagma_comm_abort(c->shared->comm); /* released: the runner tears the job down */
   c->shared->assigned = 0;
   c->shared->have_plan = 0;
   wagma_plan_free(&c->shared->plan);
@@ -504,6 +510,11 @@ fail:
 void wg_control_stop(wg_control_t *c) {
   if (!c)
     return;
+  /* Stopping: a round blocked on a frozen peer must not hold the runner until its deadline. */
+  pthread_mutex_lock(&c->shared->mu);
+  if (c->shared->comm)
+    wagma_comm_abort(c->shared->comm);
+  pthread_mutex_unlock(&c->shared->mu);
   pthread_mutex_lock(&c->mu);
   c->stop = 1;
   pthread_cond_signal(&c->cv);

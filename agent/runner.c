@@ -19,7 +19,11 @@
  *
  * Invariants: only this thread touches the job state and calls the communicator's compute
  * functions; every wait is bounded (the communicator's deadlines, 200 ms waits on the shared
- * condition variable), so stop requests and new plans are seen promptly. */
+ * condition variable), so stop requests and new plans are seen promptly. The communicator in
+ * use is also published in wg_shared_t.comm (cleared under the shared mutex before destroy):
+ * the control side aborts it when a new plan epoch, a release or a stop arrives, so a round
+ * blocked on a frozen peer returns WAGMA_ECANCELED at once instead of at its deadline; the
+ * runner then closes it and follows the new state. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +47,8 @@ struct wg_runner {
 
 void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status) {
   wg_job_t *j = &r->job;
+  if (status == WAGMA_ECANCELED)
+    return; /* aborted by the control side for a newer plan or a stop: not a fault */
   j->comm_errors++;
   if (wg_mono() - j->last_comm_warn < 2.0)
     return;
@@ -95,9 +101,13 @@ static void share_progress(wg_runner_ctx_t *r, int state, const char *error, int
 
 /* ---- job setup and teardown -------------------------------------------------------------- */
 
-static void close_comm(wg_job_t *j) {
+static void close_comm(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
   if (!j->comm)
     return;
+  pthread_mutex_lock(&r->shared->mu);
+  r->shared->comm = NULL; /* no abort can reach it any more */
+  pthread_mutex_unlock(&r->shared->mu);
   wagma_comm_counters_t cc;
   wagma_comm_counters(j->comm, &cc);
   j->base.rounds_activated += cc.rounds_activated;
@@ -113,7 +123,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
   if (j->active || j->broken)
     RLOG(r, WAGMA_LOG_INFO, "job %s: stopping (iteration %llu)", j->cfg.job,
          (unsigned long long)j->iteration);
-  close_comm(j);
+  close_comm(r);
   wagma_plan_free(&j->plan);
   wagma_model_destroy(j->model);
   wagma_optim_destroy(j->optim);
@@ -252,7 +262,7 @@ static int load_checkpoint(wg_runner_ctx_t *r, const wg_checkpoint_rec_t *ck) {
 static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
                         const wg_checkpoint_rec_t *ck) {
   wg_job_t *j = &r->job;
-  close_comm(j);
+  close_comm(r);
   wagma_plan_free(&j->plan);
   j->plan = *plan;
   memset(plan, 0, sizeof *plan);
@@ -298,6 +308,13 @@ static void connect_epoch(wg_runner_ctx_t *r) {
     return;
   }
   j->need_connect = 0;
+  pthread_mutex_lock(&r->shared->mu);
+  r->shared->comm = j->comm; /* abortable from now on */
+  r->shared->comm_epoch = j->epoch;
+  if (r->shared->stop || !r->shared->assigned ||
+      (r->shared->have_plan && r->shared->plan.epoch > j->epoch))
+    wagma_comm_abort(j->comm); /* superseded while it was being created */
+  pthread_mutex_unlock(&r->shared->mu);
 
   /* Global sync: joiners (weight 0) receive the model and the iteration from the others. A
    * member without a model that the plan does not mark as a joiner is part of a fresh start
@@ -323,11 +340,12 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   if (j->nstate)
     memcpy(j->sync_buf + j->nparams, state, j->nstate * sizeof(float));
   j->sync_buf[n - 1] = (float)j->iteration;
-  /* The communicator moves at most nparams floats per call: the same chunks on every member. */
-  e = 0;
-  for (size_t off = 0; off < n && e == 0; off += j->nparams) {
-    size_t len = n - off < j->nparams ? n - off : j->nparams;
-    e = wagma_comm_average(j->comm, j->sync_buf + off, len, weight);
+  e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
+  if (e == WAGMA_ECANCELED) {
+    RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
+         j->cfg.job, (unsigned long long)j->epoch);
+    close_comm(r); /* aborted by the control side: a newer plan or a stop is waiting */
+    return;
   }
   if (e == 0) {
     memcpy(wagma_model_params(j->model), j->sync_buf, j->nparams * sizeof(float));
@@ -372,7 +390,11 @@ static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {
          strerror(errno));
     return;
   }
-  snprintf(path, sizeof path, "%s/%s.ckpt", j->cfg.checkpoint_dir, j->cfg.job);
+  if (snprintf(path, sizeof path, "%s/%s.ckpt", j->cfg.checkpoint_dir, j->cfg.job) >=
+      (int)sizeof path) {
+    RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint path too long", j->cfg.job);
+    return;
+  }
   if (wagma_checkpoint_save(path, j->model, j->optim, j->iteration, err, sizeof err) != 0) {
     RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint failed: %s", j->cfg.job, err);
     return;
@@ -392,8 +414,11 @@ static void train_once(wg_runner_ctx_t *r) {
   uint64_t before = j->iteration;
   int e = wg_algo_iteration(r);
   j->have_model = 1; /* trained: from now on this is the job's model, to keep */
-  if (e == WAGMA_ECLOSED) {
-    close_comm(j); /* unusable: wait for the next plan */
+  if (e == WAGMA_ECLOSED || e == WAGMA_ECANCELED) {
+    if (e == WAGMA_ECANCELED)
+      RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: communicator aborted (newer plan or stop)",
+           j->cfg.job, (unsigned long long)j->epoch);
+    close_comm(r); /* unusable (or aborted for a newer plan): wait for the next plan */
     return;
   }
   if (e && e != WAGMA_ETIMEDOUT && e != WAGMA_EPEER && e != WAGMA_EUNAVAIL && e != WAGMA_EIO &&
@@ -478,7 +503,7 @@ static void *runner_main(void *arg) {
       if (j->done && j->comm && wg_mono() - j->done_at > r->opt->linger_s) {
         RLOG(r, WAGMA_LOG_INFO, "job %s: finished %.0f s ago; closing the communicator", j->cfg.job,
              r->opt->linger_s);
-        close_comm(j);
+        close_comm(r);
       }
       wait_shared(r, gen, 0.2);
       continue;
