@@ -380,7 +380,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
 static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {
   wg_job_t *j = &r->job;
   uint64_t every = j->cfg.checkpoint_every;
-  char path[300], err[256];
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX], err[256]; /* the path is recorded in etcd */
   if (j->rank != 0 || every == 0 || !j->cfg.checkpoint_dir[0])
     return;
   if (before / every == j->iteration / every && j->iteration < j->total_iterations)
@@ -392,7 +392,8 @@ static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {
   }
   if (snprintf(path, sizeof path, "%s/%s.ckpt", j->cfg.checkpoint_dir, j->cfg.job) >=
       (int)sizeof path) {
-    RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint path too long", j->cfg.job);
+    RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint path longer than %d bytes", j->cfg.job,
+         (int)sizeof path - 1);
     return;
   }
   if (wagma_checkpoint_save(path, j->model, j->optim, j->iteration, err, sizeof err) != 0) {
