@@ -15,7 +15,7 @@
 # With --repeat R every run is repeated R times (interleaved: each round runs every algorithm
 # once) and the table shows medians. Writes DIR/results.md (the table),
 # DIR/<setting>-<algorithm>.dat (the first repetition) and DIR/e2e.png (gnuplot).
-# Stops everything it starts by PID; needs curl, etcd, gnuplot (scripts/deps.sh).
+# Stops everything it starts by PID; installs curl, etcd, gnuplot with scripts/deps.sh --bench.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -40,6 +40,7 @@ while [ $# -gt 0 ]; do
   *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+"$ROOT/scripts/deps.sh" --bench
 COORD="$BUILD/coordinator/wagma-coordinator"
 AGENT="$BUILD/agent/wagma-agent"
 [ -x "$COORD" ] && [ -x "$AGENT" ] || { echo "build wagma-coordinator and wagma-agent in $BUILD first" >&2; exit 1; }

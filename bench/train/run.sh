@@ -12,6 +12,7 @@ steps=${STEPS:-300}
 models=${MODELS:-lenet5 mlp}
 data=${DATA:-fashion}
 rounds=${ROUNDS:-3}
+scripts/deps.sh --bench # the PyTorch baseline (python3-torch)
 
 if [ ! -x "$build/bench/train/bench_train" ]; then
   cmake -S . -B "$build" >/dev/null
