@@ -1,222 +1,96 @@
-/* harness.c — see harness.h. Processes are started with fork/exec and stopped by PID; each
- * child gets PR_SET_PDEATHSIG so a crashed test leaves nothing running. */
+/* harness.c — see harness.h. Processes and HTTP come from tests/support (process.h,
+ * coordinator_process.h, http_client.h): started with fork/exec, stopped by PID, each child
+ * with PR_SET_PDEATHSIG so a crashed test leaves nothing running. */
 #include "harness.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <setjmp.h>
-#include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
-#include <curl/curl.h>
+
+#include "process.h"
 
 #ifndef WAGMA_COORDINATOR_BIN
 #error "WAGMA_COORDINATOR_BIN must be defined"
 #endif
 
 double harness_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  return proc_now();
 }
 
 void harness_sleep(double s) {
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
-  }
+  proc_sleep(s);
 }
 
 int harness_free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
+  int port = proc_free_port();
+  assert_true(port > 0);
+  return port;
 }
 
 void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id, int ttl,
                          const char *token, const char *const *extra) {
-  char listen[64], ttls[16];
-  const char *argv[32];
-  int n = 0;
-  memset(p, 0, sizeof *p);
-  p->port = harness_free_port();
-  snprintf(listen, sizeof listen, "127.0.0.1:%d", p->port);
-  snprintf(p->base, sizeof p->base, "http://127.0.0.1:%d", p->port);
-  snprintf(ttls, sizeof ttls, "%d", ttl);
-  snprintf(p->log, sizeof p->log, "%s/wagma-coord-%s-%d.log",
+  char log[256], token_env[256];
+  const char *const env[] = {token ? token_env : "WAGMA_TOKEN", NULL};
+  const char *const *args = extra;
+  const char *debug_extra[32] = {"--log-level", "debug"};
+  int n = 2;
+  for (int i = 0; args && args[i] && n < 31; i++)
+    debug_extra[n++] = args[i];
+  debug_extra[n] = NULL;
+  snprintf(token_env, sizeof token_env, "WAGMA_TOKEN=%s", token ? token : "");
+  snprintf(log, sizeof log, "%s/wagma-coord-%s-%d.log",
            getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", id, (int)getpid());
-  argv[n++] = WAGMA_COORDINATOR_BIN;
-  argv[n++] = "--etcd";
-  argv[n++] = endpoints;
-  argv[n++] = "--listen";
-  argv[n++] = listen;
-  argv[n++] = "--id";
-  argv[n++] = id;
-  argv[n++] = "--lease-ttl";
-  argv[n++] = ttls;
-  argv[n++] = "--log-level";
-  argv[n++] = "debug";
-  for (int i = 0; extra && extra[i] && n < 30; i++)
-    argv[n++] = extra[i];
-  argv[n] = NULL;
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    int fd = open(p->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    if (token)
-      setenv("WAGMA_TOKEN", token, 1);
-    else
-      unsetenv("WAGMA_TOKEN");
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  p->pid = pid;
-  char url[128];
-  snprintf(url, sizeof url, "%s/healthz", p->base);
-  double deadline = harness_now() + 10;
-  while (harness_now() < deadline) {
-    http_result_t r;
-    harness_http("GET", url, NULL, 0, NULL, NULL, &r);
-    long st = r.status;
-    harness_http_free(&r);
-    if (st == 200)
-      return;
-    int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      p->pid = 0;
-      fail_msg("coordinator exited at start (log %s)", p->log);
-    }
-    harness_sleep(0.05);
-  }
-  fail_msg("coordinator did not answer /healthz within 10 s (log %s)", p->log);
+  coordinator_options_t o = {.bin = WAGMA_COORDINATOR_BIN,
+                             .endpoints = endpoints,
+                             .id = id,
+                             .lease_ttl = ttl,
+                             .log = log,
+                             .extra = debug_extra,
+                             .env = env};
+  assert_int_equal(coordinator_process_start(&o, p), 0);
+  if (coordinator_process_wait_healthy(p, 10) != 0)
+    fail_msg("coordinator did not become healthy (log %s)", p->log);
 }
 
 void harness_coord_stop(coord_proc_t *p, int sig) {
-  if (p->pid <= 0)
+  coordinator_process_stop(p, sig);
+}
+
+int harness_env_start(harness_env_t **out) {
+  harness_env_t *e = calloc(1, sizeof *e);
+  *out = e;
+  if (!e || etcd_fixture_start(1, &e->fx) != 0)
+    return -1;
+  wagma_etcd_options_t o = {.endpoints = etcd_fixture_endpoints(e->fx), .call_timeout_ms = 3000};
+  if (wagma_etcd_open(&o, &e->etcd) != 0)
+    return -1;
+  return 0;
+}
+
+void harness_env_stop(harness_env_t *e) {
+  if (!e)
     return;
-  kill(p->pid, sig);
-  double deadline = harness_now() + 10;
-  int status;
-  while (waitpid(p->pid, &status, WNOHANG) == 0) {
-    if (harness_now() > deadline) {
-      kill(p->pid, SIGKILL);
-      waitpid(p->pid, &status, 0);
-      break;
-    }
-    harness_sleep(0.02);
-  }
-  p->pid = 0;
+  wagma_etcd_close(e->etcd);
+  etcd_fixture_stop(e->fx);
+  free(e);
 }
 
 /* ---- HTTP ---------------------------------------------------------------------------------- */
 
-typedef struct buf {
-  char *p;
-  size_t len;
-} buf_t;
-
-static size_t on_body(char *data, size_t size, size_t nmemb, void *user) {
-  buf_t *b = user;
-  size_t n = size * nmemb;
-  char *np = realloc(b->p, b->len + n + 1);
-  if (!np)
-    return 0;
-  memcpy(np + b->len, data, n);
-  b->p = np;
-  b->len += n;
-  b->p[b->len] = '\0';
-  return n;
-}
-
-static size_t on_header(char *data, size_t size, size_t nmemb, void *user) {
-  http_result_t *r = user;
-  size_t n = size * nmemb;
-  char line[512];
-  size_t l = n < sizeof line - 1 ? n : sizeof line - 1;
-  memcpy(line, data, l);
-  line[l] = '\0';
-  line[strcspn(line, "\r\n")] = '\0';
-  if (strncasecmp(line, "Allow: ", 7) == 0)
-    snprintf(r->allow, sizeof r->allow, "%.120s", line + 7);
-  else if (strncasecmp(line, "Content-Type: ", 14) == 0)
-    snprintf(r->content_type, sizeof r->content_type, "%.120s", line + 14);
-  else if (strncasecmp(line, "Location: ", 10) == 0)
-    snprintf(r->location, sizeof r->location, "%.180s", line + 10);
-  else if (strncasecmp(line, "WWW-Authenticate: ", 18) == 0)
-    r->www_authenticate = 1;
-  return n;
-}
-
 void harness_http(const char *method, const char *url, const char *body, size_t body_len,
                   const char *content_type, const char *token, http_result_t *r) {
-  CURL *h = curl_easy_init();
-  struct curl_slist *hdrs = NULL;
-  buf_t b = {0};
-  char line[512];
-  memset(r, 0, sizeof *r);
-  assert_non_null(h);
-  curl_easy_setopt(h, CURLOPT_URL, url);
-  curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
-  if (strcmp(method, "HEAD") == 0)
-    curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
-  curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
-  hdrs = curl_slist_append(hdrs, "Expect:");
-  if (content_type) {
-    snprintf(line, sizeof line, "Content-Type: %s", content_type);
-    hdrs = curl_slist_append(hdrs, line);
-  } else if (body) {
-    hdrs = curl_slist_append(hdrs, "Content-Type:");
-  }
-  if (token) {
-    snprintf(line, sizeof line, "Authorization: Bearer %s", token);
-    hdrs = curl_slist_append(hdrs, line);
-  }
-  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-  if (body) {
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)body_len);
-  }
-  if (curl_easy_perform(h) == CURLE_OK)
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
-  r->body = b.p ? b.p : strdup("");
-  r->len = b.len;
-  curl_slist_free_all(hdrs);
-  curl_easy_cleanup(h);
+  http_request(method, url, body, body_len, content_type, token, r);
+  assert_non_null(r->body);
 }
 
 void harness_http_free(http_result_t *r) {
-  free(r->body);
-  r->body = NULL;
+  http_result_free(r);
 }
 
 json_t *harness_get_json(const char *url, long *status) {

@@ -11,14 +11,13 @@
 
 #include <jansson.h>
 
+#include "coordinator_process.h"
+#include "etcd_fixture.h"
+#include "http_client.h"
 #include "wagma/etcd.h"
 
-typedef struct coord_proc {
-  pid_t pid;
-  int port;
-  char base[64]; /* "http://127.0.0.1:<port>" */
-  char log[256];
-} coord_proc_t;
+/* pid, port, base "http://127.0.0.1:<port>", log (tests/support/coordinator_process.h). */
+typedef coordinator_process_t coord_proc_t;
 
 int harness_free_port(void);
 
@@ -30,17 +29,8 @@ void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id,
 /* Sends sig (SIGTERM or SIGKILL) and reaps (SIGKILL after 10 s). */
 void harness_coord_stop(coord_proc_t *p, int sig);
 
-typedef struct http_result {
-  long status;
-  char *body; /* NUL-terminated, owned */
-  size_t len;
-  char allow[128];
-  char content_type[128];
-  char location[192];
-  int www_authenticate;
-} http_result_t;
-
-/* One request. body may be NULL; content_type NULL = none; token NULL = no Authorization. */
+/* One request (tests/support/http_client.h; asserts that curl got a handle). body may be NULL;
+ * content_type NULL = none; token NULL = no Authorization. */
 void harness_http(const char *method, const char *url, const char *body, size_t body_len,
                   const char *content_type, const char *token, http_result_t *r);
 void harness_http_free(http_result_t *r);
@@ -61,6 +51,18 @@ void harness_agent_freeze(fake_agent_t *a);
 void harness_agent_kill(wagma_etcd_t *etcd, fake_agent_t *a);
 void harness_progress(wagma_etcd_t *etcd, const char *job, const char *agent, uint64_t iteration,
                       const char *state, double loss);
+
+/* One etcd (tests/support fixture) and a client on it (call timeout 3 s). */
+typedef struct harness_env {
+  etcd_fixture_t *fx;
+  wagma_etcd_t *etcd;
+} harness_env_t;
+
+/* Starts both; 0 or -1 (a half-started env is still returned in *out for harness_env_stop).
+ * Ownership: the caller stops *out with harness_env_stop. */
+int harness_env_start(harness_env_t **out);
+/* Closes the client, stops etcd, frees. NULL is a no-op. */
+void harness_env_stop(harness_env_t *e);
 
 double harness_now(void);
 void harness_sleep(double seconds);

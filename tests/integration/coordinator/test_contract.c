@@ -164,29 +164,21 @@ static void validate(json_t *schema, json_t *v, const char *path) {
 
 /* ---- the walk --------------------------------------------------------------------------- */
 
-typedef struct env {
-  etcd_fixture_t *fx;
-  wagma_etcd_t *etcd;
-} env_t;
+typedef harness_env_t env_t;
 
 static int setup(void **state) {
-  env_t *e = calloc(1, sizeof *e);
-  if (etcd_fixture_start(1, &e->fx) != 0)
-    return -1;
-  wagma_etcd_options_t o = {.endpoints = etcd_fixture_endpoints(e->fx), .call_timeout_ms = 3000};
-  if (wagma_etcd_open(&o, &e->etcd) != 0)
+  env_t *e = NULL;
+  int rc = harness_env_start(&e);
+  *state = e;
+  if (rc != 0)
     return -1;
   g_api = load_openapi();
-  *state = e;
   return 0;
 }
 
 static int teardown(void **state) {
-  env_t *e = *state;
-  wagma_etcd_close(e->etcd);
-  etcd_fixture_stop(e->fx);
+  harness_env_stop(*state);
   json_decref(g_api);
-  free(e);
   return 0;
 }
 

@@ -25,27 +25,17 @@
 #define SLACK 4.0
 #endif
 
-typedef struct env {
-  etcd_fixture_t *fx;
-  wagma_etcd_t *etcd;
-} env_t;
+typedef harness_env_t env_t;
 
 static int setup(void **state) {
-  env_t *e = calloc(1, sizeof *e);
-  if (etcd_fixture_start(1, &e->fx) != 0)
-    return -1;
-  wagma_etcd_options_t o = {.endpoints = etcd_fixture_endpoints(e->fx), .call_timeout_ms = 3000};
-  if (wagma_etcd_open(&o, &e->etcd) != 0)
-    return -1;
+  env_t *e = NULL;
+  int rc = harness_env_start(&e);
   *state = e;
-  return 0;
+  return rc;
 }
 
 static int teardown(void **state) {
-  env_t *e = *state;
-  wagma_etcd_close(e->etcd);
-  etcd_fixture_stop(e->fx);
-  free(e);
+  harness_env_stop(*state);
   return 0;
 }
 

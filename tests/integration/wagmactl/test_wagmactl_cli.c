@@ -32,7 +32,9 @@
 #include <cmocka.h>
 #include <jansson.h>
 
+#include "coordinator_process.h"
 #include "etcd_fixture.h"
+#include "process.h"
 #include "wagma/etcd.h"
 
 #ifndef WAGMACTL_BIN
@@ -49,7 +51,7 @@
 typedef struct cluster {
   etcd_fixture_t *etcd;
   wagma_etcd_t *kv;
-  pid_t coord_pid;
+  coordinator_process_t coord;
   char server[64];
   char dir[128]; /* temp dir: token file, spec files, outputs, coordinator log */
   char token_file[192];
@@ -59,29 +61,6 @@ typedef struct cluster {
 static cluster_t C;
 
 /* ---- small helpers ------------------------------------------------------------------------- */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
-  }
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  assert_true(fd >= 0);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
 
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -104,26 +83,6 @@ static char *read_file(const char *path) {
   fclose(m);
   fclose(f);
   return buf;
-}
-
-/* Waits for pid up to deadline_s; SIGKILL and reap when it passes. Returns the wait status,
- * or -1 when it had to be killed. */
-static int wait_pid(pid_t pid, double deadline_s) {
-  double end = now_s() + deadline_s;
-  int status = 0;
-  for (;;) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid)
-      return status;
-    if (r < 0 && errno != EINTR)
-      return -1;
-    if (now_s() > end) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    sleep_s(0.01);
-  }
 }
 
 /* ---- running wagmactl ---------------------------------------------------------------------- */
@@ -154,7 +113,7 @@ static void run_ctl_v(run_t *r, const char *stdin_path, const char *server_env,
   for (; args[n - 1] && n < 39; n++)
     argv[n] = args[n - 1];
   argv[n] = NULL;
-  double t0 = now_s();
+  double t0 = proc_now();
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
@@ -178,8 +137,8 @@ static void run_ctl_v(run_t *r, const char *stdin_path, const char *server_env,
     execv(argv[0], (char *const *)argv);
     _exit(127);
   }
-  int status = wait_pid(pid, RUN_DEADLINE_S);
-  r->secs = now_s() - t0;
+  int status = proc_wait(pid, RUN_DEADLINE_S);
+  r->secs = proc_now() - t0;
   r->code = (status >= 0 && WIFEXITED(status)) ? WEXITSTATUS(status) : -1;
   r->out = read_file(out_path);
   r->err = read_file(err_path);
@@ -253,50 +212,23 @@ static void write_spec(const char *name, const char *text, char *path, size_t le
 /* ---- the cluster ----------------------------------------------------------------------------- */
 
 static int start_coordinator(void) {
-  int port = free_port();
-  char listen[64];
-  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-  snprintf(C.server, sizeof C.server, "http://127.0.0.1:%d", port);
-  const char *argv[] = {WAGMA_COORDINATOR_BIN,
-                        "--etcd",
-                        etcd_fixture_endpoints(C.etcd),
-                        "--listen",
-                        listen,
-                        "--id",
-                        "ctl-test",
-                        "--lease-ttl",
-                        "2",
-                        "--token-file",
-                        C.token_file,
-                        NULL};
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0)
+  const char *const extra[] = {"--token-file", C.token_file, NULL};
+  const char *const env[] = {"WAGMA_TOKEN", NULL};
+  coordinator_options_t o = {.bin = WAGMA_COORDINATOR_BIN,
+                             .endpoints = etcd_fixture_endpoints(C.etcd),
+                             .id = "ctl-test",
+                             .lease_ttl = 2,
+                             .log = C.coord_log,
+                             .extra = extra,
+                             .env = env};
+  if (coordinator_process_start(&o, &C.coord) != 0)
     return -1;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    int fd = open(C.coord_log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    unsetenv("WAGMA_TOKEN");
-    execv(argv[0], (char *const *)argv);
-    _exit(127);
-  }
-  C.coord_pid = pid;
+  snprintf(C.server, sizeof C.server, "%s", C.coord.base);
   return 0;
 }
 
 static void stop_coordinator(void) {
-  if (C.coord_pid <= 0)
-    return;
-  kill(C.coord_pid, SIGTERM);
-  wait_pid(C.coord_pid, 10.0); /* SIGKILL when it does not stop */
-  C.coord_pid = 0;
+  coordinator_process_stop(&C.coord, SIGTERM);
 }
 
 static int setup(void **state) {
@@ -364,13 +296,13 @@ static void test_help_and_usage(void **state) {
 static void test_health(void **state) {
   (void)state;
   run_t r = {0};
-  double end = now_s() + 30;
+  double end = proc_now() + 30;
   for (;;) {
     RUN(&r, "health");
-    if (r.code == 0 || now_s() > end)
+    if (r.code == 0 || proc_now() > end)
       break;
     run_free(&r);
-    sleep_s(0.2);
+    proc_sleep(0.2);
   }
   if (r.code != 0) {
     char *log = read_file(C.coord_log);
@@ -482,16 +414,16 @@ static void test_submit(void **state) {
 
 /* Waits until job's status.epoch >= 1 (a plan exists), deadline 30 s. */
 static void wait_for_plan(const char *job) {
-  double end = now_s() + 30;
+  double end = proc_now() + 30;
   for (;;) {
     json_t *j = JSON_OF("get", job);
     json_int_t epoch = json_integer_value(json_object_get(json_object_get(j, "status"), "epoch"));
     json_decref(j);
     if (epoch >= 1)
       return;
-    if (now_s() > end)
+    if (proc_now() > end)
       fail_msg("job %s got no plan within 30 s", job);
-    sleep_s(0.2);
+    proc_sleep(0.2);
   }
 }
 
