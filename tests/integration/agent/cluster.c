@@ -1,124 +1,61 @@
-/* cluster.c — see cluster.h. Single-threaded test support. */
+/* cluster.c — see cluster.h. Single-threaded test support; processes, the coordinator and HTTP
+ * come from tests/support (process.h, coordinator_process.h, http_client.h). */
 #include "cluster.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <curl/curl.h>
 
+#include "http_client.h"
+#include "process.h"
+
 double cluster_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  return proc_now();
 }
 
 void cluster_sleep(double s) {
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
+  proc_sleep(s);
 }
 
-/* A port nobody listens on, below the ephemeral range (32768+): an agent binds its collective
- * port only when a plan arrives, and an ephemeral port could be taken by then by some
- * process's outgoing connection. */
-static int free_port(void) {
-  static unsigned seed;
-  if (!seed)
-    seed = (unsigned)getpid() ^ (unsigned)time(NULL);
-  for (int attempt = 0; attempt < 200; attempt++) {
-    int port = 20000 + (int)(rand_r(&seed) % 12000), ok = 0;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                            .sin_port = htons((uint16_t)port)};
-    if (fd < 0)
-      return -1;
-    ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    close(fd);
-    if (ok)
-      return port;
-  }
-  return -1;
-}
-
-/* fork + exec argv with stdout/stderr to log; the child dies with the test. */
-static pid_t spawn(char *const argv[], const char *log) {
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0)
-    return -1;
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)
-      _exit(127);
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    execv(argv[0], argv);
-    _exit(127);
-  }
-  return pid;
-}
-
+/* SIGCONT + SIGTERM (a frozen agent must see it), SIGKILL after a 10 s grace; reaped. */
 static void stop_pid(pid_t pid) {
-  if (pid <= 0)
-    return;
-  kill(pid, SIGCONT);
-  kill(pid, SIGTERM);
-  for (int i = 0; i < 100; i++) { /* 10 s grace */
-    if (waitpid(pid, NULL, WNOHANG) == pid)
-      return;
-    cluster_sleep(0.1);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
+  proc_stop(pid, SIGTERM, 10.0);
 }
 
 static int start_agent(cluster_t *c, int i, const char *const *extra) {
-  char listen[64], log[320], *argv[64];
-  int n = 0, port = free_port();
+  char listen[64], log[320];
+  const char *argv[64];
+  int n = 0, port = proc_free_port_low();
   const char *bin = getenv("WAGMA_AGENT_BIN");
   if (!bin || port < 0)
     return -1;
   snprintf(c->agent_name[i], sizeof c->agent_name[i], "agent-%d", i);
   snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
   snprintf(log, sizeof log, "%s/agent-%d.log", c->dir, i);
-  argv[n++] = (char *)bin;
+  argv[n++] = bin;
   argv[n++] = "--etcd";
-  argv[n++] = (char *)etcd_fixture_endpoints(c->etcd);
+  argv[n++] = etcd_fixture_endpoints(c->etcd);
   argv[n++] = "--name";
   argv[n++] = c->agent_name[i];
   argv[n++] = "--listen";
   argv[n++] = listen;
   for (int k = 0; c->agent_args && c->agent_args[k] && n < 50; k++)
-    argv[n++] = (char *)c->agent_args[k];
+    argv[n++] = c->agent_args[k];
   for (int k = 0; extra && extra[k] && n < 62; k++)
-    argv[n++] = (char *)extra[k];
+    argv[n++] = extra[k];
   argv[n] = NULL;
-  c->agent[i] = spawn(argv, log);
+  c->agent[i] = proc_spawn(argv, log, NULL);
   return c->agent[i] > 0 ? 0 : -1;
 }
 
 int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
-  char listen[64], log[320];
-  const char *bin = getenv("WAGMA_COORDINATOR_BIN");
+  char log[320];
   memset(c, 0, sizeof *c);
   c->agent_args = agent_args;
-  if (!bin || !getenv("WAGMA_AGENT_BIN")) {
+  if (!getenv("WAGMA_COORDINATOR_BIN") || !getenv("WAGMA_AGENT_BIN")) {
     fprintf(stderr, "cluster: WAGMA_COORDINATOR_BIN / WAGMA_AGENT_BIN not set\n");
     return -1;
   }
@@ -129,22 +66,36 @@ int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
   curl_global_init(CURL_GLOBAL_DEFAULT);
   if (etcd_fixture_start(1, &c->etcd) != 0)
     return -1;
-  int port = free_port();
-  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-  snprintf(c->api, sizeof c->api, "http://127.0.0.1:%d", port);
   snprintf(log, sizeof log, "%s/coordinator.log", c->dir);
-  char *cargv[] = {(char *)bin, "--etcd", (char *)etcd_fixture_endpoints(c->etcd),
-                   "--listen",  listen,   "--lease-ttl",
-                   "3",         NULL};
-  c->coordinator = spawn(cargv, log);
-  if (c->coordinator <= 0)
+  coordinator_options_t o = {
+      .endpoints = etcd_fixture_endpoints(c->etcd), .lease_ttl = 3, .log = log};
+  if (coordinator_process_start(&o, &c->coordinator) != 0)
     return -1;
+  snprintf(c->api, sizeof c->api, "%s", c->coordinator.base);
   for (int i = 0; i < nagents; i++) {
     if (start_agent(c, i, NULL) != 0)
       return -1;
     c->nagents++;
   }
   return cluster_wait_agents(c, nagents, 30);
+}
+
+int cluster_group_setup(void **state, int nagents, const char *const *agent_args) {
+  static cluster_t c;
+  if (cluster_start(&c, nagents, agent_args) != 0) {
+    cluster_dump_logs(&c);
+    cluster_stop(&c);
+    return -1;
+  }
+  *state = &c;
+  return 0;
+}
+
+int cluster_group_teardown(void **state) {
+  cluster_t *c = *state;
+  if (c)
+    cluster_stop(c);
+  return 0;
 }
 
 int cluster_add_agent(cluster_t *c, const char *const *extra) {
@@ -160,7 +111,7 @@ int cluster_add_agent(cluster_t *c, const char *const *extra) {
 void cluster_stop(cluster_t *c) {
   for (int i = 0; i < c->nagents; i++)
     stop_pid(c->agent[i]);
-  stop_pid(c->coordinator);
+  coordinator_process_stop(&c->coordinator, SIGTERM);
   etcd_fixture_stop(c->etcd);
   c->etcd = NULL;
   if (c->dir[0] && getenv("WAGMA_TEST_KEEP_LOGS")) {
@@ -184,56 +135,21 @@ void cluster_dump_logs(const cluster_t *c) {
 
 /* ---- REST --------------------------------------------------------------------------------- */
 
-typedef struct buf {
-  char *p;
-  size_t n;
-} buf_t;
-
-static size_t on_data(char *data, size_t size, size_t nmemb, void *user) {
-  buf_t *b = user;
-  size_t add = size * nmemb;
-  char *p = realloc(b->p, b->n + add + 1);
-  if (!p)
-    return 0;
-  memcpy(p + b->n, data, add);
-  b->p = p;
-  b->n += add;
-  b->p[b->n] = '\0';
-  return add;
-}
-
 int cluster_http(const cluster_t *c, const char *method, const char *path, const char *json,
                  long *status, char **body) {
   char url[512];
-  buf_t b = {0};
-  struct curl_slist *h = NULL;
-  CURL *curl = curl_easy_init();
-  int rc = -1;
-  if (!curl)
-    return -1;
+  http_result_t r;
   snprintf(url, sizeof url, "%s%s", c->api, path);
-  curl_easy_setopt(curl, CURLOPT_URL, url);
-  curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, 10000L);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, on_data);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &b);
-  if (json) {
-    h = curl_slist_append(h, "Content-Type: application/json");
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
+  int rc = http_request(method, url, json, json ? strlen(json) : 0,
+                        json ? "application/json" : NULL, NULL, &r);
+  if (rc == 0) {
+    *status = r.status;
+    if (body) {
+      *body = r.body;
+      r.body = NULL;
+    }
   }
-  if (curl_easy_perform(curl) == CURLE_OK) {
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, status);
-    rc = 0;
-  }
-  curl_slist_free_all(h);
-  curl_easy_cleanup(curl);
-  if (body && rc == 0) {
-    *body = b.p ? b.p : strdup("");
-    b.p = NULL;
-  }
-  free(b.p);
+  http_result_free(&r);
   return rc;
 }
 

@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "coordinator_process.h"
 #include "etcd_fixture.h"
 
 #define CLUSTER_MAX_AGENTS 8
@@ -20,7 +21,7 @@ typedef struct cluster {
   etcd_fixture_t *etcd;
   char dir[256];
   char api[64]; /* "http://127.0.0.1:<port>" */
-  pid_t coordinator;
+  coordinator_process_t coordinator;
   int nagents;
   pid_t agent[CLUSTER_MAX_AGENTS];
   char agent_name[CLUSTER_MAX_AGENTS][32];
@@ -30,6 +31,10 @@ typedef struct cluster {
 /* Starts etcd, the coordinator and nagents agents (agent-0 ...), each with agent_args (may be
  * NULL) plus its own extra[i] flags (extra may be NULL). Waits until all agents registered. */
 int cluster_start(cluster_t *c, int nagents, const char *const *agent_args);
+/* cmocka group setup / teardown: one static cluster of nagents agents with agent_args (logs
+ * dumped when it fails to start); *state becomes the cluster. */
+int cluster_group_setup(void **state, int nagents, const char *const *agent_args);
+int cluster_group_teardown(void **state);
 /* Starts one more agent (agent-<n>) with extra flags (NULL-terminated, may be NULL); returns
  * its index or -1. */
 int cluster_add_agent(cluster_t *c, const char *const *extra);

@@ -53,21 +53,11 @@ static const char *const agent_args[] = {"--lease-ttl",
                                          NULL};
 
 static int setup(void **state) {
-  static cluster_t c;
-  if (cluster_start(&c, 4, agent_args) != 0) {
-    cluster_dump_logs(&c);
-    cluster_stop(&c);
-    return -1;
-  }
-  *state = &c;
-  return 0;
+  return cluster_group_setup(state, 4, agent_args);
 }
 
 static int teardown(void **state) {
-  cluster_t *c = *state;
-  if (c)
-    cluster_stop(c);
-  return 0;
+  return cluster_group_teardown(state);
 }
 
 static void submit(cluster_t *c, const char *fmt, ...) {
