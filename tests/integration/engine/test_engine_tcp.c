@@ -218,6 +218,40 @@ static void test_bye_in_barrier_round(void **s) {
 
 static int free_ports(int n, int *ports);
 
+/* Waits for the P children in pids (0 = already reaped) up to timeout_s; SIGKILLs and reaps
+ * those left. Returns 1 when one exited non-zero or the deadline passed (each bad status is
+ * printed as "<label> <r>: status 0x.."), else 0. */
+static int reap_children(pid_t *pids, int P, double timeout_s, const char *label) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int left = P, failed = 0;
+  while (left > 0) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > timeout_s) {
+      failed = 1;
+      break;
+    }
+    for (int r = 0; r < P; r++) {
+      int status;
+      if (pids[r] > 0 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+          fprintf(stderr, "%s %d: status 0x%x\n", label, r, status);
+          failed = 1;
+        }
+        pids[r] = 0;
+        left--;
+      }
+    }
+    usleep(5000);
+  }
+  for (int r = 0; r < P; r++)
+    if (pids[r] > 0) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], NULL, 0);
+    }
+  return failed;
+}
+
 /* Forks P children running fn(rank, ports); returns 0 when all exit 0 within timeout_s. */
 static int run_children(int P, int (*fn)(int rank, const int *ports), double timeout_s) {
   int ports[EW_MAXP];
@@ -232,34 +266,7 @@ static int run_children(int P, int (*fn)(int rank, const int *ports), double tim
     if (pids[r] < 0)
       return -1;
   }
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  int left = P, failed = 0;
-  while (left > 0) {
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if (t.tv_sec - t0.tv_sec > timeout_s) {
-      failed = 1;
-      break;
-    }
-    for (int r = 0; r < P; r++) {
-      int status;
-      if (pids[r] > 0 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-          fprintf(stderr, "rank %d: status 0x%x\n", r, status);
-          failed = 1;
-        }
-        pids[r] = 0;
-        left--;
-      }
-    }
-    usleep(5000);
-  }
-  for (int r = 0; r < P; r++)
-    if (pids[r] > 0) {
-      kill(pids[r], SIGKILL);
-      waitpid(pids[r], NULL, 0);
-    }
-  return failed ? -1 : 0;
+  return reap_children(pids, P, timeout_s, "rank") != 0 ? -1 : 0;
 }
 
 static wagma_comm_t *open_comm(int P, int rank, const int *ports, int tau,
@@ -484,34 +491,7 @@ static void test_epoch_changes(void **s) {
       exit(epoch_child(r));
     assert_true(pids[r] > 0);
   }
-  struct timespec t0, t;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  int left = 5, failed = 0;
-  while (left > 0) {
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    if (t.tv_sec - t0.tv_sec > 90) {
-      failed = 1;
-      break;
-    }
-    for (int r = 0; r < 5; r++) {
-      int status;
-      if (pids[r] > 0 && waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-          fprintf(stderr, "epoch rank %d: status 0x%x\n", r, status);
-          failed = 1;
-        }
-        pids[r] = 0;
-        left--;
-      }
-    }
-    usleep(5000);
-  }
-  for (int r = 0; r < 5; r++)
-    if (pids[r] > 0) {
-      kill(pids[r], SIGKILL);
-      waitpid(pids[r], NULL, 0);
-    }
-  assert_int_equal(failed, 0);
+  assert_int_equal(reap_children(pids, 5, 90, "epoch rank"), 0);
 }
 
 int main(int argc, char **argv) {
