@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "wagma/api.h"
+#include "wagma/clock_internal.h"
 #include "wagma/collective.h"
 #include "wagma/status.h"
 
@@ -164,8 +165,6 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
  * and leaves it running when it did not finish (the process then exits anyway). */
 int wg_runner_join(wg_runner_t *r, double timeout_s);
 
-double wg_mono(void); /* monotonic seconds */
-double wg_wall(void); /* unix seconds */
 void wg_sleep_s(double s);
 
 #endif

@@ -20,18 +20,6 @@
 
 int wg_agent_log_level = WAGMA_LOG_INFO;
 
-double wg_mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double wg_wall(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 void wg_sleep_s(double s) {
   if (s <= 0)
     return;

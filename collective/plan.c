@@ -38,23 +38,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
-#include <stdarg.h>
 
 #include "wagma/collective.h"
+#include "wagma/log_internal.h"
 
 #define PLAN_DEFAULT_STALENESS 8
 #define PLAN_MAX_PHASES 64 /* P < 2^31 and S >= 2 give at most 31 */
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-  if (!err || err_len == 0)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
 
 static int cmp_int(const void *a, const void *b) {
   int x = *(const int *)a, y = *(const int *)b;
@@ -480,27 +469,27 @@ static int validate_members(const wagma_plan_t *plan, char *err, size_t err_len)
   for (int i = 0; i < plan->nranks; i++) {
     const wagma_member_t *m = &plan->members[i];
     if (!memchr(m->name, '\0', sizeof(m->name))) {
-      set_err(err, err_len, "members[%d].name: not NUL-terminated within %d bytes", i,
+      wg_errf(err, err_len, "members[%d].name: not NUL-terminated within %d bytes", i,
               WAGMA_NAME_MAX);
       return WAGMA_EINVAL;
     }
     if (m->name[0] == '\0') {
-      set_err(err, err_len, "members[%d].name: empty", i);
+      wg_errf(err, err_len, "members[%d].name: empty", i);
       return WAGMA_EINVAL;
     }
     if (!memchr(m->address, '\0', sizeof(m->address))) {
-      set_err(err, err_len, "members[%d].address: not NUL-terminated within %d bytes", i,
+      wg_errf(err, err_len, "members[%d].address: not NUL-terminated within %d bytes", i,
               WAGMA_ADDRESS_MAX);
       return WAGMA_EINVAL;
     }
     if (m->joiner != 0 && m->joiner != 1) {
-      set_err(err, err_len, "members[%d].joiner: %d, must be 0 or 1", i, m->joiner);
+      wg_errf(err, err_len, "members[%d].joiner: %d, must be 0 or 1", i, m->joiner);
       return WAGMA_EINVAL;
     }
   }
   sorted = malloc((size_t)plan->nranks * sizeof(*sorted));
   if (!sorted) {
-    set_err(err, err_len, "out of memory");
+    wg_errf(err, err_len, "out of memory");
     return WAGMA_ENOMEM;
   }
   for (int i = 0; i < plan->nranks; i++)
@@ -508,7 +497,7 @@ static int validate_members(const wagma_plan_t *plan, char *err, size_t err_len)
   qsort(sorted, (size_t)plan->nranks, sizeof(*sorted), cmp_member_name);
   for (int i = 1; i < plan->nranks; i++) {
     if (strcmp(sorted[i - 1]->name, sorted[i]->name) == 0) {
-      set_err(err, err_len, "members[%d].name: \"%s\" is also the name of members[%d]",
+      wg_errf(err, err_len, "members[%d].name: \"%s\" is also the name of members[%d]",
               (int)(sorted[i] - plan->members), sorted[i]->name,
               (int)(sorted[i - 1] - plan->members));
       rc = WAGMA_EINVAL;
@@ -525,29 +514,29 @@ static int validate_phase(const wagma_plan_t *plan, int j, int *seen, char *err,
   const wagma_phase_t *ph = &plan->phases[j];
   const int P = plan->nranks;
   if (ph->ngroups < 1 || ph->ngroups > P) {
-    set_err(err, err_len, "phases[%d].ngroups: %d, must be in [1, %d]", j, ph->ngroups, P);
+    wg_errf(err, err_len, "phases[%d].ngroups: %d, must be in [1, %d]", j, ph->ngroups, P);
     return WAGMA_EINVAL;
   }
   if (!ph->offsets || !ph->ranks || !ph->group_of) {
-    set_err(err, err_len, "phases[%d]: %s is NULL", j,
+    wg_errf(err, err_len, "phases[%d]: %s is NULL", j,
             !ph->offsets ? "offsets"
             : !ph->ranks ? "ranks"
                          : "group_of");
     return WAGMA_EINVAL;
   }
   if (ph->offsets[0] != 0 || ph->offsets[ph->ngroups] != P) {
-    set_err(err, err_len, "phases[%d].offsets: must run from 0 to %d, runs from %d to %d", j, P,
+    wg_errf(err, err_len, "phases[%d].offsets: must run from 0 to %d, runs from %d to %d", j, P,
             ph->offsets[0], ph->offsets[ph->ngroups]);
     return WAGMA_EINVAL;
   }
   for (int g = 0; g < ph->ngroups; g++) {
     int lo = ph->offsets[g], hi = ph->offsets[g + 1];
     if (hi <= lo || hi > P) {
-      set_err(err, err_len, "phases[%d][%d]: empty or bad group (offsets %d..%d)", j, g, lo, hi);
+      wg_errf(err, err_len, "phases[%d][%d]: empty or bad group (offsets %d..%d)", j, g, lo, hi);
       return WAGMA_EINVAL;
     }
     if (P >= 2 && hi - lo < 2) {
-      set_err(err, err_len, "phases[%d][%d]: group of one rank (%d); groups need 2 or more", j, g,
+      wg_errf(err, err_len, "phases[%d][%d]: group of one rank (%d); groups need 2 or more", j, g,
               ph->ranks[lo]);
       return WAGMA_EINVAL;
     }
@@ -556,17 +545,17 @@ static int validate_phase(const wagma_plan_t *plan, int j, int *seen, char *err,
     for (int x = ph->offsets[g]; x < ph->offsets[g + 1]; x++) {
       int r = ph->ranks[x];
       if (r < 0 || r >= P) {
-        set_err(err, err_len, "phases[%d][%d][%d]: rank %d out of range [0, %d)", j, g,
+        wg_errf(err, err_len, "phases[%d][%d][%d]: rank %d out of range [0, %d)", j, g,
                 x - ph->offsets[g], r, P);
         return WAGMA_EINVAL;
       }
       if (seen[r] == j + 1) {
-        set_err(err, err_len, "phases[%d][%d]: rank %d appears twice", j, g, r);
+        wg_errf(err, err_len, "phases[%d][%d]: rank %d appears twice", j, g, r);
         return WAGMA_EINVAL;
       }
       seen[r] = j + 1;
       if (x > ph->offsets[g] && ph->ranks[x - 1] >= r) {
-        set_err(err, err_len, "phases[%d][%d]: ranks not in increasing order (%d before %d)", j, g,
+        wg_errf(err, err_len, "phases[%d][%d]: ranks not in increasing order (%d before %d)", j, g,
                 ph->ranks[x - 1], r);
         return WAGMA_EINVAL;
       }
@@ -574,14 +563,14 @@ static int validate_phase(const wagma_plan_t *plan, int j, int *seen, char *err,
   }
   for (int r = 0; r < P; r++) {
     if (seen[r] != j + 1) {
-      set_err(err, err_len, "phases[%d]: rank %d is in no group", j, r);
+      wg_errf(err, err_len, "phases[%d]: rank %d is in no group", j, r);
       return WAGMA_EINVAL;
     }
   }
   for (int g = 0; g < ph->ngroups; g++) {
     for (int x = ph->offsets[g]; x < ph->offsets[g + 1]; x++) {
       if (ph->group_of[ph->ranks[x]] != g) {
-        set_err(err, err_len, "phases[%d].group_of[%d]: %d, but the rank is in group %d", j,
+        wg_errf(err, err_len, "phases[%d].group_of[%d]: %d, but the rank is in group %d", j,
                 ph->ranks[x], ph->group_of[ph->ranks[x]], g);
         return WAGMA_EINVAL;
       }
@@ -594,37 +583,37 @@ int wagma_plan_validate(const wagma_plan_t *plan, char *err, size_t err_len) {
   int *scratch = NULL;
   int rc = WAGMA_EINVAL;
   if (!plan) {
-    set_err(err, err_len, "plan: NULL");
+    wg_errf(err, err_len, "plan: NULL");
     goto out;
   }
   if (plan->nranks < 1) {
-    set_err(err, err_len, "nranks: %d, must be >= 1", plan->nranks);
+    wg_errf(err, err_len, "nranks: %d, must be >= 1", plan->nranks);
     goto out;
   }
   if (plan->group_size < 2 || plan->group_size > INT_MAX / 2) {
-    set_err(err, err_len, "group_size: %d, must be in [2, %d]", plan->group_size, INT_MAX / 2);
+    wg_errf(err, err_len, "group_size: %d, must be in [2, %d]", plan->group_size, INT_MAX / 2);
     goto out;
   }
   if (plan->staleness_bound < 1) {
-    set_err(err, err_len, "staleness_bound: %d, must be >= 1", plan->staleness_bound);
+    wg_errf(err, err_len, "staleness_bound: %d, must be >= 1", plan->staleness_bound);
     goto out;
   }
   if (plan->global_sync != WAGMA_GLOBAL_BARRIER &&
       plan->global_sync != WAGMA_GLOBAL_WAIT_AVOIDING) {
-    set_err(err, err_len, "global_sync: %d, must be barrier (0) or wait-avoiding (1)",
+    wg_errf(err, err_len, "global_sync: %d, must be barrier (0) or wait-avoiding (1)",
             (int)plan->global_sync);
     goto out;
   }
   if (!plan->members) {
-    set_err(err, err_len, "members: NULL");
+    wg_errf(err, err_len, "members: NULL");
     goto out;
   }
   if (plan->nphases < 1 || plan->nphases > PLAN_MAX_PHASES * 16) {
-    set_err(err, err_len, "nphases: %d, must be in [1, %d]", plan->nphases, PLAN_MAX_PHASES * 16);
+    wg_errf(err, err_len, "nphases: %d, must be in [1, %d]", plan->nphases, PLAN_MAX_PHASES * 16);
     goto out;
   }
   if (!plan->phases) {
-    set_err(err, err_len, "phases: NULL");
+    wg_errf(err, err_len, "phases: NULL");
     goto out;
   }
   rc = validate_members(plan, err, err_len);
@@ -632,7 +621,7 @@ int wagma_plan_validate(const wagma_plan_t *plan, char *err, size_t err_len) {
     goto out;
   scratch = calloc((size_t)plan->nranks, sizeof(int));
   if (!scratch) {
-    set_err(err, err_len, "out of memory");
+    wg_errf(err, err_len, "out of memory");
     rc = WAGMA_ENOMEM;
     goto out;
   }
@@ -657,7 +646,7 @@ int wagma_plan_validate(const wagma_plan_t *plan, char *err, size_t err_len) {
   }
   for (int r = 1; r < plan->nranks; r++) {
     if (uf_find(scratch, r) != uf_find(scratch, 0)) {
-      set_err(err, err_len, "phases: the groups of all %d phases never connect rank %d to rank 0",
+      wg_errf(err, err_len, "phases: the groups of all %d phases never connect rank %d to rank 0",
               plan->nphases, r);
       rc = WAGMA_EINVAL;
       goto out;

@@ -13,7 +13,6 @@
  * "phases[1][0][3]"). The decoder checks ranges and duplicates itself before it writes into
  * the group table (so nothing overflows), then wagma_plan_validate checks the rest (order,
  * coverage, connectivity). P is the length of "members". */
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,21 +21,11 @@
 #include <jansson.h>
 
 #include "wagma/collective.h"
+#include "wagma/log_internal.h"
 
 #define PLAN_JSON_MAX_PHASES 1024
 
 static const char *const sync_names[] = {"barrier", "wait-avoiding"};
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-  if (!err || err_len == 0)
-    return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, err_len, fmt, ap);
-  va_end(ap);
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Encoding                                                                                 */
@@ -241,13 +230,13 @@ static int check_keys(struct decoder *d, json_t *obj, const char *path,
     for (const char *const *a = allowed; *a && !known; a++)
       known = strcmp(*a, key) == 0;
     if (!known) {
-      set_err(d->err, d->err_len, "%s%s: unknown field", path, key);
+      wg_errf(d->err, d->err_len, "%s%s: unknown field", path, key);
       return WAGMA_EINVAL;
     }
   }
   for (const char *const *a = allowed; *a; a++) {
     if (!json_object_get(obj, *a)) {
-      set_err(d->err, d->err_len, "%s%s: missing", path, *a);
+      wg_errf(d->err, d->err_len, "%s%s: missing", path, *a);
       return WAGMA_EINVAL;
     }
   }
@@ -258,12 +247,12 @@ static int get_int(struct decoder *d, json_t *obj, const char *path, const char 
                    json_int_t hi, json_int_t *out) {
   json_t *v = json_object_get(obj, key);
   if (!json_is_integer(v)) {
-    set_err(d->err, d->err_len, "%s%s: expected an integer", path, key);
+    wg_errf(d->err, d->err_len, "%s%s: expected an integer", path, key);
     return WAGMA_EINVAL;
   }
   json_int_t x = json_integer_value(v);
   if (x < lo || x > hi) {
-    set_err(d->err, d->err_len, "%s%s: %lld out of range [%lld, %lld]", path, key, (long long)x,
+    wg_errf(d->err, d->err_len, "%s%s: %lld out of range [%lld, %lld]", path, key, (long long)x,
             (long long)lo, (long long)hi);
     return WAGMA_EINVAL;
   }
@@ -276,17 +265,17 @@ static int get_string(struct decoder *d, json_t *obj, const char *path, const ch
                       size_t max) {
   json_t *v = json_object_get(obj, key);
   if (!json_is_string(v)) {
-    set_err(d->err, d->err_len, "%s%s: expected a string", path, key);
+    wg_errf(d->err, d->err_len, "%s%s: expected a string", path, key);
     return WAGMA_EINVAL;
   }
   size_t len = json_string_length(v);
   const char *s = json_string_value(v);
   if (len >= max) {
-    set_err(d->err, d->err_len, "%s%s: %zu bytes, at most %zu", path, key, len, max - 1);
+    wg_errf(d->err, d->err_len, "%s%s: %zu bytes, at most %zu", path, key, len, max - 1);
     return WAGMA_EINVAL;
   }
   if (memchr(s, '\0', len)) {
-    set_err(d->err, d->err_len, "%s%s: contains a NUL character", path, key);
+    wg_errf(d->err, d->err_len, "%s%s: contains a NUL character", path, key);
     return WAGMA_EINVAL;
   }
   memset(buf, 0, max);
@@ -298,17 +287,17 @@ static int decode_members(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
   static const char *const fields[] = {"rank", "name", "address", "joiner", NULL};
   char path[48];
   if (!json_is_array(arr)) {
-    set_err(d->err, d->err_len, "members: expected an array");
+    wg_errf(d->err, d->err_len, "members: expected an array");
     return WAGMA_EINVAL;
   }
   size_t n = json_array_size(arr);
   if (n < 1 || n > INT32_MAX / 2) {
-    set_err(d->err, d->err_len, "members: %zu members, need at least 1", n);
+    wg_errf(d->err, d->err_len, "members: %zu members, need at least 1", n);
     return WAGMA_EINVAL;
   }
   plan->members = calloc(n, sizeof(*plan->members));
   if (!plan->members) {
-    set_err(d->err, d->err_len, "out of memory");
+    wg_errf(d->err, d->err_len, "out of memory");
     return WAGMA_ENOMEM;
   }
   plan->nranks = (int)n;
@@ -319,7 +308,7 @@ static int decode_members(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
     int rc;
     snprintf(path, sizeof(path), "members[%zu].", i);
     if (!json_is_object(obj)) {
-      set_err(d->err, d->err_len, "members[%zu]: expected an object", i);
+      wg_errf(d->err, d->err_len, "members[%zu]: expected an object", i);
       return WAGMA_EINVAL;
     }
     if ((rc = check_keys(d, obj, path, fields)) != 0 ||
@@ -328,13 +317,13 @@ static int decode_members(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
         (rc = get_string(d, obj, path, "address", m->address, sizeof(m->address))) != 0)
       return rc;
     if (rank != (json_int_t)i) {
-      set_err(d->err, d->err_len, "members[%zu].rank: %lld, must equal its index %zu", i,
+      wg_errf(d->err, d->err_len, "members[%zu].rank: %lld, must equal its index %zu", i,
               (long long)rank, i);
       return WAGMA_EINVAL;
     }
     json_t *joiner = json_object_get(obj, "joiner");
     if (!json_is_boolean(joiner)) {
-      set_err(d->err, d->err_len, "members[%zu].joiner: expected true or false", i);
+      wg_errf(d->err, d->err_len, "members[%zu].joiner: expected true or false", i);
       return WAGMA_EINVAL;
     }
     m->joiner = json_is_true(joiner);
@@ -346,19 +335,19 @@ static int decode_members(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
 static int decode_phase(struct decoder *d, json_t *groups, int j, int P, int *seen,
                         wagma_phase_t *ph) {
   if (!json_is_array(groups)) {
-    set_err(d->err, d->err_len, "phases[%d]: expected an array of groups", j);
+    wg_errf(d->err, d->err_len, "phases[%d]: expected an array of groups", j);
     return WAGMA_EINVAL;
   }
   size_t ng = json_array_size(groups);
   if (ng < 1 || ng > (size_t)P) {
-    set_err(d->err, d->err_len, "phases[%d]: %zu groups, must be in [1, %d]", j, ng, P);
+    wg_errf(d->err, d->err_len, "phases[%d]: %zu groups, must be in [1, %d]", j, ng, P);
     return WAGMA_EINVAL;
   }
   ph->offsets = malloc((ng + 1) * sizeof(int));
   ph->ranks = malloc((size_t)P * sizeof(int));
   ph->group_of = malloc((size_t)P * sizeof(int));
   if (!ph->offsets || !ph->ranks || !ph->group_of) {
-    set_err(d->err, d->err_len, "out of memory");
+    wg_errf(d->err, d->err_len, "out of memory");
     return WAGMA_ENOMEM;
   }
   ph->ngroups = (int)ng;
@@ -366,24 +355,24 @@ static int decode_phase(struct decoder *d, json_t *groups, int j, int P, int *se
   for (size_t g = 0; g < ng; g++) {
     json_t *ranks = json_array_get(groups, g);
     if (!json_is_array(ranks) || json_array_size(ranks) == 0) {
-      set_err(d->err, d->err_len, "phases[%d][%zu]: expected a non-empty array of ranks", j, g);
+      wg_errf(d->err, d->err_len, "phases[%d][%zu]: expected a non-empty array of ranks", j, g);
       return WAGMA_EINVAL;
     }
     ph->offsets[g] = at;
     for (size_t x = 0; x < json_array_size(ranks); x++) {
       json_t *v = json_array_get(ranks, x);
       if (!json_is_integer(v)) {
-        set_err(d->err, d->err_len, "phases[%d][%zu][%zu]: expected an integer rank", j, g, x);
+        wg_errf(d->err, d->err_len, "phases[%d][%zu][%zu]: expected an integer rank", j, g, x);
         return WAGMA_EINVAL;
       }
       json_int_t r = json_integer_value(v);
       if (r < 0 || r >= P) {
-        set_err(d->err, d->err_len, "phases[%d][%zu][%zu]: rank %lld out of range [0, %d)", j, g, x,
+        wg_errf(d->err, d->err_len, "phases[%d][%zu][%zu]: rank %lld out of range [0, %d)", j, g, x,
                 (long long)r, P);
         return WAGMA_EINVAL;
       }
       if (seen[r] == j + 1) {
-        set_err(d->err, d->err_len, "phases[%d][%zu]: rank %lld appears twice", j, g, (long long)r);
+        wg_errf(d->err, d->err_len, "phases[%d][%zu]: rank %lld appears twice", j, g, (long long)r);
         return WAGMA_EINVAL;
       }
       seen[r] = j + 1;
@@ -395,7 +384,7 @@ static int decode_phase(struct decoder *d, json_t *groups, int j, int P, int *se
   if (at != P) {
     for (int r = 0; r < P; r++) {
       if (seen[r] != j + 1) {
-        set_err(d->err, d->err_len, "phases[%d]: rank %d is in no group", j, r);
+        wg_errf(d->err, d->err_len, "phases[%d]: rank %d is in no group", j, r);
         return WAGMA_EINVAL;
       }
     }
@@ -407,18 +396,18 @@ static int decode_phases(struct decoder *d, json_t *arr, wagma_plan_t *plan) {
   int *seen = NULL;
   int rc = 0;
   if (!json_is_array(arr)) {
-    set_err(d->err, d->err_len, "phases: expected an array of phases");
+    wg_errf(d->err, d->err_len, "phases: expected an array of phases");
     return WAGMA_EINVAL;
   }
   size_t n = json_array_size(arr);
   if (n < 1 || n > PLAN_JSON_MAX_PHASES) {
-    set_err(d->err, d->err_len, "phases: %zu phases, must be in [1, %d]", n, PLAN_JSON_MAX_PHASES);
+    wg_errf(d->err, d->err_len, "phases: %zu phases, must be in [1, %d]", n, PLAN_JSON_MAX_PHASES);
     return WAGMA_EINVAL;
   }
   plan->phases = calloc(n, sizeof(*plan->phases));
   seen = calloc((size_t)plan->nranks, sizeof(int));
   if (!plan->phases || !seen) {
-    set_err(d->err, d->err_len, "out of memory");
+    wg_errf(d->err, d->err_len, "out of memory");
     rc = WAGMA_ENOMEM;
     goto out;
   }
@@ -446,21 +435,21 @@ int wagma_plan_from_json(const char *json, size_t len, wagma_plan_t *plan, char 
   json_int_t v;
   int rc = WAGMA_EINVAL;
   if (!plan) {
-    set_err(err, err_len, "plan: NULL");
+    wg_errf(err, err_len, "plan: NULL");
     return WAGMA_EINVAL;
   }
   memset(plan, 0, sizeof(*plan));
   if (!json) {
-    set_err(err, err_len, "json: NULL");
+    wg_errf(err, err_len, "json: NULL");
     goto out;
   }
   root = json_loadb(json, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
   if (!root) {
-    set_err(err, err_len, "json: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
+    wg_errf(err, err_len, "json: %s (line %d, column %d)", jerr.text, jerr.line, jerr.column);
     goto out;
   }
   if (!json_is_object(root)) {
-    set_err(err, err_len, "plan: expected a JSON object");
+    wg_errf(err, err_len, "plan: expected a JSON object");
     goto out;
   }
   if ((rc = check_keys(&d, root, "", fields)) != 0)
@@ -484,7 +473,7 @@ int wagma_plan_from_json(const char *json, size_t len, wagma_plan_t *plan, char 
   } else if (sync_name && strcmp(sync_name, sync_names[1]) == 0) {
     plan->global_sync = WAGMA_GLOBAL_WAIT_AVOIDING;
   } else {
-    set_err(err, err_len, "global_sync: expected \"barrier\" or \"wait-avoiding\"");
+    wg_errf(err, err_len, "global_sync: expected \"barrier\" or \"wait-avoiding\"");
     rc = WAGMA_EINVAL;
     goto out;
   }

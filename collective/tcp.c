@@ -35,14 +35,13 @@
 #include <unistd.h>
 
 #include "tcp_internal.h"
+#include "wagma/clock_internal.h"
 #include "wagma/log_internal.h"
 
 #define READ_BUDGET ((size_t)8 << 20) /* bytes read from one peer per wake-up, for fairness */
 
 double wg_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  return wg_mono();
 }
 
 void wg_match_any(wg_match_t *match) {

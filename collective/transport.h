@@ -23,7 +23,7 @@ typedef struct wg_transport wg_transport_t;
 /* A received message. Ownership: the receiver frees it with wg_message_free. */
 typedef struct wg_message {
   wg_frame_header_t header;
-  uint8_t *payload; /* header.length bytes, NULL when 0; 64-byte aligned */
+  uint8_t *payload;        /* header.length bytes, NULL when 0; 64-byte aligned */
   struct wg_message *next; /* mailbox link, transport-private */
 } wg_message_t;
 
@@ -96,7 +96,7 @@ typedef struct wg_transport_ops {
 
 extern const wg_transport_ops_t wg_tcp_transport;
 
-/* CLOCK_MONOTONIC in seconds. */
+/* CLOCK_MONOTONIC in seconds (wg_mono of wagma/clock_internal.h). */
 double wg_now(void);
 
 #endif

@@ -1,4 +1,5 @@
-/* status.c — the one table of status strings and the log formatting helper.
+/* status.c — the one table of status strings and the formatting helpers of
+ * wagma/log_internal.h.
  * No state, no threads: safe from any thread. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,4 +57,13 @@ void wg_logf(wagma_log_fn fn, void *user, int level, const char *fmt, ...) {
   vsnprintf(message, sizeof message, fmt, args);
   va_end(args);
   fn(user, level, message);
+}
+
+void wg_errf(char *err, size_t err_len, const char *fmt, ...) {
+  va_list args;
+  if (!err || err_len == 0)
+    return;
+  va_start(args, fmt);
+  vsnprintf(err, err_len, fmt, args);
+  va_end(args);
 }

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "wagma/api.h"
+#include "wagma/clock_internal.h" /* wg_wall (timestamps), wg_mono (durations) */
 #include "wagma/etcd.h"
 #include "wagma/status.h"
 
@@ -229,8 +230,5 @@ int wg_scheduler_start(wg_coord_t *c, wg_scheduler_t **out);
 void wg_scheduler_stop(wg_scheduler_t *s);
 /* Asks for a reconcile pass soon (e.g. after a REST mutation). */
 void wg_scheduler_poke(wg_scheduler_t *s);
-
-double wg_now(void);       /* unix seconds */
-double wg_monotonic(void); /* seconds */
 
 #endif

@@ -84,7 +84,7 @@ static void step(wg_election_t *e) {
   if (!atomic_load(&e->leader)) {
     char value[256];
     snprintf(value, sizeof value, "{\"id\":\"%s\",\"address\":\"%s\",\"since\":%.3f}", e->id,
-             e->address, wg_now());
+             e->address, wg_wall());
     wagma_etcd_cmp_t cmp = {
         .key = e->key, .target = WAGMA_ETCD_CMP_VERSION, .result = WAGMA_ETCD_EQUAL, .number = 0};
     wagma_etcd_op_t op = {.type = WAGMA_ETCD_OP_PUT,

@@ -125,7 +125,7 @@ void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res
   /* The scheduler writes the same text while the job waits: no rewrite per pass. */
   snprintf(st.reason, sizeof st.reason, "waiting for %d free %s agents", spec.min_workers,
            wagma_device_name(spec.device));
-  st.created = wg_now();
+  st.created = wg_wall();
   if (wagma_job_spec_to_json(&spec, &spec_json) || wagma_job_status_to_json(&st, &status_json)) {
     wg_response_error(res, 500, "internal", NULL, "out of memory");
     goto out;
@@ -269,7 +269,7 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
       }
       rec.status.state = WAGMA_JOB_STOPPED;
       snprintf(rec.status.reason, sizeof rec.status.reason, "stopped by request");
-      rec.status.finished = wg_now();
+      rec.status.finished = wg_wall();
       rec.status.iteration = wg_job_record_iteration(&rec);
       e = wagma_job_status_to_json(&rec.status, &json);
       wg_job_record_free(&rec);

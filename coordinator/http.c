@@ -78,7 +78,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     ctx = calloc(1, sizeof *ctx);
     if (!ctx)
       return MHD_NO;
-    ctx->started = wg_monotonic();
+    ctx->started = wg_mono();
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > c->max_body)
       ctx->too_large = 1;
@@ -105,7 +105,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   wg_handle(c, req, &res);
   wg_route_t r;
   wg_route(method, url, &r);
-  wg_metrics_http(c->metrics, method, r.label, res.status, wg_monotonic() - ctx->started);
+  wg_metrics_http(c->metrics, method, r.label, res.status, wg_mono() - ctx->started);
 
   struct MHD_Response *mr =
       MHD_create_response_from_buffer(res.body_len, res.body ? res.body : (void *)"",

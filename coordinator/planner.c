@@ -7,27 +7,14 @@
  * and appends joiners), so a membership change moves as few ranks as possible. Pure apart from
  * the clock; thread-safe. */
 #include <string.h>
-#include <time.h>
 
 #include "coord.h"
 #include "wagma/collective.h"
 
-double wg_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double wg_monotonic(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int wg_planner_build_json(const wg_plan_request_t *req, char **json, double *seconds) {
   wagma_plan_t plan;
   int e;
-  double t0 = wg_monotonic();
+  double t0 = wg_mono();
   memset(&plan, 0, sizeof plan);
   if (req->nmembers < 1 || req->nmembers > WAGMA_API_MAX_WORKERS)
     return WAGMA_EINVAL;
@@ -54,6 +41,6 @@ int wg_planner_build_json(const wg_plan_request_t *req, char **json, double *sec
 out:
   wagma_plan_free(&plan);
   if (seconds)
-    *seconds = wg_monotonic() - t0;
+    *seconds = wg_mono() - t0;
   return e;
 }

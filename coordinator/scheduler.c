@@ -222,7 +222,7 @@ static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, c
   wagma_job_status_t st = j->status;
   st.state = state;
   snprintf(st.reason, sizeof st.reason, "%s", reason);
-  st.finished = wg_now();
+  st.finished = wg_wall();
   st.iteration = wg_job_record_iteration(j);
   if (write_job(p, j, &st, NULL, "finish job") == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO, "job %s %s: %s", j->id,
@@ -387,7 +387,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   if (epoch > 1)
     st.regroupings++;
   if (st.started == 0)
-    st.started = wg_now();
+    st.started = wg_wall();
   if (n < target)
     snprintf(st.reason, sizeof st.reason, "running with %d of %d workers; waiting for agents", n,
              target);

@@ -54,12 +54,12 @@ int main(int argc, char **argv) {
       bytes = strlen(json);
       wagma_plan_t plan;
       char err[128];
-      double t0 = wg_monotonic();
+      double t0 = wg_mono();
       if (wagma_plan_from_json(json, bytes, &plan, err, sizeof err)) {
         fprintf(stderr, "decode failed: %s\n", err);
         return 1;
       }
-      double dec = wg_monotonic() - t0;
+      double dec = wg_mono() - t0;
       if (dec < best_dec)
         best_dec = dec;
       nphases = plan.nphases;
