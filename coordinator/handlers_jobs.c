@@ -30,17 +30,34 @@ static json_t *parse_body(const wg_request_t *req, wg_response_t *res) {
   return root;
 }
 
+/* Loads job's record; on failure answers 404 not_found or the etcd error and returns it.
+ * Ownership: on 0, *rec is the caller's (wg_job_record_free). */
+static int load_job(wg_coord_t *c, const char *job, wg_job_record_t *rec, wg_response_t *res) {
+  int e = wg_store_load_job(c, job, rec);
+  if (e == WAGMA_ENOTFOUND)
+    wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
+  else if (e)
+    wg_response_etcd_error(c, res, e);
+  return e;
+}
+
+/* Settles the result e of a guarded write: WAGMA_ECONFLICT is handed back untouched (the
+ * caller retries or names the conflict), another error is answered as an etcd error, success
+ * pokes the scheduler. Returns e. */
+static int settle_write(wg_coord_t *c, int e, wg_response_t *res) {
+  if (e == WAGMA_ECONFLICT)
+    return e;
+  if (e)
+    wg_response_etcd_error(c, res, e);
+  else
+    wg_scheduler_poke(c->scheduler);
+  return e;
+}
+
 static void respond_job(wg_coord_t *c, const char *id, int status, wg_response_t *res) {
   wg_job_record_t rec;
-  int e = wg_store_load_job(c, id, &rec);
-  if (e == WAGMA_ENOTFOUND) {
-    wg_response_error(res, 404, "not_found", NULL, "no job %s", id);
+  if (load_job(c, id, &rec, res))
     return;
-  }
-  if (e) {
-    wg_response_etcd_error(c, res, e);
-    return;
-  }
   json_t *v = wg_job_record_to_value(&rec, 1);
   wg_job_record_free(&rec);
   wg_response_json(res, status, v ? json_dumps(v, WG_JSON_FLAGS) : NULL);
@@ -98,7 +115,7 @@ void wg_h_jobs_list(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) 
 static void random_name(char *out, size_t len) {
   uint32_t r = 0;
   if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r)
-    r = (uint32_t)(wg_monotonic() * 1e9);
+    r = (uint32_t)(wg_mono() * 1e9);
   snprintf(out, len, "job-%08x", r);
 }
 
@@ -144,16 +161,11 @@ void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res
        .value = status_json,
        .value_len = strlen(status_json)},
   };
-  e = wagma_etcd_txn(c->etcd, &cmp, 1, ops, 2, NULL, 0, NULL);
-  if (e == WAGMA_ECONFLICT) {
+  e = settle_write(c, wagma_etcd_txn(c->etcd, &cmp, 1, ops, 2, NULL, 0, NULL), res);
+  if (e == WAGMA_ECONFLICT)
     wg_response_error(res, 409, "exists", "name", "job %s exists already", spec.name);
+  if (e)
     goto out;
-  }
-  if (e) {
-    wg_response_etcd_error(c, res, e);
-    goto out;
-  }
-  wg_scheduler_poke(c->scheduler);
   respond_job(c, spec.name, 201, res);
   if (res->status == 201)
     snprintf(res->location, sizeof res->location, "/v1/jobs/%s", spec.name);
@@ -180,13 +192,8 @@ void wg_h_job_patch(wg_coord_t *c, const char *job, const wg_request_t *req, wg_
   for (int attempt = 0; attempt < WG_TXN_RETRIES; attempt++) {
     wg_job_record_t rec;
     char *json = NULL;
-    if ((e = wg_store_load_job(c, job, &rec))) {
-      if (e == WAGMA_ENOTFOUND)
-        wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
-      else
-        wg_response_etcd_error(c, res, e);
+    if (load_job(c, job, &rec, res))
       return;
-    }
     if (wagma_job_state_terminal(rec.status.state)) {
       wg_response_error(res, 409, "finished", NULL, "job %s is %s", job,
                         wagma_job_state_name(rec.status.state));
@@ -210,14 +217,10 @@ void wg_h_job_patch(wg_coord_t *c, const char *job, const wg_request_t *req, wg_
         .type = WAGMA_ETCD_OP_PUT, .key = key, .value = json, .value_len = strlen(json)};
     e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
     free(json);
-    if (e == WAGMA_ECONFLICT)
+    if ((e = settle_write(c, e, res)) == WAGMA_ECONFLICT)
       continue;
-    if (e) {
-      wg_response_etcd_error(c, res, e);
-      return;
-    }
-    wg_scheduler_poke(c->scheduler);
-    respond_job(c, job, 200, res);
+    if (!e)
+      respond_job(c, job, 200, res);
     return;
   }
   wg_response_error(res, 409, "conflict", NULL, "job %s changed concurrently; retry", job);
@@ -240,13 +243,8 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
   for (int attempt = 0; attempt < WG_TXN_RETRIES; attempt++) {
     wg_job_record_t rec;
     char *json = NULL;
-    if ((e = wg_store_load_job(c, job, &rec))) {
-      if (e == WAGMA_ENOTFOUND)
-        wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
-      else
-        wg_response_etcd_error(c, res, e);
+    if (load_job(c, job, &rec, res))
       return;
-    }
     int terminal = wagma_job_state_terminal(rec.status.state);
     int64_t mod = rec.status_mod;
     wagma_etcd_cmp_t cmp = {
@@ -282,13 +280,10 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
       e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
       free(json);
     }
-    if (e == WAGMA_ECONFLICT)
+    if ((e = settle_write(c, e, res)) == WAGMA_ECONFLICT)
       continue;
-    if (e) {
-      wg_response_etcd_error(c, res, e);
+    if (e)
       return;
-    }
-    wg_scheduler_poke(c->scheduler);
     if (purge) {
       wg_response_free(res);
       res->status = 204;
