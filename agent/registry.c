@@ -29,6 +29,14 @@
 #include "wagma/etcd.h"
 #include "wagma/log_internal.h"
 
+/* What a watch callback learnt about one key, under wg_control.mu. */
+typedef struct watched {
+  int changed; /* news since the control thread last looked */
+  int present; /* the key exists (value holds it) */
+  int dead;    /* the watch ended with an error: start it again */
+  char *value; /* the latest value, NULL when deleted */
+} watched_t;
+
 struct wg_control {
   const wg_agent_options_t *opt;
   wg_shared_t *shared;
@@ -41,10 +49,7 @@ struct wg_control {
   pthread_mutex_t mu; /* guards the fields written by callbacks and stop */
   pthread_cond_t cv;
   int stop;
-  int assign_changed, assign_present, assign_watch_dead;
-  char *assign_value;
-  int plan_changed, plan_watch_dead;
-  char *plan_value;
+  watched_t assign, plan; /* the news of <prefix>/assignments/<me> and of the job's plan */
   atomic_int lease_lost;
 
   /* control thread only */
@@ -77,45 +82,41 @@ static void on_lease_lost(void *user, int64_t lease, int status) {
   pthread_mutex_unlock(&c->mu);
 }
 
-static void on_assignment(void *user, int status, const wagma_etcd_event_t *ev, size_t n,
-                          int64_t revision) {
-  wg_control_t *c = user;
-  (void)revision;
+/* Records a watch callback's news about one key: the newest event, or with puts_only the
+ * newest PUT (a DELETE is then no news); status != 0 marks the watch dead. */
+static void note_watch(wg_control_t *c, watched_t *w, int status, const wagma_etcd_event_t *ev,
+                       size_t n, int puts_only) {
   pthread_mutex_lock(&c->mu);
   if (status != 0) {
-    c->assign_watch_dead = 1;
-  } else if (n > 0) {
-    const wagma_etcd_event_t *last = &ev[n - 1];
-    free(c->assign_value);
-    c->assign_value = NULL;
-    c->assign_present = last->type == WAGMA_ETCD_EVENT_PUT;
-    if (c->assign_present)
-      c->assign_value = strndup(last->kv.value, last->kv.value_len);
-    c->assign_changed = 1;
+    w->dead = 1;
+  } else {
+    for (size_t i = n; i-- > 0;) {
+      if (puts_only && ev[i].type != WAGMA_ETCD_EVENT_PUT)
+        continue;
+      free(w->value);
+      w->present = ev[i].type == WAGMA_ETCD_EVENT_PUT;
+      w->value = w->present ? strndup(ev[i].kv.value, ev[i].kv.value_len) : NULL;
+      w->changed = 1;
+      break;
+    }
   }
   pthread_cond_signal(&c->cv);
   pthread_mutex_unlock(&c->mu);
 }
 
+static void on_assignment(void *user, int status, const wagma_etcd_event_t *ev, size_t n,
+                          int64_t revision) {
+  (void)revision;
+  wg_control_t *c = user;
+  note_watch(c, &c->assign, status, ev, n, 0);
+}
+
+/* Only a PUT of the plan is news. */
 static void on_plan(void *user, int status, const wagma_etcd_event_t *ev, size_t n,
                     int64_t revision) {
-  wg_control_t *c = user;
   (void)revision;
-  pthread_mutex_lock(&c->mu);
-  if (status != 0) {
-    c->plan_watch_dead = 1;
-  } else {
-    for (size_t i = n; i-- > 0;) {
-      if (ev[i].type == WAGMA_ETCD_EVENT_PUT) {
-        free(c->plan_value);
-        c->plan_value = strndup(ev[i].kv.value, ev[i].kv.value_len);
-        c->plan_changed = 1;
-        break;
-      }
-    }
-  }
-  pthread_cond_signal(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+  wg_control_t *c = user;
+  note_watch(c, &c->plan, status, ev, n, 1);
 }
 
 /* ---- registration ------------------------------------------------------------------------ */
@@ -186,7 +187,7 @@ static void ensure_assignment_watch(wg_control_t *c) {
   wagma_etcd_range_t r;
   int dead;
   pthread_mutex_lock(&c->mu);
-  dead = c->assign_watch_dead;
+  dead = c->assign.dead;
   pthread_mutex_unlock(&c->mu);
   if (c->assign_watch && !dead)
     return;
@@ -202,11 +203,11 @@ static void ensure_assignment_watch(wg_control_t *c) {
   }
   wagma_etcd_watch_options_t wo = {.start_revision = r.revision + 1};
   pthread_mutex_lock(&c->mu);
-  free(c->assign_value);
-  c->assign_value = r.n ? strndup(r.kvs[0].value, r.kvs[0].value_len) : NULL;
-  c->assign_present = r.n > 0;
-  c->assign_changed = 1;
-  c->assign_watch_dead = 0;
+  free(c->assign.value);
+  c->assign.value = r.n ? strndup(r.kvs[0].value, r.kvs[0].value_len) : NULL;
+  c->assign.present = r.n > 0;
+  c->assign.changed = 1;
+  c->assign.dead = 0;
   pthread_mutex_unlock(&c->mu);
   wagma_etcd_range_free(&r);
   if (wagma_etcd_watch_start(c->etcd, key, &wo, on_assignment, c, &c->assign_watch) != 0) {
@@ -270,6 +271,24 @@ static void put_failed(wg_control_t *c, const char *job, const char *why) {
   free(json);
 }
 
+/* Hands the runner a new job (cfg), or with cfg NULL takes its job away (aborting its
+ * communicator, so the runner tears the job down); either way without a plan or checkpoint
+ * until offered. */
+static void hand_job(wg_control_t *c, const wg_job_config_t *cfg) {
+  pthread_mutex_lock(&c->shared->mu);
+  if (!cfg && c->shared->comm)
+    wagma_comm_abort(c->shared->comm);
+  c->shared->assigned = cfg != NULL;
+  if (cfg)
+    c->shared->job = *cfg;
+  c->shared->have_plan = 0;
+  wagma_plan_free(&c->shared->plan);
+  c->shared->have_checkpoint = 0;
+  c->shared->generation++;
+  pthread_cond_broadcast(&c->shared->cv);
+  pthread_mutex_unlock(&c->shared->mu);
+}
+
 /* Reads the spec and the plan of c->job and starts the plan watch. */
 static void load_job(wg_control_t *c) {
   char key[256], err[256];
@@ -305,15 +324,7 @@ static void load_job(wg_control_t *c) {
     return;
   }
   LOG(c, WAGMA_LOG_INFO, "assigned to job %s", c->job);
-  pthread_mutex_lock(&c->shared->mu);
-  c->shared->assigned = 1;
-  c->shared->job = cfg;
-  c->shared->have_plan = 0;
-  wagma_plan_free(&c->shared->plan);
-  c->shared->have_checkpoint = 0;
-  c->shared->generation++;
-  pthread_cond_broadcast(&c->shared->cv);
-  pthread_mutex_unlock(&c->shared->mu);
+  hand_job(c, &cfg);
   c->plan_epoch = 0;
   c->job_loaded = 1;
   if (r.n)
@@ -325,25 +336,16 @@ static void drop_job(wg_control_t *c) {
   wagma_etcd_watch_stop(c->plan_watch);
   c->plan_watch = NULL;
   pthread_mutex_lock(&c->mu);
-  free(c->plan_value);
-  c->plan_value = NULL;
-  c->plan_changed = c->plan_watch_dead = 0;
+  free(c->plan.value);
+  c->plan.value = NULL;
+  c->plan.changed = c->plan.dead = 0;
   pthread_mutex_unlock(&c->mu);
   if (c->job[0])
     LOG(c, WAGMA_LOG_INFO, "released from job %s", c->job);
   c->job[0] = '\0';
   c->job_loaded = 0;
   c->plan_epoch = 0;
-  pthread_mutex_lock(&c->shared->mu);
-  if (c->shared->comm)
-    wagma_comm_abort(c->shared->comm); /* released: the runner tears the job down */
-  c->shared->assigned = 0;
-  c->shared->have_plan = 0;
-  wagma_plan_free(&c->shared->plan);
-  c->shared->have_checkpoint = 0;
-  c->shared->generation++;
-  pthread_cond_broadcast(&c->shared->cv);
-  pthread_mutex_unlock(&c->shared->mu);
+  hand_job(c, NULL);
 }
 
 static void follow_assignment(wg_control_t *c) {
@@ -351,10 +353,10 @@ static void follow_assignment(wg_control_t *c) {
   char *plan = NULL;
   int changed, plan_changed, plan_dead;
   pthread_mutex_lock(&c->mu);
-  changed = c->assign_changed;
-  c->assign_changed = 0;
-  if (changed && c->assign_present && c->assign_value)
-    wg_assignment_job(c->assign_value, strlen(c->assign_value), job, sizeof job);
+  changed = c->assign.changed;
+  c->assign.changed = 0;
+  if (changed && c->assign.present && c->assign.value)
+    wg_assignment_job(c->assign.value, strlen(c->assign.value), job, sizeof job);
   pthread_mutex_unlock(&c->mu);
   if (changed && strcmp(job, c->job) != 0) {
     drop_job(c);
@@ -365,11 +367,11 @@ static void follow_assignment(wg_control_t *c) {
   if (!c->job_loaded)
     return;
   pthread_mutex_lock(&c->mu);
-  plan_changed = c->plan_changed;
-  plan_dead = c->plan_watch_dead;
-  c->plan_changed = 0;
-  plan = c->plan_value;
-  c->plan_value = NULL;
+  plan_changed = c->plan.changed;
+  plan_dead = c->plan.dead;
+  c->plan.changed = 0;
+  plan = c->plan.value;
+  c->plan.value = NULL;
   pthread_mutex_unlock(&c->mu);
   if (plan_changed && plan)
     offer_plan(c, plan, strlen(plan));
@@ -384,12 +386,12 @@ static void follow_assignment(wg_control_t *c) {
     if (wagma_etcd_range(c->etcd, key, NULL, &r) == 0) {
       wagma_etcd_watch_options_t wo = {.start_revision = r.revision + 1};
       pthread_mutex_lock(&c->mu);
-      c->plan_watch_dead = 0;
+      c->plan.dead = 0;
       pthread_mutex_unlock(&c->mu);
       if (wagma_etcd_watch_start(c->etcd, key, &wo, on_plan, c, &c->plan_watch) != 0) {
         c->plan_watch = NULL;
         pthread_mutex_lock(&c->mu);
-        c->plan_watch_dead = 1; /* try again on the next pass */
+        c->plan.dead = 1; /* try again on the next pass */
         pthread_mutex_unlock(&c->mu);
       }
       if (r.n)
@@ -466,7 +468,7 @@ static void *control_main(void *arg) {
       ts.tv_nsec -= 1000000000L;
     }
     pthread_mutex_lock(&c->mu);
-    if (!c->stop && !c->assign_changed && !c->plan_changed)
+    if (!c->stop && !c->assign.changed && !c->plan.changed)
       pthread_cond_timedwait(&c->cv, &c->mu, &ts);
     pthread_mutex_unlock(&c->mu);
   }
@@ -533,8 +535,8 @@ void wg_control_stop(wg_control_t *c) {
   wagma_etcd_watch_stop(c->plan_watch);
   wagma_etcd_watch_stop(c->assign_watch);
   wagma_etcd_close(c->etcd);
-  free(c->assign_value);
-  free(c->plan_value);
+  free(c->assign.value);
+  free(c->plan.value);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
