@@ -9,9 +9,10 @@
  *   runner.c      the runner thread: job setup, epochs (communicator, global sync), the loop
  *   algorithms.c  one iteration of wagma / allreduce / local-sgd, straggler injection
  *
- * The job config carries the api's model and dataset kinds (wagma_model_kind_t,
- * wagma_dataset_kind_t); runner.c maps the model kind to the training library's architecture
- * (WAGMA_ARCH_*), the only place that does.
+ * The job config carries the api's kinds as they are (wagma_model_kind_t, wagma_dataset_kind_t,
+ * wagma_algorithm_t, wagma_optimizer_type_t); runner.c maps the model kind to the training
+ * library's architecture (WAGMA_ARCH_*) and the optimizer type to WAGMA_OPTIM_*, the only place
+ * that does.
  *
  * Threads: the main thread waits for signals; the control thread owns the etcd handle; the
  * runner thread owns the model, the data and the communicator. They meet only in wg_shared_t,
@@ -60,14 +61,12 @@ extern int wg_agent_log_level;
 
 /* ---- job configuration (decoded from the job spec by jobconf.c) -------------------------- */
 
-enum { WG_ALGO_WAGMA = 0, WG_ALGO_ALLREDUCE = 1, WG_ALGO_LOCAL_SGD = 2 };
-enum { WG_OPT_SGD = 0, WG_OPT_ADAM = 1 };
-
 typedef struct wg_job_config {
   char job[WAGMA_NAME_MAX];
   wagma_model_kind_t model;
   wagma_dataset_kind_t dataset;
-  int algorithm, optimizer;
+  wagma_algorithm_t algorithm;
+  wagma_optimizer_type_t optimizer;
   double lr, momentum, weight_decay;
   int nesterov;
   uint64_t warmup;
@@ -123,8 +122,8 @@ typedef struct wg_shared {
   wg_progress_snap_t progress;
   int checkpoint_dirty;
   wg_checkpoint_rec_t checkpoint_out;
-  wagma_comm_t *comm;  /* the runner's communicator (epoch comm_epoch), set and cleared before
-                          destroy under mu: the control side wagma_comm_abort's it under mu */
+  wagma_comm_t *comm; /* the runner's communicator (epoch comm_epoch), set and cleared before
+                         destroy under mu: the control side wagma_comm_abort's it under mu */
   uint64_t comm_epoch;
 } wg_shared_t;
 

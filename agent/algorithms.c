@@ -39,7 +39,7 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
     return e;
   if ((e = wagma_model_backward(j->model)))
     return e;
-  if (j->cfg.algorithm == WG_ALGO_ALLREDUCE) {
+  if (j->cfg.algorithm == WAGMA_ALGO_ALLREDUCE) {
     /* The straggler's delay belongs to its compute, before it joins the collective. */
     straggle(r, wg_mono() - t0);
     if ((e = wagma_comm_allreduce(j->comm, grads, j->nparams, WAGMA_REDUCE_MEAN))) {
@@ -48,7 +48,7 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
     }
   }
   wagma_optim_step(j->optim, j->iteration, params, grads);
-  if (j->cfg.algorithm != WG_ALGO_ALLREDUCE)
+  if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE)
     straggle(r, wg_mono() - t0);
 
   double loss = ev.n ? ev.loss : NAN;
@@ -56,7 +56,7 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
     j->loss_ema = isfinite(j->loss_ema) ? 0.95 * j->loss_ema + 0.05 * loss : loss;
 
   switch (j->cfg.algorithm) {
-  case WG_ALGO_WAGMA: {
+  case WAGMA_ALGO_WAGMA: {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
     e = wagma_comm_step(j->comm, params, &st);
@@ -68,7 +68,7 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
       wg_runner_warn_comm(r, "wagma round", e);
     break;
   }
-  case WG_ALGO_LOCAL_SGD:
+  case WAGMA_ALGO_LOCAL_SGD:
     j->iteration++;
     if (j->cfg.staleness_bound > 0 && j->iteration % (uint64_t)j->cfg.staleness_bound == 0) {
       e = wagma_comm_allreduce(j->comm, params, j->nparams, WAGMA_REDUCE_MEAN);

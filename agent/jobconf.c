@@ -21,10 +21,8 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   snprintf(cfg->job, sizeof cfg->job, "%s", job);
   cfg->model = spec.model;
   cfg->dataset = spec.dataset;
-  cfg->algorithm = spec.algorithm == WAGMA_ALGO_ALLREDUCE   ? WG_ALGO_ALLREDUCE
-                   : spec.algorithm == WAGMA_ALGO_LOCAL_SGD ? WG_ALGO_LOCAL_SGD
-                                                            : WG_ALGO_WAGMA;
-  cfg->optimizer = spec.optimizer.type == WAGMA_OPT_ADAM ? WG_OPT_ADAM : WG_OPT_SGD;
+  cfg->algorithm = spec.algorithm;
+  cfg->optimizer = spec.optimizer.type;
   cfg->lr = spec.optimizer.lr;
   cfg->momentum = spec.optimizer.momentum;
   cfg->nesterov = spec.optimizer.nesterov;

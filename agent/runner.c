@@ -166,7 +166,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
     goto out;
   wagma_model_init(j->model, cfg->seed);
   wagma_optim_config_t oc =
-      wagma_optim_defaults(cfg->optimizer == WG_OPT_ADAM ? WAGMA_OPTIM_ADAM : WAGMA_OPTIM_SGD);
+      wagma_optim_defaults(cfg->optimizer == WAGMA_OPT_ADAM ? WAGMA_OPTIM_ADAM : WAGMA_OPTIM_SGD);
   oc.schedule.lr = (float)cfg->lr;
   oc.schedule.warmup_steps = cfg->warmup;
   oc.momentum = (float)cfg->momentum;
@@ -229,7 +229,7 @@ static void evaluate(wg_runner_ctx_t *r, size_t count) {
 
 static void finish(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
-  if (j->cfg.algorithm != WG_ALGO_ALLREDUCE && j->comm) {
+  if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
     int e = wagma_comm_average(j->comm, wagma_model_params(j->model), j->nparams, 1.0f);
     if (e)
       wg_runner_warn_comm(r, "final model average", e);
