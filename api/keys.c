@@ -42,21 +42,24 @@ static int fmt(char *buf, size_t len, const char *f, ...) {
 int wagma_key_root(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/", k->prefix);
 }
+/* "<prefix>/<dir>/<name>" for a valid name. */
+static int dir_key(const wagma_keys_t *k, const char *dir, const char *name, char *buf,
+                   size_t len) {
+  if (!wagma_api_name_valid(name))
+    return WAGMA_EINVAL;
+  return fmt(buf, len, "%s/%s/%s", k->prefix, dir, name);
+}
 int wagma_key_agents_prefix(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/agents/", k->prefix);
 }
 int wagma_key_agent(const wagma_keys_t *k, const char *agent, char *buf, size_t len) {
-  if (!wagma_api_name_valid(agent))
-    return WAGMA_EINVAL;
-  return fmt(buf, len, "%s/agents/%s", k->prefix, agent);
+  return dir_key(k, "agents", agent, buf, len);
 }
 int wagma_key_assignments_prefix(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/assignments/", k->prefix);
 }
 int wagma_key_assignment(const wagma_keys_t *k, const char *agent, char *buf, size_t len) {
-  if (!wagma_api_name_valid(agent))
-    return WAGMA_EINVAL;
-  return fmt(buf, len, "%s/assignments/%s", k->prefix, agent);
+  return dir_key(k, "assignments", agent, buf, len);
 }
 int wagma_key_jobs_prefix(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/jobs/", k->prefix);
