@@ -45,6 +45,14 @@ static const char *join(const json_t *arr, const char *sep, char *buf, size_t le
   return buf;
 }
 
+/* Prints t unless adding a row failed (rc != 0); frees t either way. Returns 0 or -1. */
+static int finish_table(wg_ctl_table_t *t, int rc, FILE *out) {
+  if (rc == 0)
+    wg_ctl_table_print(t, out);
+  wg_ctl_table_free(t);
+  return rc ? -1 : 0;
+}
+
 int wg_ctl_render_jobs(const json_t *root, FILE *out) {
   const json_t *jobs = json_object_get(root, "jobs");
   if (!json_is_array(jobs))
@@ -54,6 +62,7 @@ int wg_ctl_render_jobs(const json_t *root, FILE *out) {
   wg_ctl_table_t *t = wg_ctl_table_new(8, headers);
   if (!t)
     return -1;
+  int rc = 0;
   size_t i;
   json_t *job;
   json_array_foreach(jobs, i, job) {
@@ -75,14 +84,10 @@ int wg_ctl_render_jobs(const json_t *root, FILE *out) {
                          str_at(spec, "algorithm", algo),
                          str_at(spec, "model", model),
                          str_at(status, "reason", reason)};
-    if (wg_ctl_table_add(t, row) != 0) {
-      wg_ctl_table_free(t);
-      return -1;
-    }
+    if ((rc = wg_ctl_table_add(t, row)) != 0)
+      break;
   }
-  wg_ctl_table_print(t, out);
-  wg_ctl_table_free(t);
-  return 0;
+  return finish_table(t, rc, out);
 }
 
 static void job_summary(const json_t *job, FILE *out) {
@@ -149,6 +154,7 @@ static int member_table(const json_t *members, FILE *out) {
   wg_ctl_table_t *t = wg_ctl_table_new(has_alive ? 10 : 9, hdr);
   if (!t)
     return -1;
+  int rc = 0;
   json_array_foreach(members, i, m) {
     const json_t *p = json_object_get(m, "progress");
     char rank[CELL], name[CELL], addr[CELL], alive[CELL], state[CELL], iter[CELL], loss[CELL],
@@ -165,14 +171,10 @@ static int member_table(const json_t *members, FILE *out) {
                          int_at(p, "staleness", stale)};
     if (!has_alive)
       memmove(row + 3, row + 4, 6 * sizeof *row);
-    if (wg_ctl_table_add(t, row) != 0) {
-      wg_ctl_table_free(t);
-      return -1;
-    }
+    if ((rc = wg_ctl_table_add(t, row)) != 0)
+      break;
   }
-  wg_ctl_table_print(t, out);
-  wg_ctl_table_free(t);
-  return 0;
+  return finish_table(t, rc, out);
 }
 
 int wg_ctl_render_job(const json_t *root, FILE *out) {
@@ -200,6 +202,7 @@ int wg_ctl_render_groups(const json_t *root, FILE *out) {
   wg_ctl_table_t *t = wg_ctl_table_new(3, headers);
   if (!t)
     return -1;
+  int rc = 0;
   size_t i;
   json_t *g;
   json_array_foreach(groups, i, g) {
@@ -207,14 +210,10 @@ int wg_ctl_render_groups(const json_t *root, FILE *out) {
     const char *row[] = {int_at(g, "group", group),
                          join(json_object_get(g, "ranks"), ",", ranks, sizeof ranks),
                          join(json_object_get(g, "members"), ",", members, sizeof members)};
-    if (wg_ctl_table_add(t, row) != 0) {
-      wg_ctl_table_free(t);
-      return -1;
-    }
+    if ((rc = wg_ctl_table_add(t, row)) != 0)
+      break;
   }
-  wg_ctl_table_print(t, out);
-  wg_ctl_table_free(t);
-  return 0;
+  return finish_table(t, rc, out);
 }
 
 int wg_ctl_render_plan(const json_t *root, FILE *out) {
@@ -233,6 +232,7 @@ int wg_ctl_render_plan(const json_t *root, FILE *out) {
   wg_ctl_table_t *t = wg_ctl_table_new(4, headers);
   if (!t)
     return -1;
+  int rc = 0;
   size_t i;
   json_t *m;
   json_array_foreach(members, i, m) {
@@ -240,13 +240,11 @@ int wg_ctl_render_plan(const json_t *root, FILE *out) {
     const char *row[] = {int_at(m, "rank", rank), str_at(m, "name", name),
                          str_at(m, "address", addr),
                          wg_ctl_fmt_bool(json_object_get(m, "joiner"), joiner, sizeof joiner)};
-    if (wg_ctl_table_add(t, row) != 0) {
-      wg_ctl_table_free(t);
-      return -1;
-    }
+    if ((rc = wg_ctl_table_add(t, row)) != 0)
+      break;
   }
-  wg_ctl_table_print(t, out);
-  wg_ctl_table_free(t);
+  if (finish_table(t, rc, out) != 0)
+    return -1;
   fprintf(out, "\nphases (%zu):\n", json_array_size(phases));
   json_t *phase;
   json_array_foreach(phases, i, phase) {
@@ -271,6 +269,7 @@ int wg_ctl_render_agents(const json_t *root, FILE *out) {
   wg_ctl_table_t *t = wg_ctl_table_new(7, headers);
   if (!t)
     return -1;
+  int rc = 0;
   size_t i;
   json_t *ag;
   json_array_foreach(agents, i, ag) {
@@ -282,14 +281,10 @@ int wg_ctl_render_agents(const json_t *root, FILE *out) {
                          str_at(ag, "version", ver),
                          str_at(ag, "job", job),
                          wg_ctl_fmt_time(json_object_get(ag, "started"), started, CELL)};
-    if (wg_ctl_table_add(t, row) != 0) {
-      wg_ctl_table_free(t);
-      return -1;
-    }
+    if ((rc = wg_ctl_table_add(t, row)) != 0)
+      break;
   }
-  wg_ctl_table_print(t, out);
-  wg_ctl_table_free(t);
-  return 0;
+  return finish_table(t, rc, out);
 }
 
 int wg_ctl_render_health(const json_t *root, FILE *out) {
