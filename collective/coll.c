@@ -277,46 +277,33 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
   int rc = send_all(c, right, rs, &s, buf + CHUNK_OFF(me), CHUNK_LEN(me));
   if (rc != 0)
     return rc;
-  for (int step = 0; step < n - 1; step++) {
-    int ch = (me - step - 1 + 2 * n) % n;
-    float *cb = buf + CHUNK_OFF(ch);
-    size_t clen = CHUNK_LEN(ch);
-    for (uint64_t k = 0; k < s.nseg; k++) {
-      size_t a, len;
-      seg_range(&s, clen, k, &a, &len);
-      wg_message_t *m = NULL;
-      rc = recv_floats(c, left, rs + (uint64_t)step * s.nseg + k, len, &m);
-      if (rc != 0)
-        return rc;
-      add_floats(cb + a, (const float *)m->payload, len);
-      wg_message_free(m);
-      if (step < n - 2) {
-        rc = send_floats(c, right, rs + (uint64_t)(step + 1) * s.nseg + k, cb + a, len);
-      } else { /* chunk ch = me + 1 is complete here: start the allgather with it */
-        if (mean)
-          div_floats(cb + a, len, (float)n);
-        rc = send_floats(c, right, ag + k, cb + a, len);
-      }
-      if (rc != 0)
-        return rc;
-    }
-  }
-  for (int step = 0; step < n - 1; step++) {
-    int ch = (me - step + n) % n;
-    float *cb = buf + CHUNK_OFF(ch);
-    size_t clen = CHUNK_LEN(ch);
-    for (uint64_t k = 0; k < s.nseg; k++) {
-      size_t a, len;
-      seg_range(&s, clen, k, &a, &len);
-      wg_message_t *m = NULL;
-      rc = recv_floats(c, left, ag + (uint64_t)step * s.nseg + k, len, &m);
-      if (rc != 0)
-        return rc;
-      if (len > 0)
-        memcpy(cb + a, m->payload, len * sizeof(float));
-      wg_message_free(m);
-      if (step < n - 2) {
-        rc = send_floats(c, right, ag + (uint64_t)(step + 1) * s.nseg + k, cb + a, len);
+  /* Phase 0 reduce-scatters (adds what comes in), phase 1 allgathers (copies it); each step
+   * takes chunk segments from the left and passes them right for the next step. */
+  for (int phase = 0; phase < 2; phase++) {
+    const uint64_t seq = phase == 0 ? rs : ag;
+    for (int step = 0; step < n - 1; step++) {
+      int ch = (me - step - (phase == 0 ? 1 : 0) + 2 * n) % n;
+      float *cb = buf + CHUNK_OFF(ch);
+      size_t clen = CHUNK_LEN(ch);
+      for (uint64_t k = 0; k < s.nseg; k++) {
+        size_t a, len;
+        seg_range(&s, clen, k, &a, &len);
+        wg_message_t *m = NULL;
+        rc = recv_floats(c, left, seq + (uint64_t)step * s.nseg + k, len, &m);
+        if (rc != 0)
+          return rc;
+        if (phase == 0)
+          add_floats(cb + a, (const float *)m->payload, len);
+        else if (len > 0)
+          memcpy(cb + a, m->payload, len * sizeof(float));
+        wg_message_free(m);
+        if (step < n - 2) {
+          rc = send_floats(c, right, seq + (uint64_t)(step + 1) * s.nseg + k, cb + a, len);
+        } else if (phase == 0) { /* chunk ch = me + 1 is complete: start the allgather with it */
+          if (mean)
+            div_floats(cb + a, len, (float)n);
+          rc = send_floats(c, right, ag + k, cb + a, len);
+        }
         if (rc != 0)
           return rc;
       }
