@@ -325,6 +325,15 @@ static uint64_t model_version(const wagma_comm_t *c, uint64_t r) {
 
 /* ---------------------------------------------------------------- corrections */
 
+/* Adds a resolved entry's correction (A - C) to model and marks the entry applied. (mu) */
+static void apply_correction(const wagma_comm_t *c, wg_entry_t *e, float *model) {
+  for (size_t i = 0; i < c->count; i++)
+    model[i] += e->delta[i];
+  free(e->delta);
+  e->delta = NULL;
+  e->state = WG_ENTRY_APPLIED;
+}
+
 /* Applies every resolved correction in round order; drops expired waits; frees entries of
  * rounds the compute thread has passed. Returns the corrections applied. (mu) */
 static int apply_resolved(wagma_comm_t *c, float *model, uint64_t cur, double now) {
@@ -340,11 +349,7 @@ static int apply_resolved(wagma_comm_t *c, float *model, uint64_t cur, double no
       c->counters.rounds_left_out++;
     }
     if (e->state == WG_ENTRY_RESOLVED) {
-      for (size_t i = 0; i < c->count; i++)
-        model[i] += e->delta[i];
-      free(e->delta);
-      e->delta = NULL;
-      e->state = WG_ENTRY_APPLIED;
+      apply_correction(c, e, model);
       applied++;
       if (e->global && e->round + 1 > c->model_global)
         c->model_global = e->round + 1;
@@ -413,11 +418,7 @@ static int group_round(wagma_comm_t *c, float *model, uint64_t r, int global,
     if (e->state == WG_ENTRY_RESOLVED || e->state == WG_ENTRY_APPLIED)
       stats_from_entry(c, e, st);
     if (e->state == WG_ENTRY_RESOLVED) {
-      for (size_t i = 0; i < c->count; i++)
-        model[i] += e->delta[i];
-      free(e->delta);
-      e->delta = NULL;
-      e->state = WG_ENTRY_APPLIED;
+      apply_correction(c, e, model);
       st->corrections_applied++;
       c->counters.corrections_applied++;
     }
@@ -454,13 +455,7 @@ static int group_round(wagma_comm_t *c, float *model, uint64_t r, int global,
       wg_engine_lround_add(c, lr, c->rank, e->version, e->delta);
       break;
     }
-    wg_frame_header_t h = {0};
-    h.kind = WG_FRAME_CONTRIB;
-    h.round = r;
-    h.group = g;
-    h.src = (uint32_t)c->rank;
-    h.aux = e->version;
-    if (c->ops->send(c->tp, leader, &h, e->delta, c->count * sizeof(float)) == 0)
+    if (wg_engine_send_contrib(c, leader, r, g, e) == 0)
       break;
     /* Leader unreachable: suspect it and try the next one. */
     c->suspect[leader] = 1;
@@ -485,11 +480,7 @@ wait:;
     double lat = wg_now() - t0;
     c->ewma_member = c->ewma_member == 0.0 ? lat : 0.8 * c->ewma_member + 0.2 * lat;
     stats_from_entry(c, e, st);
-    for (size_t i = 0; i < c->count; i++)
-      model[i] += e->delta[i];
-    free(e->delta);
-    e->delta = NULL;
-    e->state = WG_ENTRY_APPLIED;
+    apply_correction(c, e, model);
     st->corrections_applied++;
     c->counters.corrections_applied++;
   } else if (e->state == WG_ENTRY_DROPPED) {

@@ -179,6 +179,10 @@ wg_entry_t *wg_engine_entry_from_snapshot(wagma_comm_t *c, uint64_t round, uint3
 void wg_engine_entry_resolve(wagma_comm_t *c, wg_entry_t *e, const float *mean, int activator,
                              int members, int ncontrib, const int *ranks, const uint64_t *versions);
 void wg_engine_entry_free(wg_entry_t *e);
+/* Sends my contribution e (its snapshot version and delta) to round's leader dst, or with e
+ * NULL a decline (no snapshot yet: don't wait for me). Returns the transport's send result. */
+int wg_engine_send_contrib(wagma_comm_t *c, int dst, uint64_t round, uint32_t group,
+                           const wg_entry_t *e);
 
 /* Groups: the sorted ranks of round's group for rank, or all ranks for a global round. */
 int wg_engine_is_global(const wagma_comm_t *c, uint64_t round);

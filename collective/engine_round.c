@@ -425,6 +425,21 @@ static void settle_same_snapshot(wagma_comm_t *c) {
   }
 }
 
+int wg_engine_send_contrib(wagma_comm_t *c, int dst, uint64_t round, uint32_t group,
+                           const wg_entry_t *e) {
+  wg_frame_header_t h = {0};
+  h.kind = WG_FRAME_CONTRIB;
+  h.round = round;
+  h.group = group;
+  h.src = (uint32_t)c->rank;
+  if (!e) {
+    h.flags = WG_CONTRIB_DECLINE;
+    return c->ops->send(c->tp, dst, &h, NULL, 0);
+  }
+  h.aux = e->version;
+  return c->ops->send(c->tp, dst, &h, e->delta, c->count * sizeof(float));
+}
+
 /* Answers an activation of (round, group) from leader src with my latest snapshot, unless I
  * contributed already, passed the round, or my snapshot is too stale. (mu) */
 static void contribute(wagma_comm_t *c, uint64_t round, uint32_t group, int src) {
@@ -450,13 +465,7 @@ static void contribute(wagma_comm_t *c, uint64_t round, uint32_t group, int src)
       e->state = WG_ENTRY_DROPPED;
     return;
   }
-  wg_frame_header_t out = {0};
-  out.kind = WG_FRAME_CONTRIB;
-  out.round = round;
-  out.group = group;
-  out.src = (uint32_t)c->rank;
-  out.aux = e->version;
-  if (c->ops->send(c->tp, src, &out, e->delta, c->count * sizeof(float)) != 0) {
+  if (wg_engine_send_contrib(c, src, round, group, e) != 0) {
     e->state = WG_ENTRY_DROPPED; /* never reached the leader: no correction will come */
     free(e->delta);
     e->delta = NULL;
@@ -512,13 +521,7 @@ static void handle_activate(wagma_comm_t *c, wg_message_t *m) {
   if (!have && h->round > c->plan.start_round) {
     /* Still computing my first round: tell the leader of a group round not to wait for me.
      * At the first round of the epoch the leader waits (bounded) for my compute instead. */
-    wg_frame_header_t no = {0};
-    no.kind = WG_FRAME_CONTRIB;
-    no.round = h->round;
-    no.group = h->group;
-    no.src = (uint32_t)c->rank;
-    no.flags = WG_CONTRIB_DECLINE;
-    (void)c->ops->send(c->tp, src, &no, NULL, 0);
+    (void)wg_engine_send_contrib(c, src, h->round, h->group, NULL);
     goto out;
   }
   if (!have || wg_engine_staleness(h->round, version) > c->tau)
