@@ -13,6 +13,8 @@ PACKAGES=(
   libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
   libcurl4-openssl-dev dataset-fashion-mnist
   openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
+  libclang-rt-dev # libFuzzer runtime for .ci/run: only a Recommends of clang, which
+  #                 --no-install-recommends skips
   libyaml-dev
 )
 if [ "${1:-}" = "--bench" ]; then
