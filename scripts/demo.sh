@@ -113,7 +113,7 @@ for i in $(seq 0 $((AGENTS - 1))); do
 done
 
 deadline=$((SECONDS + 30))
-until [ "$(curl -fsS "$API/v1/agents" | grep -o '"name"' | wc -l)" -ge $AGENTS ]; do
+until [ "$(curl -fsS -m 5 "$API/v1/agents" | grep -o '"name"' | wc -l)" -ge $AGENTS ]; do
   [ $SECONDS -ge $deadline ] && { echo "demo: agents did not register" >&2; exit 1; }
   sleep 0.3
 done
@@ -128,7 +128,7 @@ SPEC=$(cat <<EOF
 EOF
 )
 say "POST /v1/jobs $(echo "$SPEC" | tr -d '\n')"
-curl -fsS -X POST -H 'Content-Type: application/json' -d "$SPEC" "$API/v1/jobs" >/dev/null
+curl -fsS -m 10 -X POST -H 'Content-Type: application/json' -d "$SPEC" "$API/v1/jobs" >/dev/null
 
 field() { grep -o "\"$1\":[^,}]*" | head -n 1 | cut -d: -f2- | tr -d '"'; }
 mean_of() { grep -o "\"$1\":[0-9][0-9.eE+-]*" | cut -d: -f2 | awk '{s+=$1; n++} END {if (n) printf "%.4f", s/n; else print "-"}'; }
@@ -136,7 +136,7 @@ mean_of() { grep -o "\"$1\":[0-9][0-9.eE+-]*" | cut -d: -f2 | awk '{s+=$1; n++} 
 start=$SECONDS
 state=pending
 while :; do
-  job=$(curl -fsS "$API/v1/jobs/demo" || true)
+  job=$(curl -fsS -m 5 "$API/v1/jobs/demo" || true)
   state=$(echo "$job" | grep -o '"state":"[a-z]*"' | head -n 1 | cut -d'"' -f4)
   epoch=$(echo "$job" | grep -o '"status":{[^}]*' | field epoch)
   iter=$(echo "$job" | grep -o '"status":{[^}]*' | field iteration)
@@ -144,7 +144,7 @@ while :; do
     "loss $(echo "$job" | mean_of loss), accuracy $(echo "$job" | mean_of accuracy)" \
     "(mean over members)"
   if [ "$state" = running ]; then
-    groups=$(curl -fsS "$API/v1/jobs/demo/groups" 2>/dev/null || true)
+    groups=$(curl -fsS -m 5 "$API/v1/jobs/demo/groups" 2>/dev/null || true)
     echo "           round $(echo "$groups" | field iteration) ($(echo "$groups" | field kind)," \
       "phase $(echo "$groups" | field phase)) groups:" \
       "$(echo "$groups" | grep -o '"members":\[[^]]*\]' | sed 's/"members"://; s/"//g' | tr '\n' ' ')"
@@ -154,7 +154,7 @@ while :; do
   sleep 3
 done
 
-job=$(curl -fsS "$API/v1/jobs/demo")
+job=$(curl -fsS -m 5 "$API/v1/jobs/demo")
 if [ "$state" != succeeded ]; then
   echo "demo: job $state: $(echo "$job" | grep -o '"reason":"[^"]*"')" >&2
   exit 1
