@@ -93,6 +93,14 @@ static void step(wg_election_t *e) {
                           .value_len = strlen(value),
                           .lease = e->lease};
     rc = wagma_etcd_txn(e->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
+    if (rc == WAGMA_ECONFLICT) {
+      /* An earlier campaign Txn may have committed although its answer was lost (deadline):
+       * the key then carries our lease, which we keep alive, and nobody else can win. */
+      wagma_etcd_kv_t *kv = NULL;
+      if (wagma_etcd_get(e->etcd, e->key, &kv, NULL) == 0 && kv->lease == e->lease)
+        rc = 0;
+      wagma_etcd_kv_free(kv);
+    }
     if (rc == 0) {
       atomic_store(&e->leader_lease, e->lease);
       atomic_store(&e->leader, 1);
@@ -120,7 +128,7 @@ static void *campaign_main(void *arg) {
     if (e->stop)
       break;
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     long ns = (long)(e->period_s * 1e9);
     ts.tv_sec += ns / 1000000000L;
     ts.tv_nsec += ns % 1000000000L;
@@ -155,7 +163,11 @@ int wg_election_start(wagma_etcd_t *etcd, const wagma_keys_t *keys, const char *
   e->log = log;
   e->log_user = log_user;
   pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
+  pthread_condattr_t ca; /* timed waits on the monotonic clock: immune to clock steps */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&e->thread, NULL, campaign_main, e) != 0) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
