@@ -552,7 +552,7 @@ static void start_watch(wg_scheduler_t *s) {
 
 static void timed_wait(wg_scheduler_t *s, double seconds) {
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(CLOCK_MONOTONIC, &ts);
   long ns = (long)(seconds * 1e9);
   ts.tv_sec += ns / 1000000000L;
   ts.tv_nsec += ns % 1000000000L;
@@ -598,7 +598,11 @@ int wg_scheduler_start(wg_coord_t *c, wg_scheduler_t **out) {
     return WAGMA_ENOMEM;
   s->c = c;
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
+  pthread_condattr_t ca; /* timed waits on the monotonic clock: immune to clock steps */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
