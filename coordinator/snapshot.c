@@ -126,7 +126,8 @@ int wg_job_has_member(const wg_job_record_t *j, const char *agent) {
 
 /* Renders the cluster view for /metrics. Ownership: the caller frees. */
 char *wg_snapshot_render(const snapshot_t *s) {
-  size_t cap = 1024 + s->njobs * 320;
+  /* Per job: 5 lines of at most ~50 bytes of text + the name + a 20-digit number. */
+  size_t cap = 1024 + s->njobs * 5 * (64 + WAGMA_API_NAME_MAX);
   char *b = malloc(cap);
   size_t len = 0;
   int counts[5] = {0};
@@ -143,6 +144,8 @@ char *wg_snapshot_render(const snapshot_t *s) {
     int w_ = snprintf(b + len, cap - len, __VA_ARGS__);                                            \
     if (w_ > 0 && (size_t)w_ < cap - len)                                                          \
       len += (size_t)w_;                                                                           \
+    else                                                                                           \
+      b[len] = '\0'; /* drop a truncated line whole */                                             \
   } while (0)
   OUT("# HELP wagma_jobs Jobs by state\n# TYPE wagma_jobs gauge\n");
   for (int st = 0; st <= WAGMA_JOB_STOPPED; st++)
