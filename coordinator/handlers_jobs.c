@@ -336,6 +336,8 @@ static int parse_u64(const char *s, uint64_t *out) {
       return -1;
     v = v * 10 + (uint64_t)(*p - '0');
   }
+  if (v > INT64_MAX) /* answered as a JSON integer (int64) */
+    return -1;
   *out = v;
   return 0;
 }
@@ -350,7 +352,7 @@ void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg
   memset(&plan, 0, sizeof plan);
   if (given && parse_u64(it, &t)) {
     wg_response_error(res, 400, "bad_request", "iteration",
-                      "iteration must be a non-negative integer");
+                      "iteration must be an integer in [0, 2^63 - 1]");
     return;
   }
   if (load_plan(c, job, &kv, res))

@@ -535,6 +535,8 @@ static void test_errors(void **state) {
   expect_error(&c, "GET", "/v1/jobs/err/groups", NULL, NULL, NULL, 404, "no_plan", NULL);
   expect_error(&c, "GET", "/v1/jobs/err/groups?iteration=abc", NULL, NULL, NULL, 400, "bad_request",
                "iteration");
+  expect_error(&c, "GET", "/v1/jobs/err/groups?iteration=9223372036854775808", NULL, NULL, NULL,
+               400, "bad_request", "iteration");
   expect_error(&c, "GET", "/v1/jobs?state=bogus", NULL, NULL, NULL, 400, "bad_request", "state");
   expect_error(&c, "PUT", "/v1/jobs", ok, "application/json", tok, 405, "method_not_allowed", NULL);
   expect_error(&c, "DELETE", "/healthz", NULL, NULL, tok, 405, "method_not_allowed", NULL);
