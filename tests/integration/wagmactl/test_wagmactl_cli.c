@@ -231,8 +231,9 @@ static void stop_coordinator(void) {
   coordinator_process_stop(&C.coord, SIGTERM);
 }
 
+static int teardown(void **state);
+
 static int setup(void **state) {
-  (void)state;
   memset(&C, 0, sizeof C);
   const char *tmp = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(C.dir, sizeof C.dir, "%s/wagmactl-test-XXXXXX", tmp);
@@ -241,12 +242,16 @@ static int setup(void **state) {
   snprintf(C.token_file, sizeof C.token_file, "%s/token", C.dir);
   snprintf(C.coord_log, sizeof C.coord_log, "%s/coordinator.log", C.dir);
   write_file(C.token_file, TOKEN "\n");
+  wagma_etcd_options_t o = {0};
   if (etcd_fixture_start(1, &C.etcd) != 0)
-    return -1;
-  wagma_etcd_options_t o = {.endpoints = etcd_fixture_endpoints(C.etcd)};
-  if (wagma_etcd_open(&o, &C.kv) != 0)
-    return -1;
-  return start_coordinator();
+    goto fail;
+  o.endpoints = etcd_fixture_endpoints(C.etcd);
+  if (wagma_etcd_open(&o, &C.kv) != 0 || start_coordinator() != 0)
+    goto fail;
+  return 0;
+fail: /* cmocka skips the group teardown when setup fails: stop what started, remove the dir */
+  teardown(state);
+  return -1;
 }
 
 static int teardown(void **state) {
