@@ -58,8 +58,12 @@ void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id,
     fail_msg("coordinator did not become healthy (log %s)", p->log);
 }
 
+/* Stops by PID and removes the log (kept when a test fails before stopping, or with
+ * WAGMA_KEEP_LOGS set). */
 void harness_coord_stop(coord_proc_t *p, int sig) {
   coordinator_process_stop(p, sig);
+  if (p->log[0] && !getenv("WAGMA_KEEP_LOGS"))
+    unlink(p->log);
 }
 
 int harness_env_start(harness_env_t **out) {

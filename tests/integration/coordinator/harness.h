@@ -26,7 +26,8 @@ int harness_free_port(void);
  * becomes WAGMA_TOKEN. Waits until /healthz answers (10 s). */
 void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id, int ttl,
                          const char *token, const char *const *extra);
-/* Sends sig (SIGTERM or SIGKILL) and reaps (SIGKILL after 10 s). */
+/* Sends sig (SIGTERM or SIGKILL), reaps (SIGKILL after 10 s), removes the log unless
+ * WAGMA_KEEP_LOGS is set. */
 void harness_coord_stop(coord_proc_t *p, int sig);
 
 /* One request (tests/support/http_client.h; asserts that curl got a handle). body may be NULL;
