@@ -2,7 +2,8 @@
  * with deadline and failover, the stream helper used by watch, status mapping and the
  * per-thread detail messages.
  *
- * Owns: one grpc_channel per endpoint (thread-safe in gRPC), the errslot list.
+ * Owns: one grpc_channel per endpoint (thread-safe in gRPC), the errslot list; holds the
+ * list of running keepalives (owned by lease.c) under `lock`.
  * Threads: none of its own; any number of caller threads run calls concurrently. Each call
  * uses its own pluck completion queue, drained with grpc_completion_queue_pluck before it is
  * destroyed, with exactly one batch in flight.
@@ -22,7 +23,12 @@
  * etcd is used again by the first call after it serves, whatever call_timeout_ms is
  * (tests/integration/etcd/test_etcd_failover.c, recovers_*). An endpoint that accepts
  * TCP but never answers costs a call its whole deadline (WAGMA_ETIMEDOUT, no failover)
- * until gRPC's connect timeout marks it unreachable; after that calls fail over. */
+ * until gRPC's connect timeout marks it unreachable; after that calls fail over.
+ *
+ * Recovery signal: a call that finds no etcd (UNAVAILABLE attempt, timeout, broken watch)
+ * sets `failing`; the next success of any call or watch (wg_etcd_set_preferred) clears it
+ * and kicks the handle's keepalives (lease.c) into an immediate refresh, so a lease is
+ * refreshed as soon as etcd serves anyone again, not at the keepalive's next retry. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -176,6 +182,16 @@ void wg_etcd_set_preferred(wagma_etcd_t *etcd, size_t endpoint) {
   pthread_mutex_lock(&etcd->lock);
   if (endpoint < etcd->n_endpoints)
     etcd->preferred = endpoint;
+  if (etcd->failing) {
+    etcd->failing = 0;
+    wg_etcd_kick_keepalives_locked(etcd);
+  }
+  pthread_mutex_unlock(&etcd->lock);
+}
+
+void wg_etcd_note_failure(wagma_etcd_t *etcd) {
+  pthread_mutex_lock(&etcd->lock);
+  etcd->failing = 1;
   pthread_mutex_unlock(&etcd->lock);
 }
 
@@ -515,6 +531,7 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
     }
     if (rc != WAGMA_EUNAVAIL)
       break;
+    wg_etcd_note_failure(etcd);
     wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_DEBUG, "%s", wagma_etcd_errmsg(etcd));
     endpoint = (endpoint + 1) % etcd->n_endpoints;
     if (++tried_this_round >= etcd->n_endpoints) {
@@ -529,6 +546,8 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
     if (wg_etcd_now_ms() >= deadline_ms || cancel_fired(cancel))
       break;
   }
+  if (rc == WAGMA_ETIMEDOUT)
+    wg_etcd_note_failure(etcd);
   if (rc == WAGMA_EUNAVAIL) {
     char last[WG_ETCD_ERRMSG_MAX];
     snprintf(last, sizeof last, "%s", wagma_etcd_errmsg(etcd));

@@ -27,10 +27,12 @@ struct wagma_etcd {
   int call_timeout_ms;
   wagma_log_fn log_fn;
   void *log_user;
-  pthread_mutex_t lock; /* guards preferred and slots */
+  pthread_mutex_t lock; /* guards preferred, slots, failing and keepalives */
   size_t preferred;     /* index of the endpoint that last worked */
   pthread_key_t errkey;
   struct wg_etcd_errslot *slots;
+  int failing; /* a call or stream failed for want of etcd since the last success */
+  struct wagma_etcd_keepalive *keepalives; /* running keepalives, woken when etcd is back */
 };
 
 /* Lets another thread cancel a call in flight (election campaign, watch stream). */
@@ -88,9 +90,16 @@ int wg_etcd_stream_recv(wg_etcd_stream_t *stream, const ProtobufCMessageDescript
  * Returns the mapped final status and records the message when it is an error. */
 int wg_etcd_stream_close(wg_etcd_stream_t *stream, const char *method, wg_etcd_cancel_t *cancel);
 
-/* Endpoint to start with, and note which one worked / failed. */
+/* Endpoint to start with, and note which one worked / failed. set_preferred is called on
+ * every success (a unary answer, a confirmed watch): after a failure it also wakes the
+ * handle's keepalives so that they refresh at once (etcd is serving again). */
 size_t wg_etcd_preferred(wagma_etcd_t *etcd);
 void wg_etcd_set_preferred(wagma_etcd_t *etcd, size_t endpoint);
+/* Notes that a call or stream found no etcd to serve it (unavailable or timed out). */
+void wg_etcd_note_failure(wagma_etcd_t *etcd);
+/* lease.c: wakes every keepalive of the handle for an immediate refresh. Caller holds
+ * etcd->lock. */
+void wg_etcd_kick_keepalives_locked(wagma_etcd_t *etcd);
 
 /* Copies a protobuf KeyValue into a wagma_etcd_kv_t (fields allocated). */
 int wg_etcd_kv_copy(wagma_etcd_kv_t *dst, const Etcdserverpb__KeyValue *src);

@@ -5,6 +5,17 @@
  * so a refresh survives an endpoint failure.
  * Threads: one per wagma_etcd_keepalive_t; it sleeps on a condition variable between
  * refreshes so stop() wakes it at once.
+ * Refresh policy: every TTL/3 while etcd answers. After a failed refresh it retries every
+ * KEEPALIVE_RETRY_MS, each try's deadline capped at the lease's expiry (last success +
+ * TTL), and the last try paced to end at that expiry, never a call whose deadline has
+ * already passed. Each running keepalive is on the handle's list: when any call or watch
+ * of the handle succeeds after a failure (etcd serves again, wg_etcd_set_preferred), the
+ * keepalive is kicked and refreshes at once rather than at its next retry, so an etcd
+ * that comes back only briefly (restarted and killed again, a flapping member) still gets
+ * the refresh. Only when the expiry passes without a refresh is the lease reported lost
+ * (WAGMA_ETIMEDOUT): from then on the holder cannot know that etcd still has it.
+ * Lock order: etcd->lock, then a keepalive's lock (the kick); the thread never holds its
+ * lock while calling etcd.
  * Invariants: `lost` is called at most once; after it the thread only waits for stop. */
 #include <errno.h>
 #include <stdlib.h>
@@ -124,9 +135,32 @@ struct wagma_etcd_keepalive {
   pthread_mutex_t lock;
   pthread_cond_t wake; /* CLOCK_MONOTONIC */
   int stopping;        /* guarded by lock */
+  int kicked;          /* guarded by lock: etcd served the handle again, refresh now */
+  struct wagma_etcd_keepalive *next; /* the handle's list, guarded by etcd->lock */
 };
 
-/* Waits until ms pass or stop is requested; returns nonzero when stopping. */
+void wg_etcd_kick_keepalives_locked(wagma_etcd_t *etcd) {
+  for (wagma_etcd_keepalive_t *ka = etcd->keepalives; ka != NULL; ka = ka->next) {
+    pthread_mutex_lock(&ka->lock);
+    ka->kicked = 1;
+    pthread_cond_broadcast(&ka->wake);
+    pthread_mutex_unlock(&ka->lock);
+  }
+}
+
+static void keepalive_unlink(wagma_etcd_keepalive_t *ka) {
+  pthread_mutex_lock(&ka->etcd->lock);
+  for (wagma_etcd_keepalive_t **link = &ka->etcd->keepalives; *link != NULL;
+       link = &(*link)->next) {
+    if (*link == ka) {
+      *link = ka->next;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&ka->etcd->lock);
+}
+
+/* Waits until ms pass, a kick (consumed) or stop; returns nonzero when stopping. */
 static int wait_or_stop(wagma_etcd_keepalive_t *ka, int64_t ms) {
   struct timespec until;
   int stopping;
@@ -138,10 +172,11 @@ static int wait_or_stop(wagma_etcd_keepalive_t *ka, int64_t ms) {
     until.tv_nsec -= 1000000000;
   }
   pthread_mutex_lock(&ka->lock);
-  while (!ka->stopping) {
+  while (!ka->stopping && !ka->kicked) {
     if (pthread_cond_timedwait(&ka->wake, &ka->lock, &until) == ETIMEDOUT)
       break;
   }
+  ka->kicked = 0;
   stopping = ka->stopping;
   pthread_mutex_unlock(&ka->lock);
   return stopping;
@@ -151,34 +186,49 @@ static void *keepalive_main(void *arg) {
   wagma_etcd_keepalive_t *ka = arg;
   int64_t last_ok = wg_etcd_now_ms();
   int64_t pause = ka->ttl_ms / 3;
+  int retrying = 0;
 
   while (!wait_or_stop(ka, pause)) {
     int64_t ttl_s = 0;
+    int64_t now = wg_etcd_now_ms();
     int64_t expires = last_ok + ka->ttl_ms;
-    int64_t deadline = wg_etcd_now_ms() + ka->etcd->call_timeout_ms;
-    int rc;
+    int64_t deadline = now + ka->etcd->call_timeout_ms;
+    int rc = WAGMA_ETIMEDOUT;
     if (deadline > expires)
       deadline = expires; /* no point in refreshing a lease etcd has already expired */
-    rc = keepalive_once(ka->etcd, ka->lease, &ttl_s, deadline);
+    if (now < expires)
+      rc = keepalive_once(ka->etcd, ka->lease, &ttl_s, deadline);
     if (rc == 0) {
+      if (retrying)
+        wg_logf(ka->etcd->log_fn, ka->etcd->log_user, WAGMA_LOG_DEBUG,
+                "etcd lease %llx refreshed again after %lld ms of a %lld ms TTL",
+                (unsigned long long)ka->lease, (long long)(wg_etcd_now_ms() - last_ok),
+                (long long)ka->ttl_ms);
       last_ok = wg_etcd_now_ms();
       ka->ttl_ms = ttl_s * 1000;
       pause = ka->ttl_ms / 3;
+      retrying = 0;
       continue;
     }
-    if (rc == WAGMA_ENOTFOUND || wg_etcd_now_ms() >= expires) {
+    now = wg_etcd_now_ms();
+    if (rc == WAGMA_ENOTFOUND || now >= expires) {
       int status = rc == WAGMA_ENOTFOUND ? WAGMA_ENOTFOUND : WAGMA_ETIMEDOUT;
-      wg_logf(ka->etcd->log_fn, ka->etcd->log_user, WAGMA_LOG_WARN, "etcd lease %llx lost: %s",
-              (unsigned long long)ka->lease, wagma_etcd_errmsg(ka->etcd));
+      wg_logf(ka->etcd->log_fn, ka->etcd->log_user, WAGMA_LOG_WARN,
+              "etcd lease %llx lost (%s): no refresh for %lld ms; last: %s",
+              (unsigned long long)ka->lease, wagma_strerror(status), (long long)(now - last_ok),
+              wagma_etcd_errmsg(ka->etcd));
       if (ka->lost != NULL)
         ka->lost(ka->user, ka->lease, status);
-      wait_or_stop(ka, INT64_MAX / 4);
+      while (!wait_or_stop(ka, INT64_MAX / 4)) {
+      }
       break;
     }
     wg_logf(ka->etcd->log_fn, ka->etcd->log_user, WAGMA_LOG_DEBUG,
             "etcd lease %llx refresh failed, retrying: %s", (unsigned long long)ka->lease,
             wagma_etcd_errmsg(ka->etcd));
-    pause = KEEPALIVE_RETRY_MS;
+    /* retry soon (or at once when kicked), the last try ending at the expiry */
+    retrying = 1;
+    pause = expires - now < KEEPALIVE_RETRY_MS ? expires - now : KEEPALIVE_RETRY_MS;
   }
   return NULL;
 }
@@ -208,7 +258,12 @@ int wagma_etcd_keepalive_start(wagma_etcd_t *etcd, int64_t lease, wagma_etcd_lea
   pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
   pthread_cond_init(&ka->wake, &attr);
   pthread_condattr_destroy(&attr);
+  pthread_mutex_lock(&etcd->lock);
+  ka->next = etcd->keepalives;
+  etcd->keepalives = ka;
+  pthread_mutex_unlock(&etcd->lock);
   if (pthread_create(&ka->thread, NULL, keepalive_main, ka) != 0) {
+    keepalive_unlink(ka);
     pthread_cond_destroy(&ka->wake);
     pthread_mutex_destroy(&ka->lock);
     free(ka);
@@ -221,6 +276,7 @@ int wagma_etcd_keepalive_start(wagma_etcd_t *etcd, int64_t lease, wagma_etcd_lea
 void wagma_etcd_keepalive_stop(wagma_etcd_keepalive_t *ka) {
   if (ka == NULL)
     return;
+  keepalive_unlink(ka);
   pthread_mutex_lock(&ka->lock);
   ka->stopping = 1;
   pthread_cond_broadcast(&ka->wake);

@@ -252,6 +252,7 @@ static void *watch_main(void *arg) {
       backoff_or_stop(w, INT32_MAX); /* the watch is over: wait for stop */
       break;
     }
+    wg_etcd_note_failure(w->etcd);
     pthread_mutex_lock(&w->lock);
     snprintf(w->start_error, sizeof w->start_error, "%s", wagma_etcd_errmsg(w->etcd));
     pthread_mutex_unlock(&w->lock);

@@ -213,12 +213,14 @@ typedef struct wagma_etcd_keepalive wagma_etcd_keepalive_t;
 
 /* Called once, on the keepalive's thread, when the lease is lost: status WAGMA_ENOTFOUND
  * (etcd says it expired or was revoked) or WAGMA_ETIMEDOUT (no refresh succeeded within
- * the lease's TTL, so etcd has expired it). The keepalive then stops refreshing; the caller
- * still calls wagma_etcd_keepalive_stop() (from another thread). */
+ * the lease's TTL, so etcd must be assumed to have expired it). The keepalive then stops
+ * refreshing; the caller still calls wagma_etcd_keepalive_stop() (from another thread). */
 typedef void (*wagma_etcd_lease_lost_fn)(void *user, int64_t lease, int status);
 
 /* Starts a thread that refreshes lease every third of its TTL, across endpoint failures,
- * until stopped. lost (may be NULL) is called as above. Caller owns *out. */
+ * until stopped: after a failed refresh it retries every 500 ms, and at once when another
+ * call or watch of the handle finds etcd serving again. lost (may be NULL) is called as
+ * above. Caller owns *out. */
 int wagma_etcd_keepalive_start(wagma_etcd_t *etcd, int64_t lease, wagma_etcd_lease_lost_fn lost,
                                void *user, wagma_etcd_keepalive_t **out);
 

@@ -19,11 +19,20 @@
 #include "wagma/etcd.h"
 
 #define CALL_TIMEOUT_MS 1500
+#define FAILOVER_LEASE_TTL_S 10
+
+/* WAGMA_TEST_ETCD_LOG=1 prints the library's log (with a monotonic time stamp). */
+static void test_log(void *user, int level, const char *message) {
+  (void)user;
+  fprintf(stderr, "[%lld] etcd log %d: %s\n", (long long)test_now_ms(), level, message);
+}
 
 static wagma_etcd_t *open_client(etcd_fixture_t *fixture) {
   wagma_etcd_t *etcd = NULL;
   wagma_etcd_options_t options = {.endpoints = etcd_fixture_endpoints(fixture),
                                   .call_timeout_ms = CALL_TIMEOUT_MS};
+  if (getenv("WAGMA_TEST_ETCD_LOG") != NULL)
+    options.log_fn = test_log;
   assert_int_equal(wagma_etcd_open(&options, &etcd), 0);
   return etcd;
 }
@@ -52,7 +61,7 @@ static void watch_survives_kill_and_restart(void **state) {
   wagma_etcd_keepalive_t *keepalive = NULL;
   wagma_etcd_watch_options_t options = {.prefix = 1};
   recorder_t *live = calloc(1, sizeof *live), *history = calloc(1, sizeof *history);
-  int64_t first_rev = 0, last_rev = 0, lease = 0, start;
+  int64_t first_rev = 0, last_rev = 0, lease = 0, start, killed_at, longest_outage = 0;
   wagma_etcd_kv_t *kv = NULL;
   int lost = 0;
   char key[64], value[32];
@@ -62,7 +71,7 @@ static void watch_survives_kill_and_restart(void **state) {
   recorder_init(history);
   assert_int_equal(etcd_fixture_start(1, &fixture), 0);
   etcd = open_client(fixture);
-  assert_int_equal(wagma_etcd_lease_grant(etcd, 10, &lease), 0);
+  assert_int_equal(wagma_etcd_lease_grant(etcd, FAILOVER_LEASE_TTL_S, &lease), 0);
   assert_int_equal(wagma_etcd_keepalive_start(etcd, lease, lost_fn, &lost, &keepalive), 0);
   assert_int_equal(wagma_etcd_put(etcd, "/f/leased", "x", 1, lease, NULL), 0);
   assert_int_equal(wagma_etcd_ping(etcd, &first_rev), 0);
@@ -79,6 +88,7 @@ static void watch_survives_kill_and_restart(void **state) {
     }
     /* etcd dies with events possibly still in flight to the watcher */
     assert_int_equal(etcd_fixture_kill(fixture, 0), 0);
+    killed_at = test_now_ms();
 
     /* while it is down: a clear error within the deadline, not a hang */
     start = test_now_ms();
@@ -87,6 +97,8 @@ static void watch_survives_kill_and_restart(void **state) {
     assert_non_null(strstr(wagma_etcd_errmsg(etcd), etcd_fixture_endpoint(fixture, 0)));
     test_sleep_ms(300 * round);
     assert_int_equal(etcd_fixture_restart(fixture, 0), 0);
+    if (test_now_ms() - killed_at > longest_outage)
+      longest_outage = test_now_ms() - killed_at;
   }
   last_rev = put_retry(etcd, "/f/w/end", "end");
 
@@ -121,10 +133,27 @@ static void watch_survives_kill_and_restart(void **state) {
       assert_true(live->events[i].mod_revision > live->events[i - 1].mod_revision);
   }
 
-  /* The keepalive rode out the restarts: the leased key is still there. */
-  assert_int_equal(__atomic_load_n(&lost, __ATOMIC_SEQ_CST), 0);
-  assert_int_equal(wagma_etcd_get(etcd, "/f/leased", &kv, NULL), 0);
-  wagma_etcd_kv_free(kv);
+  /* The keepalive rode out the restarts: the leased key is still there. Each restart leaves
+   * etcd up only for the ~30 puts of the next round (~100 ms), so the outages add up to
+   * more than the TTL on a loaded machine; the keepalive is kicked by the first put that
+   * succeeds and must refresh in every such window. It can only be asked to ride out an
+   * outage shorter than TTL - TTL/3 (it may have refreshed last TTL/3 before the kill);
+   * under a load that makes one etcd restart take longer, losing the lease is correct. */
+  print_message("longest etcd outage %lld ms (lease TTL %d s)\n", (long long)longest_outage,
+                FAILOVER_LEASE_TTL_S);
+  if (__atomic_load_n(&lost, __ATOMIC_SEQ_CST) != 0) {
+    if (longest_outage < FAILOVER_LEASE_TTL_S * 1000 * 2 / 3)
+      fail_msg("lease reported lost (%d) although the longest etcd outage was %lld ms of a "
+               "%d s TTL",
+               __atomic_load_n(&lost, __ATOMIC_SEQ_CST), (long long)longest_outage,
+               FAILOVER_LEASE_TTL_S);
+    assert_int_equal(__atomic_load_n(&lost, __ATOMIC_SEQ_CST), WAGMA_ETIMEDOUT);
+  } else {
+    int rc = wagma_etcd_get(etcd, "/f/leased", &kv, NULL);
+    if (rc != 0)
+      fail_msg("get /f/leased after the restarts: %d %s", rc, wagma_etcd_errmsg(etcd));
+    wagma_etcd_kv_free(kv);
+  }
   wagma_etcd_keepalive_stop(keepalive);
 
   wagma_etcd_close(etcd);
