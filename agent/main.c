@@ -5,6 +5,7 @@
  * trains. On a signal: ask both to stop, revoke the lease first (the coordinator replans at
  * once), then join the runner within a deadline (it aborts its rounds: every wait in it is
  * bounded) and exit. */
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
@@ -24,7 +25,7 @@ void wg_sleep_s(double s) {
   if (s <= 0)
     return;
   struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0)
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
     ;
 }
 
@@ -47,8 +48,12 @@ void wg_agent_log(void *user, int level, const char *msg) {
 
 int wg_shared_init(wg_shared_t *s) {
   memset(s, 0, sizeof *s);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* waits on it use CLOCK_MONOTONIC */
   pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
   return 0;
 }
 

@@ -461,7 +461,7 @@ static void *control_main(void *arg) {
     follow_assignment(c);
     publish(c, 0);
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* c->cv uses CLOCK_MONOTONIC */
     ts.tv_nsec += 100 * 1000000L;
     if (ts.tv_nsec >= 1000000000L) {
       ts.tv_sec++;
@@ -484,8 +484,12 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
   c->opt = opt;
   c->shared = shared;
   c->started = wg_wall();
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&c->mu, NULL);
-  pthread_cond_init(&c->cv, NULL);
+  pthread_cond_init(&c->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if ((e = wagma_keys_init(&c->keys, opt->prefix)))
     goto fail;
   wagma_etcd_options_t eo = {.endpoints = opt->endpoints,

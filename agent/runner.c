@@ -439,7 +439,7 @@ static void train_once(wg_runner_ctx_t *r) {
 
 static void wait_shared(wg_runner_ctx_t *r, uint64_t gen, double seconds) {
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(CLOCK_MONOTONIC, &ts); /* shared->cv uses CLOCK_MONOTONIC (wg_shared_init) */
   long ns = ts.tv_nsec + (long)(seconds * 1e9);
   ts.tv_sec += ns / 1000000000L;
   ts.tv_nsec = ns % 1000000000L;
@@ -529,8 +529,12 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
     return WAGMA_ENOMEM;
   r->ctx.opt = opt;
   r->ctx.shared = shared;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* a wall-clock step must not stretch join */
   pthread_mutex_init(&r->mu, NULL);
-  pthread_cond_init(&r->cv, NULL);
+  pthread_cond_init(&r->cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -546,7 +550,7 @@ int wg_runner_join(wg_runner_t *r, double timeout_s) {
   int finished;
   if (!r)
     return 0;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(CLOCK_MONOTONIC, &ts);
   ts.tv_sec += (time_t)timeout_s;
   pthread_mutex_lock(&r->mu);
   while (!r->finished)
