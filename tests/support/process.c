@@ -120,22 +120,3 @@ int proc_stop(pid_t pid, int sig, double grace_s) {
   return proc_wait(pid, grace_s);
 }
 
-int proc_wait_port(int port, pid_t pid, double timeout_s) {
-  double end = proc_now() + timeout_s;
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                           .sin_port = htons((uint16_t)port)};
-  while (proc_now() < end) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-    if (fd < 0)
-      return 0;
-    ok = connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-    close(fd);
-    if (ok)
-      return 1;
-    if (pid > 0 && waitpid(pid, NULL, WNOHANG) == pid)
-      return -1;
-    proc_sleep(0.05);
-  }
-  return 0;
-}

@@ -40,8 +40,4 @@ int proc_wait(pid_t pid, double timeout_s);
  * always reaps. pid <= 0 is a no-op. Returns what proc_wait returns. */
 int proc_stop(pid_t pid, int sig, double grace_s);
 
-/* Polls until 127.0.0.1:port accepts a TCP connection (1) or timeout_s passes (0). When pid
- * > 0 and that child exits meanwhile, returns -1 at once (the child is reaped). */
-int proc_wait_port(int port, pid_t pid, double timeout_s);
-
 #endif
