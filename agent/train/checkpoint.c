@@ -126,7 +126,7 @@ int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, 
   char tmp[PATH_MAX];
   unsigned char head[CKPT_HEADER];
   if (!path || !m || strlen(path) + 32 >= sizeof(tmp)) {
-    wg_train_errf(err, err_len, "missing model or bad checkpoint path");
+    wg_errf(err, err_len, "missing model or bad checkpoint path");
     return WAGMA_EINVAL;
   }
   snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
@@ -147,26 +147,26 @@ int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, 
   encode_header(head, &h);
   fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
-    wg_train_errf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
     goto out;
   }
   if (write_all(fd, head, sizeof(head)) || write_all(fd, params, h.n_params * sizeof(float)) ||
       (state_len && write_all(fd, state, state_len * sizeof(float)))) {
-    wg_train_errf(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
     goto out;
   }
   if (fsync(fd) != 0) {
-    wg_train_errf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
     goto out;
   }
   int closed = close(fd);
   fd = -1;
   if (closed != 0 || rename(tmp, path) != 0) {
-    wg_train_errf(err, err_len, "%s: cannot publish: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: cannot publish: %s", path, strerror(errno));
     goto out;
   }
   if (sync_dir(path) != 0) {
-    wg_train_errf(err, err_len, "%s: directory fsync failed: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: directory fsync failed: %s", path, strerror(errno));
     goto out; /* the file is in place but its durability is unknown */
   }
   rc = WAGMA_OK;
@@ -186,21 +186,21 @@ int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, 
   unsigned char b[CKPT_HEADER];
   struct stat st;
   if (!path || !m) {
-    wg_train_errf(err, err_len, "missing model or checkpoint path");
+    wg_errf(err, err_len, "missing model or checkpoint path");
     return WAGMA_EINVAL;
   }
   fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || fstat(fd, &st) != 0) {
-    wg_train_errf(err, err_len, "%s: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: %s", path, strerror(errno));
     rc = errno == ENOENT ? WAGMA_ENOTFOUND : WAGMA_EIO;
     goto out;
   }
   if ((size_t)st.st_size < CKPT_HEADER || read_all(fd, b, CKPT_HEADER)) {
-    wg_train_errf(err, err_len, "%s: shorter than a checkpoint header", path);
+    wg_errf(err, err_len, "%s: shorter than a checkpoint header", path);
     goto out;
   }
   if (memcmp(b, CKPT_MAGIC, 8) != 0) {
-    wg_train_errf(err, err_len, "%s: not a wagma checkpoint (bad magic)", path);
+    wg_errf(err, err_len, "%s: not a wagma checkpoint (bad magic)", path);
     goto out;
   }
   ckpt_header_t h = {
@@ -215,37 +215,35 @@ int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, 
       .payload_crc = get32(b + 64),
   };
   if (h.version != CKPT_VERSION || h.header_len != CKPT_HEADER) {
-    wg_train_errf(err, err_len, "%s: unsupported checkpoint version %u (header %u bytes)", path,
-                  h.version, h.header_len);
+    wg_errf(err, err_len, "%s: unsupported checkpoint version %u (header %u bytes)", path,
+            h.version, h.header_len);
     goto out;
   }
   if (get32(b + 92) != (uint32_t)crc32_z(0, b, 92)) {
-    wg_train_errf(err, err_len, "%s: checkpoint header checksum mismatch", path);
+    wg_errf(err, err_len, "%s: checkpoint header checksum mismatch", path);
     goto out;
   }
   if (h.n_params > ((uint64_t)1 << 34) || h.state_len > ((uint64_t)1 << 35) ||
       (uint64_t)st.st_size != CKPT_HEADER + (h.n_params + h.state_len) * sizeof(float)) {
-    wg_train_errf(err, err_len, "%s: file is %lld bytes, header says %llu parameters + %llu state",
-                  path, (long long)st.st_size, (unsigned long long)h.n_params,
-                  (unsigned long long)h.state_len);
+    wg_errf(err, err_len, "%s: file is %lld bytes, header says %llu parameters + %llu state", path,
+            (long long)st.st_size, (unsigned long long)h.n_params, (unsigned long long)h.state_len);
     goto out;
   }
   rc = WAGMA_EINVAL; /* a valid file, but for another model or optimizer */
   if (h.n_params != wagma_model_param_count(m) || h.signature != wagma_model_signature(m)) {
-    wg_train_errf(err, err_len, "%s: checkpoint of another model (%llu parameters) than %s (%zu)",
-                  path, (unsigned long long)h.n_params, wagma_model_describe(m),
-                  wagma_model_param_count(m));
+    wg_errf(err, err_len, "%s: checkpoint of another model (%llu parameters) than %s (%zu)", path,
+            (unsigned long long)h.n_params, wagma_model_describe(m), wagma_model_param_count(m));
     goto out;
   }
   size_t o_len = 0;
   if (o) {
     wagma_optim_state(o, &o_len);
     if (h.optim_kind != (uint32_t)wagma_optim_config(o)->kind || h.state_len != o_len) {
-      wg_train_errf(err, err_len,
-                    "%s: optimizer state is kind %u with %llu floats, this optimizer is kind %d "
-                    "with %zu",
-                    path, h.optim_kind, (unsigned long long)h.state_len,
-                    wagma_optim_config(o)->kind, o_len);
+      wg_errf(err, err_len,
+              "%s: optimizer state is kind %u with %llu floats, this optimizer is kind %d "
+              "with %zu",
+              path, h.optim_kind, (unsigned long long)h.state_len, wagma_optim_config(o)->kind,
+              o_len);
       goto out;
     }
   }
@@ -253,17 +251,17 @@ int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, 
   size_t total = (size_t)(h.n_params + h.state_len);
   payload = malloc(total * sizeof(float));
   if (!payload) {
-    wg_train_errf(err, err_len, "%s: out of memory for the payload", path);
+    wg_errf(err, err_len, "%s: out of memory for the payload", path);
     goto out;
   }
   rc = WAGMA_EPROTO;
   if (read_all(fd, payload, total * sizeof(float))) {
-    wg_train_errf(err, err_len, "%s: short read: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: short read: %s", path, strerror(errno));
     rc = WAGMA_EIO;
     goto out;
   }
   if (crc_floats(0, payload, total) != h.payload_crc) {
-    wg_train_errf(err, err_len, "%s: checkpoint payload checksum mismatch", path);
+    wg_errf(err, err_len, "%s: checkpoint payload checksum mismatch", path);
     goto out;
   }
   memcpy(wagma_model_params(m), payload, h.n_params * sizeof(float));

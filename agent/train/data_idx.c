@@ -57,28 +57,27 @@ static int idx_read(const char *path, unsigned ndims, idx_file_t *out, char *err
   memset(out, 0, sizeof(*out));
   struct stat st;
   if (stat(path, &st) != 0) {
-    wg_train_errf(err, err_len, "%s: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: %s", path, strerror(errno));
     return errno == ENOENT ? WAGMA_ENOTFOUND : WAGMA_EIO;
   }
   f = gzopen(path, "rb");
   if (!f) {
-    wg_train_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    wg_errf(err, err_len, "%s: cannot open: %s", path, strerror(errno));
     rc = WAGMA_EIO;
     goto out;
   }
   size_t head_len = 4 + 4 * (size_t)ndims;
   long long got = read_full(f, head, head_len);
   if (got != (long long)head_len) {
-    wg_train_errf(err, err_len, "%s: %s IDX header (%lld of %zu bytes)", path,
-                  got < 0 ? "unreadable (corrupt gzip?)" : "truncated", got < 0 ? 0 : got,
-                  head_len);
+    wg_errf(err, err_len, "%s: %s IDX header (%lld of %zu bytes)", path,
+            got < 0 ? "unreadable (corrupt gzip?)" : "truncated", got < 0 ? 0 : got, head_len);
     goto out;
   }
   if (head[0] != 0 || head[1] != 0 || head[2] != IDX_TYPE_UBYTE || head[3] != ndims) {
-    wg_train_errf(err, err_len,
-                  "%s: bad IDX magic 0x%02x%02x%02x%02x (want 0x000008%02x: unsigned bytes, "
-                  "%u dimension%s)",
-                  path, head[0], head[1], head[2], head[3], ndims, ndims, ndims > 1 ? "s" : "");
+    wg_errf(err, err_len,
+            "%s: bad IDX magic 0x%02x%02x%02x%02x (want 0x000008%02x: unsigned bytes, "
+            "%u dimension%s)",
+            path, head[0], head[1], head[2], head[3], ndims, ndims, ndims > 1 ? "s" : "");
     goto out;
   }
   size_t total = 1;
@@ -86,19 +85,19 @@ static int idx_read(const char *path, unsigned ndims, idx_file_t *out, char *err
     out->dims[i] = be32(head + 4 + 4 * i);
     uint32_t limit = i == 0 ? IDX_MAX_COUNT : IDX_MAX_SIDE;
     if (out->dims[i] == 0 || out->dims[i] > limit) {
-      wg_train_errf(err, err_len, "%s: bad IDX dimension %u = %u (must be 1..%u)", path, i,
-                    out->dims[i], limit);
+      wg_errf(err, err_len, "%s: bad IDX dimension %u = %u (must be 1..%u)", path, i, out->dims[i],
+              limit);
       goto out;
     }
     total *= out->dims[i];
     if (total > IDX_MAX_BYTES) {
-      wg_train_errf(err, err_len, "%s: IDX payload larger than %zu bytes", path, IDX_MAX_BYTES);
+      wg_errf(err, err_len, "%s: IDX payload larger than %zu bytes", path, IDX_MAX_BYTES);
       goto out;
     }
   }
   out->data = malloc(total);
   if (!out->data) {
-    wg_train_errf(err, err_len, "%s: out of memory for %zu bytes", path, total);
+    wg_errf(err, err_len, "%s: out of memory for %zu bytes", path, total);
     rc = WAGMA_ENOMEM;
     goto out;
   }
@@ -107,15 +106,15 @@ static int idx_read(const char *path, unsigned ndims, idx_file_t *out, char *err
   if (got != (long long)total) {
     int zerr = 0;
     const char *zmsg = gzerror(f, &zerr);
-    wg_train_errf(err, err_len, "%s: truncated IDX payload (%lld of %zu bytes%s%s)", path,
-                  got < 0 ? 0 : got, total, zerr ? ": " : "", zerr ? zmsg : "");
+    wg_errf(err, err_len, "%s: truncated IDX payload (%lld of %zu bytes%s%s)", path,
+            got < 0 ? 0 : got, total, zerr ? ": " : "", zerr ? zmsg : "");
     goto out;
   }
   unsigned char extra;
   got = read_full(f, &extra, 1);
   if (got != 0) {
-    wg_train_errf(err, err_len, "%s: %s after the IDX payload of %zu bytes", path,
-                  got < 0 ? "corrupt data" : "trailing data", total);
+    wg_errf(err, err_len, "%s: %s after the IDX payload of %zu bytes", path,
+            got < 0 ? "corrupt data" : "trailing data", total);
     goto out;
   }
   rc = WAGMA_OK;
@@ -135,7 +134,7 @@ int wagma_dataset_load_idx(wagma_dataset_t *ds, const char *images_path, const c
   int rc;
   idx_file_t img = {0}, lab = {0};
   if (!ds || !images_path || !labels_path || classes < 2 || classes > 256) {
-    wg_train_errf(err, err_len, "bad arguments (classes must be in 2..256)");
+    wg_errf(err, err_len, "bad arguments (classes must be in 2..256)");
     return WAGMA_EINVAL;
   }
   memset(ds, 0, sizeof(*ds));
@@ -144,14 +143,14 @@ int wagma_dataset_load_idx(wagma_dataset_t *ds, const char *images_path, const c
     goto out;
   rc = WAGMA_EPROTO;
   if (img.dims[0] != lab.dims[0]) {
-    wg_train_errf(err, err_len, "%s has %u images but %s has %u labels", images_path, img.dims[0],
-                  labels_path, lab.dims[0]);
+    wg_errf(err, err_len, "%s has %u images but %s has %u labels", images_path, img.dims[0],
+            labels_path, lab.dims[0]);
     goto out;
   }
   for (size_t i = 0; i < lab.len; i++)
     if (lab.data[i] >= classes) {
-      wg_train_errf(err, err_len, "%s: label %u of sample %zu is not below %zu classes",
-                    labels_path, lab.data[i], i, classes);
+      wg_errf(err, err_len, "%s: label %u of sample %zu is not below %zu classes", labels_path,
+              lab.data[i], i, classes);
       goto out;
     }
   ds->n = img.dims[0];
@@ -204,8 +203,8 @@ int wagma_dataset_load_fashion_mnist(const char *dir, wagma_dataset_t *train, wa
     if ((rc = wagma_dataset_load_idx(test, ip, lp, 10, err, err_len)))
       goto out;
     if (test->rows != train->rows || test->cols != train->cols) {
-      wg_train_errf(err, err_len, "%s: test images are %zux%zu, training images %zux%zu", dir,
-                    test->rows, test->cols, train->rows, train->cols);
+      wg_errf(err, err_len, "%s: test images are %zux%zu, training images %zux%zu", dir, test->rows,
+              test->cols, train->rows, train->cols);
       rc = WAGMA_EPROTO;
       goto out;
     }

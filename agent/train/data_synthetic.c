@@ -42,10 +42,10 @@ int wagma_dataset_synthetic(wagma_dataset_t *ds, const wagma_synthetic_config_t 
       cfg->features > ((size_t)1 << 22) || cfg->rows * cfg->cols != cfg->features ||
       cfg->cols > 4096 || cfg->classes < 2 || cfg->classes > 256 || !(cfg->separation >= 0.0f) ||
       !(cfg->noise >= 0.0f) || cfg->n > (((size_t)1 << 34) / cfg->features)) {
-    wg_train_errf(err, err_len,
-                  "bad synthetic config: n %zu (1..2^32, n*features <= 2^34), features %zu = "
-                  "rows %zu x cols %zu, classes %zu (2..256), separation and noise >= 0",
-                  cfg->n, cfg->features, cfg->rows, cfg->cols, cfg->classes);
+    wg_errf(err, err_len,
+            "bad synthetic config: n %zu (1..2^32, n*features <= 2^34), features %zu = "
+            "rows %zu x cols %zu, classes %zu (2..256), separation and noise >= 0",
+            cfg->n, cfg->features, cfg->rows, cfg->cols, cfg->classes);
     goto out;
   }
   rc = WAGMA_ENOMEM;
@@ -54,7 +54,7 @@ int wagma_dataset_synthetic(wagma_dataset_t *ds, const wagma_synthetic_config_t 
   ds->x_f32 = malloc(cfg->n * f * sizeof(float));
   ds->labels = malloc(cfg->n);
   if (!centres || !ds->x_f32 || !ds->labels) {
-    wg_train_errf(err, err_len, "out of memory for %zu synthetic samples", cfg->n);
+    wg_errf(err, err_len, "out of memory for %zu synthetic samples", cfg->n);
     goto out;
   }
   wagma_rng_t rng;

@@ -5,9 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Writes a formatted detail message into err[0..err_len) when err is not NULL. */
-void wg_train_errf(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#include "wagma/log_internal.h" /* wg_errf: detail messages into the caller's err buffer */
 
 /* FNV-1a 64 over len bytes, continuing from h (start with WG_FNV_OFFSET). */
 #define WG_FNV_OFFSET 0xcbf29ce484222325ull

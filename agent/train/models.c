@@ -92,8 +92,7 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
                              size_t err_len) {
   char buf[256];
   if (!spec || !cfg || strlen(spec) >= sizeof(buf)) {
-    wg_train_errf(err, err_len, "model spec missing or longer than %zu characters",
-                  sizeof(buf) - 1);
+    wg_errf(err, err_len, "model spec missing or longer than %zu characters", sizeof(buf) - 1);
     return WAGMA_EINVAL;
   }
   strcpy(buf, spec);
@@ -103,7 +102,7 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
     *sizes++ = '\0';
   int arch;
   if (!name) {
-    wg_train_errf(err, err_len, "empty model spec");
+    wg_errf(err, err_len, "empty model spec");
     return WAGMA_EINVAL;
   } else if (!strcmp(name, "softmax") || !strcmp(name, "logreg")) {
     arch = WAGMA_ARCH_SOFTMAX;
@@ -112,18 +111,18 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
   } else if (!strcmp(name, "lenet5") || !strcmp(name, "lenet")) {
     arch = WAGMA_ARCH_LENET5;
   } else {
-    wg_train_errf(err, err_len, "unknown model '%s' (softmax, mlp, lenet5)", name);
+    wg_errf(err, err_len, "unknown model '%s' (softmax, mlp, lenet5)", name);
     return WAGMA_EINVAL;
   }
   wagma_model_config_t c = wagma_model_defaults(arch);
   if (sizes) {
     if (arch != WAGMA_ARCH_MLP) {
-      wg_train_errf(err, err_len, "model '%s' takes no layer sizes", name);
+      wg_errf(err, err_len, "model '%s' takes no layer sizes", name);
       return WAGMA_EINVAL;
     }
     c.n_hidden = 0;
     if (!*sizes) {
-      wg_train_errf(err, err_len, "empty MLP hidden sizes (e.g. mlp:256-128)");
+      wg_errf(err, err_len, "empty MLP hidden sizes (e.g. mlp:256-128)");
       return WAGMA_EINVAL;
     }
     char *s = sizes;
@@ -132,8 +131,7 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
       unsigned long v = strtoul(s, &end, 10);
       if (end == s || v == 0 || v > 65536 || c.n_hidden == WAGMA_MLP_MAX_HIDDEN ||
           (*end && *end != '-') || (*end == '-' && !end[1])) {
-        wg_train_errf(err, err_len, "bad MLP hidden sizes '%s' (e.g. mlp:256-128, at most 8)",
-                      sizes);
+        wg_errf(err, err_len, "bad MLP hidden sizes '%s' (e.g. mlp:256-128, at most 8)", sizes);
         return WAGMA_EINVAL;
       }
       c.hidden[c.n_hidden++] = v;
@@ -150,7 +148,7 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
     else if (!strcmp(opt, "avgpool"))
       c.pool = WAGMA_POOL_AVG;
     else {
-      wg_train_errf(err, err_len, "unknown model option '%s' (relu, tanh, maxpool, avgpool)", opt);
+      wg_errf(err, err_len, "unknown model option '%s' (relu, tanh, maxpool, avgpool)", opt);
       return WAGMA_EINVAL;
     }
   }
@@ -272,13 +270,11 @@ static int build_layers(wagma_model_t *m, char *err, size_t err_len) {
       goto bad;
     return WAGMA_OK;
   }
-  default:
-    wg_train_errf(err, err_len, "unknown model architecture %d", c->arch);
-    return WAGMA_EINVAL;
+  default: wg_errf(err, err_len, "unknown model architecture %d", c->arch); return WAGMA_EINVAL;
   }
 bad:
-  wg_train_errf(err, err_len, "model '%s' does not fit its input (%zux%zux%zu)", m->desc,
-                c->channels, c->rows, c->cols);
+  wg_errf(err, err_len, "model '%s' does not fit its input (%zux%zux%zu)", m->desc, c->channels,
+          c->rows, c->cols);
   return WAGMA_EINVAL;
 }
 
@@ -286,34 +282,34 @@ static int check_config(const wagma_model_config_t *c, char *err, size_t err_len
   const size_t big = (size_t)1 << 16;
   if (c->channels == 0 || c->rows == 0 || c->cols == 0 || c->channels > 64 || c->rows > 4096 ||
       c->cols > 4096 || c->channels * c->rows * c->cols > ((size_t)1 << 22)) {
-    wg_train_errf(err, err_len, "bad input shape %zux%zux%zu (1..64 channels, 1..4096 rows/cols)",
-                  c->channels, c->rows, c->cols);
+    wg_errf(err, err_len, "bad input shape %zux%zux%zu (1..64 channels, 1..4096 rows/cols)",
+            c->channels, c->rows, c->cols);
     return WAGMA_EINVAL;
   }
   if (c->classes < 2 || c->classes > 256) {
-    wg_train_errf(err, err_len, "classes must be in 2..256, got %zu", c->classes);
+    wg_errf(err, err_len, "classes must be in 2..256, got %zu", c->classes);
     return WAGMA_EINVAL;
   }
   if (c->max_batch == 0 || c->max_batch > big) {
-    wg_train_errf(err, err_len, "max_batch must be in 1..65536, got %zu", c->max_batch);
+    wg_errf(err, err_len, "max_batch must be in 1..65536, got %zu", c->max_batch);
     return WAGMA_EINVAL;
   }
   if (c->activation != WAGMA_ACT_RELU && c->activation != WAGMA_ACT_TANH) {
-    wg_train_errf(err, err_len, "unknown activation %d", c->activation);
+    wg_errf(err, err_len, "unknown activation %d", c->activation);
     return WAGMA_EINVAL;
   }
   if (c->pool != WAGMA_POOL_MAX && c->pool != WAGMA_POOL_AVG) {
-    wg_train_errf(err, err_len, "unknown pooling %d", c->pool);
+    wg_errf(err, err_len, "unknown pooling %d", c->pool);
     return WAGMA_EINVAL;
   }
   if (c->arch == WAGMA_ARCH_MLP) {
     if (c->n_hidden > WAGMA_MLP_MAX_HIDDEN) {
-      wg_train_errf(err, err_len, "too many hidden layers: %zu", c->n_hidden);
+      wg_errf(err, err_len, "too many hidden layers: %zu", c->n_hidden);
       return WAGMA_EINVAL;
     }
     for (size_t i = 0; i < c->n_hidden; i++)
       if (c->hidden[i] == 0 || c->hidden[i] > big) {
-        wg_train_errf(err, err_len, "hidden sizes must be in 1..65536, got %zu", c->hidden[i]);
+        wg_errf(err, err_len, "hidden sizes must be in 1..65536, got %zu", c->hidden[i]);
         return WAGMA_EINVAL;
       }
   }
@@ -326,7 +322,7 @@ int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, cha
   int rc = WAGMA_ENOMEM;
   wagma_model_t *m = NULL;
   if (!cfg || !out) {
-    wg_train_errf(err, err_len, "missing argument");
+    wg_errf(err, err_len, "missing argument");
     return WAGMA_EINVAL;
   }
   *out = NULL;
@@ -384,7 +380,7 @@ int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, cha
   rc = WAGMA_OK;
 out:
   if (rc == WAGMA_ENOMEM)
-    wg_train_errf(err, err_len, "out of memory for model (max_batch %zu)", cfg->max_batch);
+    wg_errf(err, err_len, "out of memory for model (max_batch %zu)", cfg->max_batch);
   wagma_model_destroy(m);
   return rc;
 }

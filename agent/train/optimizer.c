@@ -48,7 +48,7 @@ int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_o
   int rc = WAGMA_EINVAL;
   wagma_optim_t *o = NULL;
   if (!cfg || !out || n_params == 0) {
-    wg_train_errf(err, err_len, "missing optimizer config or zero parameters");
+    wg_errf(err, err_len, "missing optimizer config or zero parameters");
     return WAGMA_EINVAL;
   }
   *out = NULL;
@@ -60,12 +60,12 @@ int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_o
       (cfg->kind != WAGMA_OPTIM_SGD &&
        !(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f && cfg->beta2 >= 0.0f && cfg->beta2 < 1.0f &&
          cfg->eps > 0.0f))) {
-    wg_train_errf(err, err_len,
-                  "bad optimizer config: kind %d, lr %g (>= 0), decay %g (0 < d <= 1), momentum "
-                  "%g (0 <= m < 1), weight decay %g (>= 0), nesterov needs SGD with momentum, "
-                  "betas in [0, 1), eps > 0",
-                  cfg->kind, (double)s->lr, (double)s->decay, (double)cfg->momentum,
-                  (double)cfg->weight_decay);
+    wg_errf(err, err_len,
+            "bad optimizer config: kind %d, lr %g (>= 0), decay %g (0 < d <= 1), momentum "
+            "%g (0 <= m < 1), weight decay %g (>= 0), nesterov needs SGD with momentum, "
+            "betas in [0, 1), eps > 0",
+            cfg->kind, (double)s->lr, (double)s->decay, (double)cfg->momentum,
+            (double)cfg->weight_decay);
     goto out;
   }
   rc = WAGMA_ENOMEM;
@@ -79,7 +79,7 @@ int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_o
   else
     o->state_len = 2 * n_params;
   if (o->state_len && !(o->state = calloc(o->state_len, sizeof(float)))) {
-    wg_train_errf(err, err_len, "out of memory for %zu optimizer state floats", o->state_len);
+    wg_errf(err, err_len, "out of memory for %zu optimizer state floats", o->state_len);
     goto out;
   }
   *out = o;
