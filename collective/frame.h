@@ -28,15 +28,15 @@ typedef enum wg_frame_kind {
 typedef struct wg_frame_header {
   uint32_t magic;
   uint16_t version;
-  uint16_t kind;   /* wg_frame_kind_t */
+  uint16_t kind; /* wg_frame_kind_t */
   uint64_t epoch;
   uint64_t round;
   uint32_t group;
-  uint32_t src;    /* sender's rank */
-  uint64_t seq;    /* kind-specific ordering (collective step, request id) */
-  uint64_t length; /* payload bytes that follow */
-  uint64_t aux;    /* kind-specific: snapshot version, contributor count, ... */
-  uint32_t flags;  /* kind-specific flag bits */
+  uint32_t src;      /* sender's rank */
+  uint64_t seq;      /* kind-specific ordering (collective step, request id) */
+  uint64_t length;   /* payload bytes that follow */
+  uint64_t aux;      /* kind-specific: snapshot version, contributor count, ... */
+  uint32_t flags;    /* kind-specific flag bits */
   uint32_t reserved; /* must be 0 */
 } wg_frame_header_t;
 

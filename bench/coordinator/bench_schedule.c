@@ -62,8 +62,11 @@ int main(int argc, char **argv) {
         snprintf(keys[k], sizeof keys[k], "/wagma/agents/%s-a%05d", job, i);
         snprintf(vals[k], sizeof vals[k], "{\"address\":\"10.%d.%d.%d:7000\"}", i / 65536,
                  (i / 256) % 256, i % 256);
-        ops[k] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_PUT, .key = keys[k], .value = vals[k],
-                                   .value_len = strlen(vals[k]), .lease = lease};
+        ops[k] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_PUT,
+                                   .key = keys[k],
+                                   .value = vals[k],
+                                   .value_len = strlen(vals[k]),
+                                   .lease = lease};
       }
       double t = now();
       if (wagma_etcd_txn(etcd, NULL, 0, ops, (size_t)n, NULL, 0, NULL))
@@ -84,7 +87,9 @@ int main(int argc, char **argv) {
              (long)time(NULL));
     wagma_etcd_op_t sub[2] = {
         {.type = WAGMA_ETCD_OP_PUT, .key = spec_key, .value = spec, .value_len = strlen(spec)},
-        {.type = WAGMA_ETCD_OP_PUT, .key = status_key, .value = status,
+        {.type = WAGMA_ETCD_OP_PUT,
+         .key = status_key,
+         .value = status,
          .value_len = strlen(status)}};
     double t0 = now();
     if (wagma_etcd_txn(etcd, NULL, 0, sub, 2, NULL, 0, NULL))

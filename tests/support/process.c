@@ -119,4 +119,3 @@ int proc_stop(pid_t pid, int sig, double grace_s) {
   kill(pid, sig);
   return proc_wait(pid, grace_s);
 }
-

@@ -35,7 +35,7 @@ extern "C" {
 
 /* The size band of the groups wagma_plan_build makes when P >= S (P < S: one group of P). */
 #define WAGMA_PLAN_MIN_GROUP(group_size) (group_size)
-#define WAGMA_PLAN_MAX_GROUP(group_size) (2 * (group_size) - 1)
+#define WAGMA_PLAN_MAX_GROUP(group_size) (2 * (group_size)-1)
 
 typedef enum wagma_global_sync {
   WAGMA_GLOBAL_BARRIER = 0,       /* every member arrives; W <- mean (the paper's) */
@@ -133,8 +133,8 @@ typedef struct wagma_comm_options {
   int rank;                 /* my rank in the plan */
   size_t count;             /* floats in the model buffer (the same on every rank) */
   wagma_transport_kind_t transport;
-  double connect_timeout_s;     /* mesh setup; members not connected by then count as dead.
-                                   0 = default 10 s */
+  double connect_timeout_s;      /* mesh setup; members not connected by then count as dead.
+                                    0 = default 10 s */
   double round_deadline_floor_s; /* a round waits at least this long for members; 0 = 1 s */
   double round_deadline_factor;  /* ...or this multiple of the measured round latency,
                                     whichever is larger; 0 = 8 */
@@ -178,35 +178,35 @@ typedef struct wagma_round_stats {
   uint64_t round;      /* the round this step ran */
   uint64_t next_round; /* the round the caller runs next: round + 1, more after a jump */
   wagma_round_kind_t kind;
-  int group;       /* group index within the phase (0 for a global round) */
-  int activator;   /* rank that activated the round, -1 if unknown */
-  int members;     /* members of the group (P for a global round) */
+  int group;        /* group index within the phase (0 for a global round) */
+  int activator;    /* rank that activated the round, -1 if unknown */
+  int members;      /* members of the group (P for a global round) */
   int contributors; /* contributions in the mean */
   int left_out;     /* members left out by the deadline */
   int ncontrib;     /* entries filled below: min(contributors, WAGMA_STATS_MAX_CONTRIBUTORS) */
   int contributor_rank[WAGMA_STATS_MAX_CONTRIBUTORS];
   uint64_t contributor_staleness[WAGMA_STATS_MAX_CONTRIBUTORS]; /* round - snapshot version */
-  uint64_t max_staleness;     /* over all contributions */
-  int corrections_applied;    /* pending corrections applied at the start of this step */
-  uint64_t rounds_skipped;    /* rounds jumped over (wait-avoiding global, catch-up) */
-  int caught_up;              /* 1 if this step adopted a global mean from a peer (§5.2) */
-  double wait_s;              /* wall time spent inside wagma_comm_step */
-  uint64_t bytes_sent;        /* by this rank for this round */
+  uint64_t max_staleness;                                       /* over all contributions */
+  int corrections_applied; /* pending corrections applied at the start of this step */
+  uint64_t rounds_skipped; /* rounds jumped over (wait-avoiding global, catch-up) */
+  int caught_up;           /* 1 if this step adopted a global mean from a peer (§5.2) */
+  double wait_s;           /* wall time spent inside wagma_comm_step */
+  uint64_t bytes_sent;     /* by this rank for this round */
   uint64_t bytes_received;
 } wagma_round_stats_t;
 
 /* Cumulative counters since wagma_comm_create; callable from any thread. */
 typedef struct wagma_comm_counters {
-  uint64_t rounds_completed;   /* steps returned */
-  uint64_t rounds_activated;   /* rounds this rank activated */
-  uint64_t rounds_joined;      /* contributions made by the round thread for a peer's activation */
-  uint64_t rounds_left_out;    /* rounds this rank was left out of */
+  uint64_t rounds_completed; /* steps returned */
+  uint64_t rounds_activated; /* rounds this rank activated */
+  uint64_t rounds_joined;    /* contributions made by the round thread for a peer's activation */
+  uint64_t rounds_left_out;  /* rounds this rank was left out of */
   uint64_t corrections_applied;
   uint64_t rounds_skipped;
   uint64_t catchups;
   uint64_t bytes_sent;
   uint64_t bytes_received;
-  uint64_t frames_rejected;    /* corrupt / wrong-epoch frames dropped */
+  uint64_t frames_rejected; /* corrupt / wrong-epoch frames dropped */
 } wagma_comm_counters_t;
 
 /* One iteration of the wait-avoiding group allreduce (§5.1). The caller has just taken its
