@@ -17,12 +17,15 @@
  *  - A dead peer is never revived in this epoch; its fd stays open (shut down) until close,
  *    so no fd number is reused under a concurrent sender.
  *  - Dead flags change under mbox_lock before a broadcast, so recv waiters never miss one.
+ *  - recv yields the CPU for at most RECV_SPIN_S before sleeping on the condvar (a cheap wait
+ *    for a frame already on its way); it checks interrupt, close and its deadline every turn.
  *  - close queues a BYE to each live peer and flushes queues for at most
  *    WG_TCP_CLOSE_LINGER_S, so a frozen peer cannot make close hang. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -39,6 +42,7 @@
 #include "wagma/log_internal.h"
 
 #define READ_BUDGET ((size_t)8 << 20) /* bytes read from one peer per wake-up, for fairness */
+#define RECV_SPIN_S 100e-6            /* recv yields (sched_yield) this long before it sleeps */
 
 double wg_now(void) {
   return wg_mono();
@@ -622,6 +626,7 @@ static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
     ts.tv_nsec = 0;
 
   int rc = 0;
+  double spin_until = 0;
   pthread_mutex_lock(&t->mbox_lock);
   for (;;) {
     if (t->interrupted || atomic_load(&t->closing)) {
@@ -648,9 +653,20 @@ static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
       rc = WAGMA_EPEER;
       break;
     }
-    if (wg_now() >= deadline) {
+    double now = wg_now();
+    if (now >= deadline) {
       rc = WAGMA_ETIMEDOUT;
       break;
+    }
+    /* Briefly yield instead of sleeping: on a busy host the progress thread usually delivers
+     * the next frame within a few scheduler slices, and a condvar sleep adds a wake-up. */
+    if (spin_until == 0)
+      spin_until = now + RECV_SPIN_S;
+    if (now < spin_until) {
+      pthread_mutex_unlock(&t->mbox_lock);
+      sched_yield();
+      pthread_mutex_lock(&t->mbox_lock);
+      continue;
     }
     pthread_cond_timedwait(&t->mbox_cond, &t->mbox_lock, &ts);
   }
