@@ -29,17 +29,34 @@ void proc_sleep(double s) {
   }
 }
 
-int proc_free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof sa;
-  int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-  if (fd < 0)
+int proc_free_ports(int n, int *ports) {
+  int fds[PROC_MAX_FREE_PORTS], opened = 0, rc = -1;
+  if (n < 1 || n > PROC_MAX_FREE_PORTS)
     return -1;
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-    port = ntohs(sa.sin_port);
-  close(fd);
-  return port;
+  /* Every socket stays bound until all ports are read, so the n ports are distinct. */
+  for (; opened < n; opened++) {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    fds[opened] = socket(AF_INET, SOCK_STREAM, 0);
+    if (fds[opened] < 0)
+      goto out;
+    if (bind(fds[opened], (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fds[opened], (struct sockaddr *)&sa, &len) != 0) {
+      opened++;
+      goto out;
+    }
+    ports[opened] = ntohs(sa.sin_port);
+  }
+  rc = 0;
+out:
+  for (int i = 0; i < opened; i++)
+    close(fds[i]);
+  return rc;
+}
+
+int proc_free_port(void) {
+  int port;
+  return proc_free_ports(1, &port) == 0 ? port : -1;
 }
 
 int proc_free_port_low(void) {

@@ -23,6 +23,9 @@ void proc_sleep(double s);
 
 /* A port the kernel considers free right now on 127.0.0.1 (bind to 0, read, close); -1. */
 int proc_free_port(void);
+/* n distinct such ports (all held bound until every one is read) into ports; 0 or -1. */
+#define PROC_MAX_FREE_PORTS 128
+int proc_free_ports(int n, int *ports);
 /* A free port below the ephemeral range (20000..31999, randomized): for a port bound only
  * later, which an ephemeral port could be taken by an outgoing connection by then; -1. */
 int proc_free_port_low(void);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine_internal.h"
+#include "process.h"
 
 typedef struct ew_shared {
   ew_scenario_t sc;
@@ -36,24 +37,6 @@ void ew_scenario_init(ew_scenario_t *sc, int P, int S, int tau, wagma_global_syn
   sc->leave_rank = -1;
   sc->hard_timeout_s = 90;
   sc->settle_s = 0.1;
-}
-
-static int free_ports(int n, int *ports) {
-  int fds[EW_MAXP];
-  for (int i = 0; i < n; i++) {
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-    socklen_t len = sizeof(a);
-    if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        getsockname(fds[i], (struct sockaddr *)&a, &len) != 0)
-      return -1;
-    ports[i] = ntohs(a.sin_port);
-  }
-  for (int i = 0; i < n; i++)
-    close(fds[i]);
-  return 0;
 }
 
 static double now_s(void) {
@@ -202,7 +185,7 @@ int ew_run(const ew_scenario_t *sc, ew_result_t *results) {
   sh->sc = *sc;
   int failed = 0;
   pid_t pids[EW_MAXP] = {0};
-  if (sc->P > EW_MAXP || free_ports(sc->P, sh->ports) != 0) {
+  if (sc->P > EW_MAXP || proc_free_ports(sc->P, sh->ports) != 0) {
     failed = 1;
     goto out;
   }

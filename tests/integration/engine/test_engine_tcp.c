@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "process.h"
 #include "engine_world.h"
 
 static ew_result_t res[EW_MAXP];
@@ -216,8 +217,6 @@ static void test_bye_in_barrier_round(void **s) {
 
 /* ---------------------------------------------------------------- forked worlds */
 
-static int free_ports(int n, int *ports);
-
 /* Waits for the P children in pids (0 = already reaped) up to timeout_s; SIGKILLs and reaps
  * those left. Returns 1 when one exited non-zero or the deadline passed (each bad status is
  * printed as "<label> <r>: status 0x.."), else 0. */
@@ -256,7 +255,7 @@ static int reap_children(pid_t *pids, int P, double timeout_s, const char *label
 static int run_children(int P, int (*fn)(int rank, const int *ports), double timeout_s) {
   int ports[EW_MAXP];
   pid_t pids[EW_MAXP];
-  if (free_ports(P, ports) != 0)
+  if (proc_free_ports(P, ports) != 0)
     return -1;
   fflush(NULL);
   for (int r = 0; r < P; r++) {
@@ -411,24 +410,6 @@ static void test_abort_blocked_step(void **s) {
 
 static int epoch_ports[EPOCHS][EW_MAXP];
 
-static int free_ports(int n, int *ports) {
-  int fds[EW_MAXP];
-  for (int i = 0; i < n; i++) {
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-    socklen_t len = sizeof(a);
-    if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof(a)) != 0 ||
-        getsockname(fds[i], (struct sockaddr *)&a, &len) != 0)
-      return -1;
-    ports[i] = ntohs(a.sin_port);
-  }
-  for (int i = 0; i < n; i++)
-    close(fds[i]);
-  return 0;
-}
-
 /* Rank `rank` of epoch 1 runs every epoch whose plan still has it (P = 5, 4, 3), a few rounds
  * each at its own pace, and destroys its communicator right after its last step: peers still
  * have rounds in flight with it. Exit status 0 = every create/destroy went fine. */
@@ -482,7 +463,7 @@ static int epoch_child(int rank) {
 static void test_epoch_changes(void **s) {
   (void)s;
   for (int e = 0; e < EPOCHS; e++)
-    assert_int_equal(free_ports(5, epoch_ports[e]), 0);
+    assert_int_equal(proc_free_ports(5, epoch_ports[e]), 0);
   pid_t pids[5];
   fflush(NULL);
   for (int r = 0; r < 5; r++) {
