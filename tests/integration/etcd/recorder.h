@@ -84,17 +84,22 @@ static inline void recorder_leader_fn(void *user, const wagma_etcd_kv_t *leader)
   pthread_mutex_unlock(&r->lock);
 }
 
+/* The absolute CLOCK_REALTIME time timeout_ms from now (the condvar's default clock). */
+static inline void recorder_deadline(int timeout_ms, struct timespec *until) {
+  clock_gettime(CLOCK_REALTIME, until);
+  until->tv_sec += timeout_ms / 1000;
+  until->tv_nsec += (timeout_ms % 1000) * 1000000L;
+  if (until->tv_nsec >= 1000000000L) {
+    until->tv_sec++;
+    until->tv_nsec -= 1000000000L;
+  }
+}
+
 /* Waits until at least n events were recorded; returns the count seen. */
 static inline size_t recorder_wait_events(recorder_t *r, size_t n, int timeout_ms) {
   struct timespec until;
   size_t have;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += timeout_ms / 1000;
-  until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  recorder_deadline(timeout_ms, &until);
   pthread_mutex_lock(&r->lock);
   while (r->n < n && pthread_cond_timedwait(&r->changed, &r->lock, &until) == 0) {
   }
@@ -107,13 +112,7 @@ static inline size_t recorder_wait_events(recorder_t *r, size_t n, int timeout_m
 static inline int recorder_wait_leader(recorder_t *r, const char *value, int timeout_ms) {
   struct timespec until;
   int ok;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += timeout_ms / 1000;
-  until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  recorder_deadline(timeout_ms, &until);
   pthread_mutex_lock(&r->lock);
   while (!(r->leader_changes > 0 && strcmp(r->leader_value, value) == 0) &&
          pthread_cond_timedwait(&r->changed, &r->lock, &until) == 0) {
@@ -126,13 +125,7 @@ static inline int recorder_wait_leader(recorder_t *r, const char *value, int tim
 static inline int recorder_wait_compacted(recorder_t *r, int timeout_ms) {
   struct timespec until;
   int compacted;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += timeout_ms / 1000;
-  until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  recorder_deadline(timeout_ms, &until);
   pthread_mutex_lock(&r->lock);
   while (!r->compacted && pthread_cond_timedwait(&r->changed, &r->lock, &until) == 0) {
   }
