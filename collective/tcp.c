@@ -38,47 +38,10 @@
 #include <unistd.h>
 
 #include "tcp_internal.h"
-#include "wagma/clock_internal.h"
 #include "wagma/log_internal.h"
 
 #define READ_BUDGET ((size_t)8 << 20) /* bytes read from one peer per wake-up, for fairness */
 #define RECV_SPIN_S 100e-6            /* recv yields (sched_yield) this long before it sleeps */
-
-double wg_now(void) {
-  return wg_mono();
-}
-
-void wg_match_any(wg_match_t *match) {
-  match->src = WG_ANY;
-  match->kinds = 0;
-  match->round = WG_ANY;
-  match->group = WG_ANY;
-  match->seq = WG_ANY;
-}
-
-void wg_message_free(wg_message_t *message) {
-  if (message == NULL)
-    return;
-  wg_tcp_buf_free(message->payload);
-  free(message);
-}
-
-/* Ownership: returns a message with a 64-byte aligned payload of length bytes (NULL when 0),
- * or NULL when out of memory. */
-static wg_message_t *message_alloc(const wg_frame_header_t *header) {
-  wg_message_t *m = calloc(1, sizeof *m);
-  if (m == NULL)
-    return NULL;
-  m->header = *header;
-  if (header->length > 0) {
-    m->payload = wg_tcp_buf_alloc((size_t)header->length);
-    if (m->payload == NULL) {
-      free(m);
-      return NULL;
-    }
-  }
-  return m;
-}
 
 static void wake_progress(struct wg_transport *t) {
   uint64_t one = 1;
@@ -103,7 +66,7 @@ static void free_queue(wg_tcp_peer_t *p) {
   wg_out_frame_t *f = p->out_head;
   while (f != NULL) {
     wg_out_frame_t *next = f->next;
-    wg_tcp_buf_free(f);
+    wg_buf_free(f);
     f = next;
   }
   p->out_head = p->out_tail = NULL;
@@ -166,7 +129,7 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p) {
     reject(t, p->rank, h.kind == WG_FRAME_HELLO ? "HELLO after handshake" : "wrong src rank");
     return -1;
   }
-  wg_message_t *m = message_alloc(&h);
+  wg_message_t *m = wg_message_new(&h, (size_t)h.length);
   if (m == NULL) {
     peer_kill(t, p->rank, WAGMA_LOG_ERROR, "out of memory for a frame payload");
     return -1;
@@ -281,7 +244,7 @@ static void on_writable(struct wg_transport *t, wg_tcp_peer_t *p) {
       }
     }
     pthread_mutex_unlock(&p->out_lock);
-    wg_tcp_buf_free(done);
+    wg_buf_free(done);
     if (done == NULL) { /* socket full: wait for EPOLLOUT */
       set_armed(t, p, 1);
       return;
@@ -504,7 +467,7 @@ static int enqueue_rest(struct wg_transport *t, wg_tcp_peer_t *p, const uint8_t 
   size_t rest = total - written;
   if (p->out_queued + rest > t->max_queued)
     return WAGMA_EPEER;
-  wg_out_frame_t *f = wg_tcp_buf_alloc(sizeof *f + rest);
+  wg_out_frame_t *f = wg_buf_alloc(sizeof *f + rest);
   if (f == NULL)
     return WAGMA_ENOMEM;
   f->next = NULL;
@@ -529,7 +492,7 @@ static int enqueue_rest(struct wg_transport *t, wg_tcp_peer_t *p, const uint8_t 
 
 static int send_local(struct wg_transport *t, const wg_frame_header_t *h, const void *payload,
                       size_t length) {
-  wg_message_t *m = message_alloc(h);
+  wg_message_t *m = wg_message_new(h, (size_t)h->length);
   if (m == NULL)
     return WAGMA_ENOMEM;
   if (length > 0)

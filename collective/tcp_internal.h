@@ -70,11 +70,6 @@ struct wg_transport {
   atomic_uint_fast64_t frames_rejected;
 };
 
-/* Buffers for payloads and queued frames (tcp_pool.c): 64-byte aligned, large ones cached
- * process-wide so a stream of big frames does not fault pages in and out. Any thread. */
-void *wg_tcp_buf_alloc(size_t size);
-void wg_tcp_buf_free(void *ptr); /* NULL is a no-op */
-
 /* Connects the mesh (tcp_mesh.c): binds plan->members[t->rank].address, dials the members
  * of lower rank, accepts the members of higher rank, exchanges HELLO on each connection,
  * until all are connected or deadline. Fills peers[].fd (blocking mode undefined, caller

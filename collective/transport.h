@@ -27,7 +27,19 @@ typedef struct wg_message {
   struct wg_message *next; /* mailbox link, transport-private */
 } wg_message_t;
 
+/* For transports (transport.c): a message with a copy of *header and an uninitialised
+ * payload of payload_len bytes from wg_buf_alloc (NULL when 0), next NULL. Returns NULL when
+ * out of memory. Ownership: the caller's, released with wg_message_free. Any thread. */
+wg_message_t *wg_message_new(const wg_frame_header_t *header, size_t payload_len);
+
+/* Frees the payload (wg_buf_free) and the message. NULL is a no-op. Any thread. */
 void wg_message_free(wg_message_t *message);
+
+/* Buffers for payloads and queued frames (buf_pool.c), for every transport: 64-byte aligned,
+ * large ones cached process-wide so a stream of big frames does not fault pages in and out.
+ * Any thread. A payload of a wg_message_t must come from wg_buf_alloc. */
+void *wg_buf_alloc(size_t size);
+void wg_buf_free(void *ptr); /* NULL is a no-op */
 
 /* Matching rule for recv: a field equal to WG_ANY matches everything. */
 #define WG_ANY UINT64_MAX
@@ -96,7 +108,7 @@ typedef struct wg_transport_ops {
 
 extern const wg_transport_ops_t wg_tcp_transport;
 
-/* CLOCK_MONOTONIC in seconds (wg_mono of wagma/clock_internal.h). */
+/* CLOCK_MONOTONIC in seconds (wg_mono of wagma/clock_internal.h); transport.c. */
 double wg_now(void);
 
 #endif

@@ -1,7 +1,7 @@
 /* fake_transport.c — see fake_transport.h. One world mutex guards every mailbox; each
  * endpoint has its own condition variable (CLOCK_MONOTONIC). */
 #include "fake_transport.h"
-#include "tcp_internal.h" /* wg_tcp_buf_alloc: wg_message_free releases payloads with it */
+#include "transport.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -98,17 +98,18 @@ static int fake_send(wg_transport_t *t, int dst, wg_frame_header_t *h, const voi
   }
   if (!ep->alive)
     goto out; /* a dead rank's frames vanish */
-  wg_message_t *m = calloc(1, sizeof(*m));
-  m->header = *h;
+  wg_message_t *m = wg_message_new(h, length);
+  if (m == NULL) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
   m->header.magic = WG_FRAME_MAGIC;
   m->header.version = WG_FRAME_VERSION;
   m->header.epoch = ep->epoch;
   m->header.src = (uint32_t)ep->rank;
   m->header.length = length;
-  if (length) {
-    m->payload = wg_tcp_buf_alloc(length);
+  if (length)
     memcpy(m->payload, payload, length);
-  }
   fake_ep_t *d = &world[dst];
   if (d->tail)
     d->tail->next = m;

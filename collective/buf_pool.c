@@ -1,5 +1,5 @@
-/* tcp_pool.c — a process-wide cache of large buffers for frame payloads and outbound queue
- * entries (tcp_internal.h: wg_tcp_buf_alloc / wg_tcp_buf_free).
+/* buf_pool.c — a process-wide cache of large buffers for frame payloads and outbound queue
+ * entries (transport.h: wg_buf_alloc / wg_buf_free), shared by every transport.
  *
  * Why: a large collective moves one 1 MiB segment per frame; allocating and freeing each from
  * malloc means mmap/munmap or arena trimming and a page fault per 4 KiB, which cost more than
@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "tcp_internal.h"
+#include "transport.h"
 
 #define PREFIX 64u
 #define MIN_CLASS 16 /* 64 KiB */
@@ -37,7 +37,7 @@ static unsigned class_of(size_t size) {
   return CLASS_NONE;
 }
 
-void *wg_tcp_buf_alloc(size_t size) {
+void *wg_buf_alloc(size_t size) {
   unsigned c = class_of(size);
   uint8_t *base = NULL;
   if (c != CLASS_NONE) {
@@ -62,7 +62,7 @@ void *wg_tcp_buf_alloc(size_t size) {
   return base + PREFIX;
 }
 
-void wg_tcp_buf_free(void *ptr) {
+void wg_buf_free(void *ptr) {
   if (ptr == NULL)
     return;
   uint8_t *base = (uint8_t *)ptr - PREFIX;
