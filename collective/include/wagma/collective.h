@@ -189,7 +189,9 @@ typedef struct wagma_round_stats {
   uint64_t max_staleness;                                       /* over all contributions */
   int corrections_applied; /* pending corrections applied at the start of this step */
   uint64_t rounds_skipped; /* rounds jumped over (wait-avoiding global, catch-up) */
-  int caught_up;           /* 1 if this step adopted a global mean from a peer (§5.2) */
+  int caught_up;           /* 1 if this step adopted a global mean from a peer (catch-up) */
+  uint64_t global_age;     /* after this step: next_round - 1 - the newest global round whose
+                              mean the model contains (the epoch's start counts as one) */
   double wait_s;           /* wall time spent inside wagma_comm_step */
   uint64_t bytes_sent;     /* by this rank for this round */
   uint64_t bytes_received;

@@ -21,6 +21,15 @@ typedef struct fake_ep {
 } fake_ep_t;
 
 static pthread_mutex_t world_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_tap_fn tap_fn;
+static void *tap_user;
+
+void fake_set_tap(fake_tap_fn fn, void *user) {
+  pthread_mutex_lock(&world_mu);
+  tap_fn = fn;
+  tap_user = user;
+  pthread_mutex_unlock(&world_mu);
+}
 static fake_ep_t *world;
 static int world_n;
 
@@ -110,6 +119,8 @@ static int fake_send(wg_transport_t *t, int dst, wg_frame_header_t *h, const voi
   m->header.length = length;
   if (length)
     memcpy(m->payload, payload, length);
+  if (tap_fn)
+    tap_fn(dst, &m->header, m->payload, length, tap_user);
   fake_ep_t *d = &world[dst];
   if (d->tail)
     d->tail->next = m;

@@ -14,6 +14,11 @@ void fake_world_init(int nranks);
 /* Frees what is left (messages never taken). Call after every endpoint closed. */
 void fake_world_free(void);
 void fake_kill(int rank);
+/* Called under the world lock for every frame delivered (header completed), so a test can
+ * watch the wire: CONTRIB payloads, EXCLUDED answers. NULL removes the tap. */
+typedef void (*fake_tap_fn)(int dst, const wg_frame_header_t *header, const void *payload,
+                            size_t length, void *user);
+void fake_set_tap(fake_tap_fn fn, void *user);
 void fake_freeze(int rank, int frozen);
 
 #endif

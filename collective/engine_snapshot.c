@@ -1,0 +1,122 @@
+/* engine_snapshot.c — the snapshot my contributions are taken from and the accumulator of
+ * corrections that the compute thread adds to its model (engine_internal.h, wg_snapshot_t).
+ *
+ * Owns: comm->snap (three buffers of count floats and the accumulator).
+ * Threads: publish runs on the compute thread and copies the model outside mu into the one
+ * buffer that is neither front nor pinned (nobody else reads it); everything else runs under
+ * comm->mu from either thread.
+ *
+ * Invariant kept here: front == model + acc at every moment mu is free, where model is the
+ * compute thread's buffer as of its last publish plus its local steps since. Hence a
+ * contribution taken from front already contains every correction I know of, and the one
+ * contribution outstanding at a time (pinned) is never contributed again: a snapshot goes into
+ * at most one round. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+int wg_snapshot_init(wg_snapshot_t *s, size_t count) {
+  memset(s, 0, sizeof(*s));
+  s->count = count;
+  s->front = s->pinned = s->writing = -1;
+  for (int i = 0; i < 3; i++)
+    s->buf[i] = calloc(count, sizeof(float));
+  s->acc = calloc(count, sizeof(float));
+  if (!s->buf[0] || !s->buf[1] || !s->buf[2] || !s->acc) {
+    wg_snapshot_free(s);
+    return WAGMA_ENOMEM;
+  }
+  return 0;
+}
+
+void wg_snapshot_free(wg_snapshot_t *s) {
+  for (int i = 0; i < 3; i++) {
+    free(s->buf[i]);
+    s->buf[i] = NULL;
+  }
+  free(s->acc);
+  s->acc = NULL;
+}
+
+int wg_snapshot_available(const wagma_comm_t *c) {
+  return c->snap.front >= 0 && c->snap.pinned < 0 && !c->outstanding;
+}
+
+/* Moves every RESOLVED entry to APPLIED and the accumulator into model. (mu) */
+int wg_snapshot_apply(wagma_comm_t *c, float *model) {
+  wg_snapshot_t *s = &c->snap;
+  int n = s->acc_n;
+  if (n == 0)
+    return 0;
+  for (size_t i = 0; i < s->count; i++) {
+    model[i] += s->acc[i];
+    s->acc[i] = 0.0f;
+  }
+  for (wg_entry_t *e = c->entries; e; e = e->next)
+    if (e->state == WG_ENTRY_RESOLVED)
+      e->state = WG_ENTRY_APPLIED;
+  if (s->acc_global > c->model_global)
+    c->model_global = s->acc_global;
+  s->acc_n = 0;
+  s->acc_global = 0;
+  c->counters.corrections_applied += (uint64_t)n;
+  return n;
+}
+
+int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int apply) {
+  wg_snapshot_t *s = &c->snap;
+  pthread_mutex_lock(&c->mu);
+  int applied = apply ? wg_snapshot_apply(c, model) : 0;
+  int w = 0;
+  while (w == s->front || w == s->pinned)
+    w++;
+  s->writing = w;
+  pthread_mutex_unlock(&c->mu);
+
+  memcpy(s->buf[w], model, s->count * sizeof(float));
+
+  pthread_mutex_lock(&c->mu);
+  if (s->acc_n > 0) {
+    /* Corrections not in model (resolved during the copy, or all of them without apply). */
+    for (size_t i = 0; i < s->count; i++)
+      s->buf[w][i] += s->acc[i];
+  }
+  s->front = w;
+  s->writing = -1;
+  s->version = version;
+  s->seq++;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return applied;
+}
+
+void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int global) {
+  wg_snapshot_t *s = &c->snap;
+  if (s->pinned < 0)
+    return;
+  const float *pinned = s->buf[s->pinned];
+  for (size_t i = 0; i < s->count; i++)
+    s->acc[i] += mean[i] - pinned[i];
+  s->acc_n++;
+  if (global && round + 1 > s->acc_global)
+    s->acc_global = round + 1;
+  if (s->front == s->pinned) {
+    /* The snapshot is still the contribution: it becomes the mean exactly. */
+    memcpy(s->buf[s->front], mean, s->count * sizeof(float));
+    if (round > s->version)
+      s->version = round;
+    s->seq++;
+  } else if (s->front >= 0) {
+    float *f = s->buf[s->front];
+    for (size_t i = 0; i < s->count; i++)
+      f[i] += mean[i] - pinned[i];
+    s->seq++;
+  }
+  /* A publish copying right now gets the correction from acc when it finishes. */
+  s->pinned = -1;
+}
+
+void wg_snapshot_unpin(wagma_comm_t *c) {
+  c->snap.pinned = -1;
+}
