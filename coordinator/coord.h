@@ -3,7 +3,7 @@
  *
  *   main.c        options, logging, signals, start / stop order
  *   http.c        libmicrohttpd glue: body accumulation and cap, auth header, responses
- *   router.c      (method, path) -> route, 404 / 405 decisions (pure; fuzzed)
+ *   router.c      raw target check (400), (method, path) -> route, 404 / 405 (pure; fuzzed)
  *   handlers_*.c  one function per endpoint, on wg_request_t / wg_response_t
  *   store.c       etcd reads and writes of jobs for the handlers
  *   scheduler.c   membership and lifecycle: the reconcile loop (leader writes, all observe)
@@ -33,7 +33,12 @@
 
 typedef struct wg_request {
   const char *method;
-  const char *path;
+  const char *path; /* percent-decoded, without the query */
+  /* The request target as it came on the wire (path and query, not decoded), target_len
+   * bytes; a NUL among them was a raw NUL byte on the wire (http.c passes the bytes up to and
+   * including it). NULL when the server did not capture it: then only path is checked. */
+  const char *target;
+  size_t target_len;
   const char *content_type;  /* NULL if absent */
   const char *authorization; /* NULL if absent */
   const char *body;          /* NULL or body_len bytes (NUL-terminated by http.c) */
@@ -94,6 +99,12 @@ typedef struct wg_route {
 
 /* Pure. path has no query string. HEAD is treated as GET. */
 void wg_route(const char *method, const char *path, wg_route_t *out);
+
+/* Pure. Checks a raw request target (len bytes, path and query, before any percent-decoding):
+ * 0 when acceptable, 400 when it holds a NUL or control byte, raw or percent-encoded, a
+ * malformed percent escape, or (in the path) an encoded '/'. *why (may be NULL) gets a
+ * static reason with 400, NULL with 0. target NULL is acceptable (nothing to check). */
+int wg_route_target_check(const char *target, size_t len, const char **why);
 
 /* ---- metrics ----------------------------------------------------------------------------- */
 

@@ -1,6 +1,6 @@
-/* coordinator/dispatch.c — one request from router to handler: route, content type, bearer
- * token, then the endpoint. Also the response helpers. Independent of libmicrohttpd so tests
- * and fuzzers can drive it. Thread-safe (runs on MHD's pool threads). */
+/* coordinator/dispatch.c — one request from router to handler: request target, route,
+ * content type, bearer token, then the endpoint. Also the response helpers. Independent of
+ * libmicrohttpd so tests and fuzzers can drive it. Thread-safe (runs on MHD's pool threads). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,6 +84,13 @@ static int content_type_json(const char *ct) {
 }
 
 void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) {
+  const char *why = NULL;
+  if (wg_route_target_check(req->target, req->target_len, &why) != 0) {
+    /* The decoded path is not what the client sent (cut at a NUL, an encoded '/', ...):
+     * neither route it nor echo it. */
+    wg_response_error(res, 400, "bad_request", NULL, "bad request target: %s", why);
+    return;
+  }
   wg_route_t r;
   wg_route(req->method, req->path, &r);
   if (r.status == 404) {

@@ -1,15 +1,22 @@
 /* coordinator/http.c — the libmicrohttpd glue.
  *
- * Owns the MHD daemon (an epoll thread pool of c->threads threads). Per connection request it
- * accumulates the body up to c->max_body bytes (beyond that the rest is read and discarded and
- * the request is answered 413), collects headers and query arguments into a wg_request_t,
- * calls wg_handle and queues the response. Handlers run on the pool threads. */
+ * Owns the MHD daemon (an epoll thread pool of c->threads threads). Per request it keeps a copy
+ * of the raw request target (MHD's URI log callback runs before MHD decodes anything; the copy
+ * lives in the request's conn_ctx_t, which the callback allocates), accumulates the body up to
+ * c->max_body bytes (beyond that the rest is read and discarded and the request is answered
+ * 413), collects headers and query arguments into a wg_request_t, calls wg_handle and queues
+ * the response. Handlers run on the pool threads.
+ *
+ * Why the raw target: MHD hands the handler the percent-decoded path as a C string, so a %00
+ * or a raw NUL byte cuts it short ("/v1/jobs/x%00/../y" would reach job x). wg_handle checks
+ * the raw bytes (wg_route_target_check) before routing. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <errno.h>
 #include <microhttpd.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +26,50 @@
 #include "wagma/log_internal.h"
 
 typedef struct conn_ctx {
+  char *target;        /* the raw request target, copied by on_uri before MHD decodes it in place */
+  int started_handler; /* on_request has seen this request once */
   char *body;
   size_t len, cap;
   int too_large;
   double started;
   wg_request_t req;
 } conn_ctx_t;
+
+/* MHD's URI log callback: called once per request with the raw target (path and query, not
+ * yet decoded; a raw NUL byte on the wire ends the string early). Its result becomes the
+ * request's *con_cls. NULL (out of memory) makes on_request refuse the request. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
+  (void)cls;
+  (void)conn;
+  conn_ctx_t *ctx = calloc(1, sizeof *ctx);
+  if (!ctx)
+    return NULL;
+  ctx->target = strdup(uri ? uri : "");
+  if (!ctx->target) {
+    free(ctx);
+    return NULL;
+  }
+  return ctx;
+}
+
+/* 1 when a raw NUL byte sat inside the target on the request line. MHD before 1.0 parses
+ * the request line in place: the handler's url starts where the target started, and the
+ * version ("HTTP/1.1") follows the target after one byte that MHD set to NUL; when the span
+ * between them is longer than the copy on_uri took, the copy was cut short by a raw NUL.
+ * MHD 1.0 and later close such connections themselves, before any callback. */
+static int raw_nul_in_target(const char *target, const char *url, const char *version) {
+#if MHD_VERSION < 0x01000000
+  uintptr_t u = (uintptr_t)url, v = (uintptr_t)version;
+  if (!url || !version || v <= u || v - u > ((size_t)1 << 20) || strncmp(version, "HTTP/", 5) != 0)
+    return 0;
+  return version[-1] == '\0' && v - u - 1 > strlen(target);
+#else
+  (void)target;
+  (void)url;
+  (void)version;
+  return 0;
+#endif
+}
 
 static enum MHD_Result collect_query(void *cls, enum MHD_ValueKind kind, const char *key,
                                      const char *value) {
@@ -71,18 +116,21 @@ static void add_body(conn_ctx_t *ctx, const char *data, size_t n, size_t max) {
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-  (void)version;
   wg_coord_t *c = cls;
   conn_ctx_t *ctx = *con_cls;
-  if (!ctx) {
-    ctx = calloc(1, sizeof *ctx);
-    if (!ctx)
-      return MHD_NO;
+  if (!ctx)
+    return MHD_NO; /* on_uri ran out of memory: without the raw target, refuse */
+  if (!ctx->started_handler) {
+    ctx->started_handler = 1;
     ctx->started = wg_mono();
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > c->max_body)
       ctx->too_large = 1;
-    *con_cls = ctx;
+    /* With a raw NUL inside the target, pass the bytes up to and including it (the copy's
+     * own terminator), so wg_handle sees the NUL. */
+    ctx->req.target = ctx->target;
+    ctx->req.target_len =
+        strlen(ctx->target) + (raw_nul_in_target(ctx->target, url, version) ? 1 : 0);
     return MHD_YES;
   }
   if (*upload_data_size) {
@@ -105,6 +153,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   wg_handle(c, req, &res);
   wg_route_t r;
   wg_route(method, url, &r);
+  if (wg_route_target_check(req->target, req->target_len, NULL) != 0)
+    r.label = "other"; /* refused before routing: the decoded path may name a real route */
   wg_metrics_http(c->metrics, method, r.label, res.status, wg_mono() - ctx->started);
 
   struct MHD_Response *mr =
@@ -137,6 +187,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   (void)toe;
   conn_ctx_t *ctx = *con_cls;
   if (ctx) {
+    free(ctx->target);
     free(ctx->body);
     free(ctx);
   }
@@ -175,11 +226,11 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
 /* Starts the daemon on a socket from wg_http_bind (taken over: closed by wg_http_stop, or
  * here on failure). Ownership: the caller stops the daemon with wg_http_stop. */
 int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out) {
-  struct MHD_Daemon *d =
-      MHD_start_daemon(MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request,
-                       c, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE,
-                       (unsigned)c->threads, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
-                       MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
+  struct MHD_Daemon *d = MHD_start_daemon(
+      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, c,
+      MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->threads,
+      MHD_OPTION_URI_LOG_CALLBACK, on_uri, c, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
   if (!d) {
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the HTTP server");
     close(fd);

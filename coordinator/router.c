@@ -1,8 +1,12 @@
-/* coordinator/router.c — maps (method, path) onto a route of the REST API (§8).
+/* coordinator/router.c — maps (method, path) onto a route of the REST API (§8), and checks
+ * the raw request target before anything is decoded.
  *
  * Pure and allocation-free (fuzzed by tests/fuzz/coordinator). Paths are matched exactly:
- * no trailing slash, no empty segments. A path that exists with another method gives 405 and
- * the Allow list; anything else 404. Job ids in paths must be valid names (else 404). */
+ * no trailing slash, no empty, "." or ".." segments. A path that exists with another method
+ * gives 405 and the Allow list; anything else 404. Job ids in paths must be valid names (else
+ * 404). The target check runs first (400): a decoded path is a C string, so a NUL (raw or
+ * %00) would otherwise cut it short and turn "/healthz%00junk" into "/healthz". */
+#include <stdint.h>
 #include <string.h>
 
 #include "coord.h"
@@ -41,6 +45,58 @@ static void pick(const char *method, const char *const *methods, const wg_route_
   }
   if (method_is(methods[0], "GET") && used + 7 < sizeof out->allow)
     strcat(out->allow, ", HEAD");
+}
+
+static int hex_value(uint8_t c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+static int control_byte(uint8_t c) {
+  return c < 0x20 || c == 0x7f;
+}
+
+int wg_route_target_check(const char *target, size_t len, const char **why) {
+  const char *reason = NULL;
+  int in_query = 0;
+  const uint8_t *t = (const uint8_t *)target;
+  if (target == NULL)
+    len = 0;
+  for (size_t i = 0; i < len && reason == NULL; i++) {
+    uint8_t c = t[i];
+    if (c == '?') {
+      in_query = 1;
+    } else if (c == '\0') {
+      reason = in_query ? "the query contains a NUL byte" : "the path contains a NUL byte";
+    } else if (control_byte(c)) {
+      reason = in_query ? "the query contains a control character"
+                        : "the path contains a control character";
+    } else if (c == '%') {
+      int hi = i + 1 < len ? hex_value(t[i + 1]) : -1;
+      int lo = i + 2 < len ? hex_value(t[i + 2]) : -1;
+      if (hi < 0 || lo < 0) {
+        reason = "malformed percent escape (want %HH)";
+        break;
+      }
+      uint8_t d = (uint8_t)(hi << 4 | lo);
+      if (d == 0)
+        reason = in_query ? "the query decodes to a NUL (%00)" : "the path decodes to a NUL (%00)";
+      else if (control_byte(d))
+        reason = in_query ? "the query decodes to a control character"
+                          : "the path decodes to a control character";
+      else if (!in_query && d == '/')
+        reason = "the path contains an encoded '/' (%2F)";
+      i += 2;
+    }
+  }
+  if (why)
+    *why = reason;
+  return reason ? 400 : 0;
 }
 
 void wg_route(const char *method, const char *path, wg_route_t *out) {

@@ -1,7 +1,7 @@
-/* Unit tests of the coordinator's pure parts: the router, the request checks of the dispatcher
- * that run before any etcd call (404, 405, 401, 413, 415, 400, 422), the planner's plan JSON
- * (what agents decode: members in request order, job parameters, odd characters escaped), and
- * the metrics text. No etcd, no sockets. */
+/* Unit tests of the coordinator's pure parts: the router and the raw request target check,
+ * the request checks of the dispatcher that run before any etcd call (400, 404, 405, 401, 413,
+ * 415, 400, 422), the planner's plan JSON (what agents decode: members in request order, job
+ * parameters, odd characters escaped), and the metrics text. No etcd, no sockets. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -48,6 +48,22 @@ static void test_router(void **state) {
       {"GET", "/", 404, WG_ROUTE_NONE, ""},
       {"GET", "", 404, WG_ROUTE_NONE, ""},
       {"GET", "/healthz/", 404, WG_ROUTE_NONE, ""},
+      /* Exact matches only: no dot segments, no empty segments, no trailing junk. */
+      {"DELETE", "/v1/jobs/nultest/../../anything", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/nultest/../nultest", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/nultest/./plan", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/..", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/.", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/../healthz", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/healthz/..", 404, WG_ROUTE_NONE, ""},
+      {"GET", "//healthz", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1//jobs", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/healthzjunk", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/healthz junk", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/nultest/plan/x", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobs/nultest/groupsx", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/v1/jobsx", 404, WG_ROUTE_NONE, ""},
+      {"GET", "healthz", 404, WG_ROUTE_NONE, ""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     wg_route_t r;
@@ -68,6 +84,60 @@ static void test_router(void **state) {
   assert_false(r.mutation);
   wg_route(NULL, NULL, &r);
   assert_int_equal(r.status, 404);
+}
+
+/* The raw request target check: targets as they come on the wire, lengths given so that a
+ * raw NUL byte can sit inside. */
+static void test_route_target(void **state) {
+  (void)state;
+  struct {
+    const char *target;
+    size_t len; /* 0: strlen */
+    int status;
+  } cases[] = {
+      {"/healthz", 0, 0},
+      {"/v1/jobs/nultest", 0, 0},
+      {"/v1/jobs/nul%74est", 0, 0}, /* encoded unreserved character: fine */
+      {"/v1/jobs/x?purge=true", 0, 0},
+      {"/v1/jobs/x/groups?iteration=%33", 0, 0},
+      {"/v1/jobs?a=%2F&b=c+d", 0, 0}, /* an encoded '/' in the query is data */
+      {"/v1/jobs/x/../../y", 0, 0},   /* raw dot segments: left to the router (404) */
+      {"", 0, 0},
+      {"/healthz%00junk", 0, 400},
+      {"/v1/jobs/nultest%00/../../anything", 0, 400},
+      {"/healthz%00", 0, 400},
+      {"/healthz?x=%00", 0, 400},
+      {"/healthz?%00=1", 0, 400},
+      {"/healthz\0junk", 13, 400}, /* raw NUL in the path */
+      {"/healthz?x\0=1", 14, 400}, /* raw NUL in the query */
+      {"/healthz\0", 9, 400},      /* raw NUL at the end */
+      {"/healthz%0a", 0, 400},
+      {"/healthz%0D%0Ax", 0, 400},
+      {"/healthz%7f", 0, 400},
+      {"/healthz?x=%1b", 0, 400},
+      {"/heal\tthz", 0, 400},
+      {"/v1/jobs/nultest%2Fplan", 0, 400},
+      {"/v1/jobs/nultest%2fplan", 0, 400},
+      {"/heal%zzthz", 0, 400},
+      {"/healthz%", 0, 400},
+      {"/healthz%4", 0, 400},
+      {"/healthz?x=%g0", 0, 400},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    size_t len = cases[i].len ? cases[i].len : strlen(cases[i].target);
+    const char *why = "unset";
+    int status = wg_route_target_check(cases[i].target, len, &why);
+    if (status != cases[i].status)
+      fail_msg("case %zu (%s): status %d, want %d", i, cases[i].target, status, cases[i].status);
+    if (status == 0)
+      assert_null(why);
+    else
+      assert_true(why != NULL && strlen(why) > 0);
+  }
+  /* A percent escape cut by the end of the buffer is malformed, whatever follows in memory. */
+  assert_int_equal(wg_route_target_check("/a%41", 4, NULL), 400);
+  assert_int_equal(wg_route_target_check("/a%41", 5, NULL), 0);
+  assert_int_equal(wg_route_target_check(NULL, 0, NULL), 0);
 }
 
 static wg_coord_t *coord_without_etcd(const char *token) {
@@ -108,6 +178,52 @@ static void expect(wg_coord_t *c, const char *method, const char *path, const ch
   assert_int_equal(res.www_authenticate, status == 401);
   json_decref(v);
   wg_response_free(&res);
+}
+
+/* wg_handle refuses a bad raw target with 400 before routing, whatever the decoded path says
+ * (MHD's decoded path of "/healthz%00junk" is "/healthz"); a good target routes as usual. */
+static void expect_target(wg_coord_t *c, const char *method, const char *path, const char *target,
+                          size_t target_len, int status, const char *code) {
+  wg_request_t req = {.method = method,
+                      .path = path,
+                      .target = target,
+                      .target_len = target_len ? target_len : strlen(target),
+                      .max_body = c->max_body};
+  wg_response_t res = {0};
+  wg_handle(c, &req, &res);
+  if (res.status != status)
+    fail_msg("%s %s: %d want %d: %s", method, target, res.status, status, res.body);
+  json_t *v = json_loads(res.body, 0, NULL);
+  assert_non_null(v);
+  if (code) {
+    json_t *err = json_object_get(v, "error");
+    assert_non_null(err);
+    assert_string_equal(json_string_value(json_object_get(err, "code")), code);
+    assert_null(json_object_get(err, "field"));
+  }
+  json_decref(v);
+  wg_response_free(&res);
+}
+
+static void test_dispatch_target(void **state) {
+  (void)state;
+  wg_coord_t *c = coord_without_etcd("");
+  expect_target(c, "GET", "/healthz", "/healthz%00junk", 0, 400, "bad_request");
+  expect_target(c, "GET", "/healthz", "/healthz\0junk", 13, 400, "bad_request");
+  expect_target(c, "DELETE", "/v1/jobs/nultest", "/v1/jobs/nultest%00/../../anything", 0, 400,
+                "bad_request");
+  expect_target(c, "GET", "/healthz", "/healthz?x=%00", 0, 400, "bad_request");
+  expect_target(c, "GET", "/v1/jobs/x/plan", "/v1/jobs/x%2Fplan", 0, 400, "bad_request");
+  expect_target(c, "POST", "/v1/jobs", "/v1/jobs%0a", 0, 400, "bad_request");
+  /* Checked before the path: a bad target on an unknown path is 400, not 404. */
+  expect_target(c, "GET", "/nope", "/nope%00", 0, 400, "bad_request");
+  /* Dot segments and trailing junk reach the router, which matches exactly: 404. */
+  expect_target(c, "DELETE", "/v1/jobs/nultest/../../anything", "/v1/jobs/nultest/../../anything",
+                0, 404, "not_found");
+  expect_target(c, "GET", "/healthzjunk", "/healthzjunk", 0, 404, "not_found");
+  /* A good target routes: /healthz needs no etcd. */
+  expect_target(c, "GET", "/healthz", "/healthz", 0, 200, NULL);
+  expect_target(c, "GET", "/healthz", "/heal%74hz", 0, 200, NULL);
 }
 
 static void test_dispatch_checks(void **state) {
@@ -225,10 +341,9 @@ static void test_metrics(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_router),
-      cmocka_unit_test(test_dispatch_checks),
-      cmocka_unit_test(test_planner_encoding),
-      cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_router),           cmocka_unit_test(test_route_target),
+      cmocka_unit_test(test_dispatch_target),  cmocka_unit_test(test_dispatch_checks),
+      cmocka_unit_test(test_planner_encoding), cmocka_unit_test(test_metrics),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
