@@ -126,9 +126,7 @@ static void body_leader_two_rounds(rank_ctx_t *rc) {
     step(rc, 0);
     step(rc, 1);
     break;
-  case 3:
-    step(rc, 0);
-    break;
+  case 3: step(rc, 0); break;
   }
   pthread_barrier_wait(&g_barrier);
   settle(rc, 5);
