@@ -5,7 +5,7 @@
  *     non-overlapping groups that the wait-avoiding group allreduce cycles through, plus the
  *     JSON codec of a plan (the coordinator publishes plans in etcd with it, agents read them).
  *  2. The communicator: built from a plan, my rank and a transport (TCP today). It runs the
- *     wait-avoiding group allreduce of ARCHITECTURE.md §5 on one fused float32 buffer, and plain
+ *     wait-avoiding group allreduce of docs/design.md §5 on one fused float32 buffer, and plain
  *     blocking collectives (allreduce, broadcast, weighted average) on the same members.
  *
  * Threads: a communicator owns a transport progress thread and a round thread that answers
