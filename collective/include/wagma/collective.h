@@ -211,11 +211,13 @@ typedef struct wagma_comm_counters {
   uint64_t frames_rejected; /* corrupt / wrong-epoch frames dropped */
 } wagma_comm_counters_t;
 
-/* One iteration of the wait-avoiding group allreduce (§5.1). The caller has just taken its
- * optimizer step of round r = wagma_comm_round(comm) on model (count floats). The step:
- * publishes model as the snapshot of version r, applies every pending correction in round
- * order, runs round r (a group round, or the global round when (r+1) mod tau == 0, in the
- * plan's global_sync mode) and leaves the averaged model in model. stats may be NULL.
+/* One iteration of the wait-avoiding group allreduce (docs/design.md §5.2). The caller has
+ * just taken its optimizer step of round r = wagma_comm_round(comm) on model (count floats).
+ * The step: adds every correction that arrived to model, publishes it as the snapshot of
+ * version r, runs round r (a group round, or the global round when (r+1) mod tau == 0, in the
+ * plan's global_sync mode) and, when the round ends within the member timeout, leaves the
+ * averaged model in model; a correction that comes later is added at a later step (or by a
+ * catch-up's successor), never dropped while its leader lives. stats may be NULL.
  * A barrier global round whose member is known dead (closed, EOF) moves on without it within
  * a fraction of a second; only a frozen member makes it wait for global_timeout_s.
  * Returns 0, WAGMA_ETIMEDOUT (a barrier global round missed its deadline), WAGMA_ECLOSED,
