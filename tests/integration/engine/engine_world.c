@@ -130,7 +130,14 @@ static void child(ew_shared_t *sh, int rank) {
       sync_round++;
       st.wait_s = now_s() - ts;
     } else {
+      float *before = sc->track_catchup ? malloc(sizeof(res->model)) : NULL;
+      if (before)
+        memcpy(before, res->model, sizeof(res->model));
       rc = wagma_comm_step(comm, res->model, &st);
+      if (before && st.caught_up)
+        for (int i = 0; i < EW_COUNT; i++)
+          res->catchup[i] += (double)res->model[i] - (double)before[i];
+      free(before);
     }
     if (rc != 0)
       res->errors++;

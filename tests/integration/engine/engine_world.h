@@ -35,6 +35,7 @@ typedef struct ew_scenario {
   double leave_delay_s;
   double hard_timeout_s; /* default 90 */
   double settle_s;       /* after all finished: let open rounds end (default 0.1 s) */
+  int track_catchup;     /* record each catch-up's model change in results[].catchup */
 } ew_scenario_t;
 
 typedef struct ew_result {
@@ -55,6 +56,7 @@ typedef struct ew_result {
   float model[EW_COUNT];
   double initial[EW_COUNT];
   double added[EW_COUNT];
+  double catchup[EW_COUNT]; /* sum of (model after - before) of steps that caught up */
 } ew_result_t;
 
 /* Runs the scenario; results[] gets one entry per rank. Returns 0 when every child that was
