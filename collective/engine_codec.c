@@ -13,30 +13,6 @@ static int host_is_le(void) {
   return b == 1;
 }
 
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; i++)
-    v |= (uint32_t)p[i] << (8 * i);
-  return v;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++)
-    v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
 void wg_codec_put_floats(uint8_t *out, const float *in, size_t n) {
   if (host_is_le()) {
     memcpy(out, in, n * sizeof(float));
@@ -45,7 +21,7 @@ void wg_codec_put_floats(uint8_t *out, const float *in, size_t n) {
   for (size_t i = 0; i < n; i++) {
     uint32_t v;
     memcpy(&v, &in[i], 4);
-    put_u32(out + 4 * i, v);
+    wg_le_put_u32(out + 4 * i, v);
   }
 }
 
@@ -55,7 +31,7 @@ void wg_codec_get_floats(float *out, const uint8_t *in, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) {
-    uint32_t v = get_u32(in + 4 * i);
+    uint32_t v = wg_le_get_u32(in + 4 * i);
     memcpy(&out[i], &v, 4);
   }
 }
@@ -75,24 +51,24 @@ void wg_codec_result_encode(uint8_t *out, const float *mean, size_t count, int n
   wg_codec_put_floats(out, mean, count);
   uint8_t *p = out + count * sizeof(float);
   for (int i = 0; i < n; i++)
-    put_u32(p + 4 * (size_t)i, (uint32_t)(int32_t)ranks[i]);
+    wg_le_put_u32(p + 4 * (size_t)i, (uint32_t)(int32_t)ranks[i]);
   p += 4 * (size_t)n;
   for (int i = 0; i < n; i++)
-    put_u64(p + 8 * (size_t)i, versions[i]);
+    wg_le_put_u64(p + 8 * (size_t)i, versions[i]);
 }
 
 int wg_codec_result_decode(const uint8_t *in, size_t count, int n, int nranks, float *mean,
                            int *ranks, uint64_t *versions) {
   const uint8_t *p = in + count * sizeof(float);
   for (int i = 0; i < n; i++) {
-    int32_t r = (int32_t)get_u32(p + 4 * (size_t)i);
+    int32_t r = (int32_t)wg_le_get_u32(p + 4 * (size_t)i);
     if (r < 0 || r >= nranks)
       return WAGMA_EPROTO;
     ranks[i] = r;
   }
   p += 4 * (size_t)n;
   for (int i = 0; i < n; i++)
-    versions[i] = get_u64(p + 8 * (size_t)i);
+    versions[i] = wg_le_get_u64(p + 8 * (size_t)i);
   if (mean)
     wg_codec_get_floats(mean, in, count);
   return 0;

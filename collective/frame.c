@@ -10,52 +10,19 @@
 
 #include "wagma/status.h"
 
-static void put_u16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)v;
-  p[1] = (uint8_t)(v >> 8);
-}
-
-static void put_u32(uint8_t *p, uint32_t v) {
-  for (int i = 0; i < 4; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put_u64(uint8_t *p, uint64_t v) {
-  for (int i = 0; i < 8; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint16_t get_u16(const uint8_t *p) {
-  return (uint16_t)(p[0] | (p[1] << 8));
-}
-
-static uint32_t get_u32(const uint8_t *p) {
-  uint32_t v = 0;
-  for (int i = 3; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-
-static uint64_t get_u64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = (v << 8) | p[i];
-  return v;
-}
-
 void wg_frame_encode(const wg_frame_header_t *header, uint8_t out[WG_FRAME_HEADER_SIZE]) {
-  put_u32(out + 0, header->magic);
-  put_u16(out + 4, header->version);
-  put_u16(out + 6, header->kind);
-  put_u64(out + 8, header->epoch);
-  put_u64(out + 16, header->round);
-  put_u32(out + 24, header->group);
-  put_u32(out + 28, header->src);
-  put_u64(out + 32, header->seq);
-  put_u64(out + 40, header->length);
-  put_u64(out + 48, header->aux);
-  put_u32(out + 56, header->flags);
-  put_u32(out + 60, header->reserved);
+  wg_le_put_u32(out + 0, header->magic);
+  wg_le_put_u16(out + 4, header->version);
+  wg_le_put_u16(out + 6, header->kind);
+  wg_le_put_u64(out + 8, header->epoch);
+  wg_le_put_u64(out + 16, header->round);
+  wg_le_put_u32(out + 24, header->group);
+  wg_le_put_u32(out + 28, header->src);
+  wg_le_put_u64(out + 32, header->seq);
+  wg_le_put_u64(out + 40, header->length);
+  wg_le_put_u64(out + 48, header->aux);
+  wg_le_put_u32(out + 56, header->flags);
+  wg_le_put_u32(out + 60, header->reserved);
 }
 
 int wg_frame_decode(const uint8_t *in, size_t len, uint64_t expected_epoch, uint32_t nranks,
@@ -63,18 +30,18 @@ int wg_frame_decode(const uint8_t *in, size_t len, uint64_t expected_epoch, uint
   if (in == NULL || len < WG_FRAME_HEADER_SIZE)
     return WAGMA_EPROTO;
   wg_frame_header_t h;
-  h.magic = get_u32(in + 0);
-  h.version = get_u16(in + 4);
-  h.kind = get_u16(in + 6);
-  h.epoch = get_u64(in + 8);
-  h.round = get_u64(in + 16);
-  h.group = get_u32(in + 24);
-  h.src = get_u32(in + 28);
-  h.seq = get_u64(in + 32);
-  h.length = get_u64(in + 40);
-  h.aux = get_u64(in + 48);
-  h.flags = get_u32(in + 56);
-  h.reserved = get_u32(in + 60);
+  h.magic = wg_le_get_u32(in + 0);
+  h.version = wg_le_get_u16(in + 4);
+  h.kind = wg_le_get_u16(in + 6);
+  h.epoch = wg_le_get_u64(in + 8);
+  h.round = wg_le_get_u64(in + 16);
+  h.group = wg_le_get_u32(in + 24);
+  h.src = wg_le_get_u32(in + 28);
+  h.seq = wg_le_get_u64(in + 32);
+  h.length = wg_le_get_u64(in + 40);
+  h.aux = wg_le_get_u64(in + 48);
+  h.flags = wg_le_get_u32(in + 56);
+  h.reserved = wg_le_get_u32(in + 60);
 
   if (h.magic != WG_FRAME_MAGIC || h.version != WG_FRAME_VERSION)
     return WAGMA_EPROTO;

@@ -40,6 +40,40 @@ typedef struct wg_frame_header {
   uint32_t reserved; /* must be 0 */
 } wg_frame_header_t;
 
+/* Little-endian stores and loads, for the header and the engine's payloads (engine_codec.c). */
+static inline void wg_le_put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void wg_le_put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void wg_le_put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint16_t wg_le_get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t wg_le_get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+
+static inline uint64_t wg_le_get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = (v << 8) | p[i];
+  return v;
+}
+
 /* Writes the 64-byte little-endian encoding of *header into out. */
 void wg_frame_encode(const wg_frame_header_t *header, uint8_t out[WG_FRAME_HEADER_SIZE]);
 

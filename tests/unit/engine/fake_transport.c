@@ -4,6 +4,7 @@
 #include "transport.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -225,3 +226,18 @@ const wg_transport_ops_t fake_transport = {
     .stats = fake_stats,
     .close = fake_close,
 };
+
+int fake_plan(int P, int S, int tau, wagma_global_sync_t mode, wagma_plan_t *plan) {
+  int rc = wagma_plan_build(P, S, NULL, plan);
+  if (rc != 0)
+    return rc;
+  plan->epoch = 1;
+  plan->start_round = 0;
+  plan->staleness_bound = tau;
+  plan->global_sync = mode;
+  for (int i = 0; i < P; i++) {
+    snprintf(plan->members[i].name, WAGMA_NAME_MAX, "r%d", i);
+    snprintf(plan->members[i].address, WAGMA_ADDRESS_MAX, "fake:%d", i);
+  }
+  return 0;
+}

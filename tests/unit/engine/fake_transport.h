@@ -19,6 +19,9 @@ void fake_kill(int rank);
 typedef void (*fake_tap_fn)(int dst, const wg_frame_header_t *header, const void *payload,
                             size_t length, void *user);
 void fake_set_tap(fake_tap_fn fn, void *user);
+/* A plan of P ranks, group size S, staleness bound tau and global mode, epoch start_round 0
+ * epoch 1, members "r<i>" at "fake:<i>". Returns wagma_plan_build's status. */
+int fake_plan(int P, int S, int tau, wagma_global_sync_t mode, wagma_plan_t *plan);
 void fake_freeze(int rank, int frozen);
 
 #endif

@@ -59,15 +59,7 @@ struct rank_ctx {
 static pthread_barrier_t g_barrier;
 
 static void make_plan(const world_cfg_t *cfg, wagma_plan_t *plan) {
-  assert_int_equal(wagma_plan_build(cfg->P, cfg->S, NULL, plan), 0);
-  plan->epoch = 1;
-  plan->start_round = 0;
-  plan->staleness_bound = cfg->tau;
-  plan->global_sync = cfg->mode;
-  for (int i = 0; i < cfg->P; i++) {
-    snprintf(plan->members[i].name, WAGMA_NAME_MAX, "r%d", i);
-    snprintf(plan->members[i].address, WAGMA_ADDRESS_MAX, "fake:%d", i);
-  }
+  assert_int_equal(fake_plan(cfg->P, cfg->S, cfg->tau, cfg->mode, plan), 0);
 }
 
 static void *rank_main(void *arg) {

@@ -38,18 +38,6 @@ typedef struct rank_ctx {
 
 static pthread_barrier_t g_barrier;
 
-static void make_plan(int P, int S, int tau, wagma_plan_t *plan) {
-  assert_int_equal(wagma_plan_build(P, S, NULL, plan), 0);
-  plan->epoch = 1;
-  plan->start_round = 0;
-  plan->staleness_bound = tau;
-  plan->global_sync = WAGMA_GLOBAL_WAIT_AVOIDING;
-  for (int i = 0; i < P; i++) {
-    snprintf(plan->members[i].name, WAGMA_NAME_MAX, "r%d", i);
-    snprintf(plan->members[i].address, WAGMA_ADDRESS_MAX, "fake:%d", i);
-  }
-}
-
 static void *rank_main(void *arg) {
   rank_ctx_t *rc = arg;
   wagma_comm_options_t o;
@@ -72,7 +60,7 @@ static void *rank_main(void *arg) {
 static void run_world(int P, int S, int tau, const double *floor_s, void (*body)(rank_ctx_t *),
                       rank_ctx_t *ranks) {
   wagma_plan_t plan;
-  make_plan(P, S, tau, &plan);
+  assert_int_equal(fake_plan(P, S, tau, WAGMA_GLOBAL_WAIT_AVOIDING, &plan), 0);
   fake_world_init(P);
   pthread_barrier_init(&g_barrier, NULL, (unsigned)P);
   pthread_t th[MAXP];
