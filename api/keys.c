@@ -82,6 +82,16 @@ int wagma_key_job_status(const wagma_keys_t *k, const char *job, char *buf, size
 int wagma_key_job_plan(const wagma_keys_t *k, const char *job, char *buf, size_t len) {
   return job_key(k, job, "plan", buf, len);
 }
+int wagma_key_job_plans_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len) {
+  return job_key(k, job, "plans/", buf, len);
+}
+/* Zero-padded to 20 digits (UINT64_MAX has 20), so the keys of a job sort by epoch. */
+int wagma_key_job_plan_record(const wagma_keys_t *k, const char *job, uint64_t epoch, char *buf,
+                              size_t len) {
+  if (!wagma_api_name_valid(job))
+    return WAGMA_EINVAL;
+  return fmt(buf, len, "%s/jobs/%s/plans/%020llu", k->prefix, job, (unsigned long long)epoch);
+}
 int wagma_key_job_checkpoint(const wagma_keys_t *k, const char *job, char *buf, size_t len) {
   return job_key(k, job, "checkpoint", buf, len);
 }
@@ -114,6 +124,15 @@ static int take_name(const char *s, size_t n, char *out) {
 
 static int seg_eq(const char *s, size_t n, const char *lit) {
   return strlen(lit) == n && memcmp(s, lit, n) == 0;
+}
+
+static int seg_epoch(const char *s, size_t n) {
+  if (n != 20)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i] < '0' || s[i] > '9')
+      return 0;
+  return 1;
 }
 
 wagma_key_kind_t wagma_key_parse(const wagma_keys_t *k, const char *key, size_t len, char *job,
@@ -162,6 +181,8 @@ wagma_key_kind_t wagma_key_parse(const wagma_keys_t *k, const char *key, size_t 
     }
     if (nseg == 4 && seg_eq(segs[2], lens[2], "progress"))
       return take_name(segs[3], lens[3], agent) ? WAGMA_KEY_JOB_PROGRESS : WAGMA_KEY_UNKNOWN;
+    if (nseg == 4 && seg_eq(segs[2], lens[2], "plans"))
+      return seg_epoch(segs[3], lens[3]) ? WAGMA_KEY_JOB_PLAN_RECORD : WAGMA_KEY_UNKNOWN;
   }
   return WAGMA_KEY_UNKNOWN;
 }

@@ -1,8 +1,8 @@
 /* api/records.c — codecs of the records kept in etcd besides the spec: job status
- * (coordinator), progress, checkpoint and agent registration (agents), assignment
- * (coordinator), and the REST error body. Decoders of agent-written records ignore unknown fields
- * (newer agents may add some); the status decoder is strict about types only. Pure functions,
- * thread-safe. */
+ * (coordinator), progress, checkpoint and agent registration (agents), assignment and plan
+ * history entry (coordinator), and the REST error body. Decoders of agent-written records ignore
+ * unknown fields (newer agents may add some); the status decoder is strict about types only. Pure
+ * functions, thread-safe. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +205,22 @@ json_t *wagma_progress_to_value(const wagma_progress_t *p) {
   json_object_set_new(o, "rounds_left_out", json_integer((json_int_t)p->rounds_left_out));
   json_object_set_new(o, "rounds_skipped", json_integer((json_int_t)p->rounds_skipped));
   json_object_set_new(o, "time", json_real(p->time));
+  if (p->has_round) {
+    json_object_set_new(o, "round", json_integer((json_int_t)p->round));
+    json_object_set_new(o, "round_kind", json_string(p->round_global ? "global" : "group"));
+    if (p->ngroup > 0) {
+      json_t *g = json_array();
+      for (int i = 0; i < p->ngroup && i < WAGMA_API_PROGRESS_GROUP_MAX; i++)
+        json_array_append_new(g, json_integer(p->group[i]));
+      json_object_set_new(o, "group", g);
+    }
+  }
+  if (p->nfingerprint > 0) {
+    json_t *f = json_array();
+    for (int i = 0; i < p->nfingerprint && i < WAGMA_API_FINGERPRINT_MAX; i++)
+      json_array_append_new(f, json_real(p->fingerprint[i]));
+    json_object_set_new(o, "fingerprint", f);
+  }
   if (p->error[0])
     json_object_set_new(o, "error", json_string(p->error));
   return o;
@@ -226,6 +242,24 @@ static int num_or_null(const json_t *v, const char *f, double *out, wagma_api_er
   if (!json_is_number(v))
     return wg_api_fail(err, f, "must be a number or null");
   *out = json_number_value(v);
+  return 0;
+}
+
+/* An array of at most cap integers in [0, max] into out[0..*n-1]. */
+static int int_list(const json_t *v, const char *f, int64_t max, int *out, int cap, int *n,
+                    wagma_api_error_t *err) {
+  if (!json_is_array(v) || json_array_size(v) > (size_t)cap)
+    return wg_api_fail(err, f, "must be an array of at most %d integers", cap);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    char sub[48];
+    int64_t x;
+    snprintf(sub, sizeof sub, "%s[%zu]", f, i);
+    int e = wg_api_int(json_array_get(v, i), sub, 0, max, &x, err);
+    if (e)
+      return e;
+    out[i] = (int)x;
+  }
+  *n = (int)json_array_size(v);
   return 0;
 }
 
@@ -282,9 +316,37 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
         goto out;
       }
       snprintf(p.error, sizeof p.error, "%s", json_string_value(v)); /* truncates */
+    } else if (strcmp(key, "round") == 0) {
+      u = &p.round;
+      p.has_round = 1;
+    } else if (strcmp(key, "round_kind") == 0) {
+      static const char *const kinds[] = {"group", "global"};
+      if ((e = wg_api_enum(v, key, kinds, NELEM(kinds), &p.round_global, err)))
+        goto out;
+    } else if (strcmp(key, "group") == 0) {
+      if ((e = int_list(v, key, WAGMA_API_MAX_WORKERS - 1, p.group, WAGMA_API_PROGRESS_GROUP_MAX,
+                        &p.ngroup, err)))
+        goto out;
+    } else if (strcmp(key, "fingerprint") == 0) {
+      if (!json_is_array(v) || json_array_size(v) > WAGMA_API_FINGERPRINT_MAX) {
+        e = wg_api_fail(err, key, "must be an array of at most %d numbers",
+                        WAGMA_API_FINGERPRINT_MAX);
+        goto out;
+      }
+      for (size_t i = 0; i < json_array_size(v); i++) {
+        char f[40];
+        snprintf(f, sizeof f, "fingerprint[%zu]", i);
+        if ((e = wg_api_num(json_array_get(v, i), f, -1e300, 0, 1e300, 0, &p.fingerprint[i], err)))
+          goto out;
+      }
+      p.nfingerprint = (int)json_array_size(v);
     }
     if (u && (e = wg_api_u64(v, key, U64MAX_JSON, u, err)))
       goto out;
+  }
+  if (p.ngroup > 0 && !p.has_round) {
+    e = wg_api_fail(err, "group", "needs round");
+    goto out;
   }
   *out = p;
 out:
@@ -347,6 +409,112 @@ int wagma_checkpoint_record_from_json(const char *json, size_t len, wagma_checkp
     goto out;
   *out = r;
 out:
+  json_decref(root);
+  return e;
+}
+
+/* ---- plan history entry ---------------------------------------------------------------- */
+
+static const char *const sync_names[] = {"barrier", "wait-avoiding"};
+
+void wagma_plan_record_free(wagma_plan_record_t *r) {
+  free(r->members);
+  memset(r, 0, sizeof *r);
+}
+
+int wagma_plan_record_to_json(const wagma_plan_record_t *r, char **json) {
+  char hash[24];
+  *json = NULL;
+  json_t *o = json_object(), *m = json_array();
+  if (!o || !m) {
+    json_decref(o);
+    json_decref(m);
+    return WAGMA_ENOMEM;
+  }
+  snprintf(hash, sizeof hash, "%016llx", (unsigned long long)r->phases_hash);
+  json_object_set_new(o, "epoch", json_integer((json_int_t)r->epoch));
+  json_object_set_new(o, "start_round", json_integer((json_int_t)r->start_round));
+  json_object_set_new(o, "group_size", json_integer(r->group_size));
+  json_object_set_new(o, "staleness_bound", json_integer(r->staleness_bound));
+  json_object_set_new(o, "global_sync",
+                      json_string(sync_names[r->global_sync == WAGMA_SYNC_WAIT_AVOIDING]));
+  json_object_set_new(o, "phases_hash", json_string(hash));
+  for (int i = 0; i < r->nmembers; i++)
+    json_array_append_new(m, json_string(r->members[i]));
+  json_object_set_new(o, "members", m);
+  int e = wg_api_dump(o, json);
+  json_decref(o);
+  return e;
+}
+
+int wagma_plan_record_from_json(const char *json, size_t len, wagma_plan_record_t *out,
+                                wagma_api_error_t *err) {
+  wagma_plan_record_t r;
+  json_t *v;
+  int64_t i64;
+  int e = 0, x;
+  memset(&r, 0, sizeof r);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  static const char *const required[] = {"epoch",           "start_round", "group_size",
+                                         "staleness_bound", "global_sync", "phases_hash",
+                                         "members"};
+  for (int i = 0; i < NELEM(required); i++)
+    if (!json_object_get(root, required[i])) {
+      e = wg_api_fail(err, required[i], "is required");
+      goto out;
+    }
+  if ((e = wg_api_u64(json_object_get(root, "epoch"), "epoch", U64MAX_JSON, &r.epoch, err)) ||
+      (e = wg_api_u64(json_object_get(root, "start_round"), "start_round", U64MAX_JSON,
+                      &r.start_round, err)))
+    goto out;
+  if ((e = wg_api_int(json_object_get(root, "group_size"), "group_size", 2, 1024, &i64, err)))
+    goto out;
+  r.group_size = (int)i64;
+  if ((e = wg_api_int(json_object_get(root, "staleness_bound"), "staleness_bound", 1, 1000000, &i64,
+                      err)))
+    goto out;
+  r.staleness_bound = (int)i64;
+  if ((e = wg_api_enum(json_object_get(root, "global_sync"), "global_sync", sync_names,
+                       NELEM(sync_names), &x, err)))
+    goto out;
+  r.global_sync = x ? WAGMA_SYNC_WAIT_AVOIDING : WAGMA_SYNC_BARRIER;
+  v = json_object_get(root, "phases_hash");
+  const char *h = json_string_value(v);
+  int hex = h && strlen(h) == 16;
+  for (int i = 0; hex && i < 16; i++)
+    hex = (h[i] >= '0' && h[i] <= '9') || (h[i] >= 'a' && h[i] <= 'f');
+  if (!hex) {
+    e = wg_api_fail(err, "phases_hash", "must be 16 lowercase hex digits");
+    goto out;
+  }
+  r.phases_hash = strtoull(h, NULL, 16);
+  v = json_object_get(root, "members");
+  size_t n = json_array_size(v);
+  if (!json_is_array(v) || n < 1 || n > WAGMA_API_MAX_WORKERS) {
+    e = wg_api_fail(err, "members", "must be an array of 1 to %d names", WAGMA_API_MAX_WORKERS);
+    goto out;
+  }
+  if (!(r.members = calloc(n, sizeof *r.members))) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
+  for (size_t i = 0; i < n; i++) {
+    char f[32];
+    snprintf(f, sizeof f, "members[%zu]", i);
+    if ((e = wg_api_str(json_array_get(v, i), f, r.members[i], WAGMA_API_NAME_MAX, err)))
+      goto out;
+    if (!wagma_api_name_valid(r.members[i])) {
+      e = wg_api_fail(err, f, "invalid agent name");
+      goto out;
+    }
+  }
+  r.nmembers = (int)n;
+  *out = r;
+  r.members = NULL;
+out:
+  free(r.members);
   json_decref(root);
   return e;
 }

@@ -7,7 +7,7 @@
  *   handlers_*.c  one function per endpoint, on wg_request_t / wg_response_t
  *   store.c       etcd reads and writes of jobs for the handlers
  *   scheduler.c   membership and lifecycle: the reconcile loop (leader writes, all observe)
- *   planner.c     plan glue: members -> wagma_plan_build -> JSON, start_round rule
+ *   planner.c     plan glue: members -> wagma_plan_build -> JSON + history entry, and back
  *   election.c    leader election on <prefix>/coordinator/leader (leased key)
  *   metrics.c     counters, histograms and the Prometheus text
  *
@@ -150,8 +150,20 @@ typedef struct wg_plan_request {
   const wg_plan_member_t *members; /* rank order */
 } wg_plan_request_t;
 
-/* Builds the plan and encodes it. Ownership: *json is the caller's (free). */
+/* Builds the plan and encodes it, and with record non-NULL its history entry
+ * (wagma_plan_record_t, see wagma/api.h). Ownership: *json and *record are the caller's
+ * (free); both NULL on failure. */
+int wg_planner_build(const wg_plan_request_t *req, char **json, char **record, double *seconds);
+/* wg_planner_build without the history entry. */
 int wg_planner_build_json(const wg_plan_request_t *req, char **json, double *seconds);
+/* FNV-1a 64 of the plan's phases (nranks, nphases, every phase's offsets and ranks). */
+struct wagma_plan; /* wagma/collective.h */
+uint64_t wg_planner_phases_hash(const struct wagma_plan *plan);
+/* Rebuilds the groups of a history entry: wagma_plan_build(nmembers, group_size) with the
+ * entry's epoch, start_round, staleness bound, global sync and member names (no addresses).
+ * WAGMA_ERANGE when the phases do not hash to the entry's phases_hash (a planner that groups
+ * differently wrote it). Ownership: on 0, *plan is the caller's (wagma_plan_free). */
+int wg_planner_from_record(const wagma_plan_record_t *rec, struct wagma_plan *plan);
 
 /* ---- the coordinator ---------------------------------------------------------------------- */
 
@@ -218,6 +230,8 @@ typedef struct wg_job_record {
   char *plan_json; /* NULL when no plan */
   size_t plan_len;
   int64_t plan_mod;
+  int has_checkpoint;
+  wagma_checkpoint_record_t checkpoint; /* the job's checkpoint record, when has_checkpoint */
   int nprogress;
   wg_progress_entry_t *progress;
 } wg_job_record_t;
@@ -229,7 +243,11 @@ int wg_job_record_from_kvs(wg_coord_t *c, const char *id, const wagma_etcd_kv_t 
 void wg_job_record_free(wg_job_record_t *rec);
 /* Reads one job. WAGMA_ENOTFOUND when it has no spec. */
 int wg_store_load_job(wg_coord_t *c, const char *id, wg_job_record_t *rec);
-/* Highest iteration a member reported (progress), at least status.iteration. */
+/* The job's iteration as REST shows it: status.iteration (the high-water mark written at each
+ * plan change) or the highest iteration an agent reported in the status' epoch, whichever is
+ * larger. Reports of older epochs do not count: a survivor may have reported an iteration of
+ * the old epoch past the new plan's start_round, which it counts again in the new epoch, and
+ * the job's iteration must not go back when it does. */
 uint64_t wg_job_record_iteration(const wg_job_record_t *rec);
 /* The REST view of a job: {"id","spec","status","members"} (members only when with_members). */
 json_t *wg_job_record_to_value(const wg_job_record_t *rec, int with_members);

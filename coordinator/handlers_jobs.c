@@ -13,6 +13,7 @@
 
 #include "coord.h"
 #include "wagma/collective.h"
+#include "wagma/log_internal.h"
 
 #define WG_TXN_RETRIES 5
 
@@ -342,6 +343,68 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
+/* The plan in effect at round t when t is before the current plan's start_round: the plan of
+ * the highest epoch whose start_round <= t among the history entries plans/<epoch> (while
+ * start_rounds only grow that is the greatest start_round <= t; after a restart from an older
+ * checkpoint the later epoch ran those rounds again and wins). Answers 404 no_plan when no
+ * kept entry starts at or before t, 500 when the entry does not decode or rebuild.
+ * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
+static int plan_from_history(wg_coord_t *c, const char *job, uint64_t t, wagma_plan_t *plan,
+                             wg_response_t *res) {
+  char key[256];
+  wagma_etcd_range_t range = {0};
+  wagma_etcd_range_options_t opt = {.prefix = 1};
+  wagma_plan_record_t rec, best;
+  wagma_api_error_t err;
+  uint64_t oldest_epoch = 0, oldest_start = 0;
+  int found = 0, e;
+  memset(&best, 0, sizeof best);
+  wagma_key_job_plans_prefix(&c->keys, job, key, sizeof key);
+  if ((e = wagma_etcd_range(c->etcd, key, &opt, &range))) {
+    wg_response_etcd_error(c, res, e);
+    return e;
+  }
+  for (size_t i = range.n; i-- > 0 && !found;) { /* keys sort by epoch: newest first */
+    const wagma_etcd_kv_t *kv = &range.kvs[i];
+    if (wagma_plan_record_from_json(kv->value, kv->value_len, &rec, &err) != 0) {
+      wg_logf(c->log, c->log_user, WAGMA_LOG_WARN, "%s: bad plan history entry (%s: %s)", kv->key,
+              err.field, err.message);
+      continue;
+    }
+    if (rec.start_round <= t) {
+      best = rec;
+      found = 1;
+    } else {
+      oldest_epoch = rec.epoch;
+      oldest_start = rec.start_round;
+      wagma_plan_record_free(&rec);
+    }
+  }
+  wagma_etcd_range_free(&range);
+  if (!found) {
+    if (oldest_epoch)
+      wg_response_error(res, 404, "no_plan", "iteration",
+                        "no plan of job %s covers iteration %llu: the oldest plan kept (epoch "
+                        "%llu) starts at round %llu",
+                        job, (unsigned long long)t, (unsigned long long)oldest_epoch,
+                        (unsigned long long)oldest_start);
+    else
+      wg_response_error(res, 404, "no_plan", "iteration", "no plan of job %s covers iteration %llu",
+                        job, (unsigned long long)t);
+    return WAGMA_ENOTFOUND;
+  }
+  e = wg_planner_from_record(&best, plan);
+  if (e)
+    wg_response_error(res, 500, "internal", NULL,
+                      "the plan history entry of epoch %llu does not rebuild: %s",
+                      (unsigned long long)best.epoch, wagma_strerror(e));
+  wagma_plan_record_free(&best);
+  return e;
+}
+
+/* GET /v1/jobs/{id}/groups[?iteration=T]: the groups of round T in the plan in effect at T
+ * (round == iteration, docs/agent.md): the current plan when T >= its start_round, else the
+ * plan history. Without T: the job's iteration, at least the current start_round. */
 void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res) {
   wagma_etcd_kv_t *kv = NULL;
   wagma_plan_t plan;
@@ -369,6 +432,10 @@ void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg
     }
     if (t < plan.start_round)
       t = plan.start_round;
+  } else if (t < plan.start_round) {
+    wagma_plan_free(&plan);
+    if (plan_from_history(c, job, t, &plan, res))
+      goto out;
   }
   json_t *groups = json_array();
   int global = plan.staleness_bound > 0 && (t + 1) % (uint64_t)plan.staleness_bound == 0;
@@ -393,9 +460,10 @@ void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg
           groups, json_pack("{s:i,s:o,s:o}", "group", g, "ranks", ranks, "members", names));
     }
   }
-  json_t *o = json_pack("{s:s,s:I,s:I,s:i,s:s,s:o}", "job", job, "epoch", (json_int_t)plan.epoch,
-                        "iteration", (json_int_t)t, "phase", phase, "kind",
-                        global ? "global" : "group", "groups", groups);
+  json_t *o =
+      json_pack("{s:s,s:I,s:I,s:I,s:i,s:s,s:o}", "job", job, "epoch", (json_int_t)plan.epoch,
+                "start_round", (json_int_t)plan.start_round, "iteration", (json_int_t)t, "phase",
+                phase, "kind", global ? "global" : "group", "groups", groups);
   wg_response_json(res, 200, o ? json_dumps(o, WG_JSON_FLAGS) : NULL);
   json_decref(o);
 out:

@@ -15,11 +15,13 @@
  *     i.e. lease expired - drop out), cut to spec.workers (highest ranks leave), then free
  *     agents (name order, same device as the job) appended as joiners up to
  *     spec.workers. A job without members starts only when min_workers agents are free.
- *     If the membership changed: plan epoch + 1, start_round = the highest iteration any
- *     agent of the job reported (never below the previous start_round), joiners
- *     marked (none when nobody survived: a fresh start or a restart from a checkpoint).
+ *     If the membership changed: plan epoch + 1, start_round = the highest iteration an
+ *     agent reported in the current epoch (never below the previous start_round), or on a
+ *     fresh start with a checkpoint recorded the checkpoint's iteration; joiners marked (none
+ *     when nobody survived: a fresh start or a restart from a checkpoint).
  *   Writes: the joiners' assignment keys first, in chunks (each put guarded by the
- *   assignment's version / mod revision and the agent key's create revision), then the plan
+ *   assignment's version / mod revision and the agent key's create revision), then the plan,
+ *   its history entry plans/<epoch> (the entry WAGMA_API_PLAN_HISTORY epochs older deleted)
  *   and the status in ONE Txn guarded by the mod revisions of spec, status and plan as read.
  *   Then stale assignments (job gone or finished, or agent not a member) are deleted in
  *   chunks, each guarded by the assignment's mod revision.
@@ -107,14 +109,21 @@ static int txn(pass_t *p, const wagma_etcd_cmp_t *cmps, size_t ncmps, const wagm
   return e;
 }
 
-/* Writes st (and plan_json when not NULL) guarded by the job's revisions. */
+/* Writes st (and plan_json when not NULL, with the history entry record_json of its epoch
+ * st->epoch, dropping the entry WAGMA_API_PLAN_HISTORY epochs older) guarded by the job's
+ * revisions. */
 static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st,
-                     const char *plan_json, const char *what) {
-  char skey[256], pkey[256], speckey[256], *sjson = NULL;
+                     const char *plan_json, const char *record_json, const char *what) {
+  char skey[256], pkey[256], speckey[256], rkey[256], oldkey[256], *sjson = NULL;
   int e;
   wagma_key_job_status(&p->c->keys, j->id, skey, sizeof skey);
   wagma_key_job_plan(&p->c->keys, j->id, pkey, sizeof pkey);
   wagma_key_job_spec(&p->c->keys, j->id, speckey, sizeof speckey);
+  wagma_key_job_plan_record(&p->c->keys, j->id, st->epoch, rkey, sizeof rkey);
+  wagma_key_job_plan_record(&p->c->keys, j->id,
+                            st->epoch > WAGMA_API_PLAN_HISTORY ? st->epoch - WAGMA_API_PLAN_HISTORY
+                                                               : 0,
+                            oldkey, sizeof oldkey);
   if ((e = wagma_job_status_to_json(st, &sjson)))
     return e;
   wagma_etcd_cmp_t cmps[4] = {
@@ -132,14 +141,20 @@ static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st
        .result = WAGMA_ETCD_EQUAL,
        .number = j->plan_json ? j->plan_mod : 0},
   };
-  wagma_etcd_op_t ops[2] = {
+  wagma_etcd_op_t ops[4] = {
       {.type = WAGMA_ETCD_OP_PUT, .key = skey, .value = sjson, .value_len = strlen(sjson)},
       {.type = WAGMA_ETCD_OP_PUT,
        .key = pkey,
        .value = plan_json,
        .value_len = plan_json ? strlen(plan_json) : 0},
+      {.type = WAGMA_ETCD_OP_PUT,
+       .key = rkey,
+       .value = record_json,
+       .value_len = record_json ? strlen(record_json) : 0},
+      {.type = WAGMA_ETCD_OP_DELETE, .key = oldkey},
   };
-  e = txn(p, cmps, 4, ops, plan_json ? 2 : 1, what);
+  size_t nops = !plan_json ? 1 : !record_json ? 2 : st->epoch > WAGMA_API_PLAN_HISTORY ? 4 : 3;
+  e = txn(p, cmps, 4, ops, nops, what);
   free(sjson);
   return e;
 }
@@ -224,7 +239,7 @@ static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, c
   snprintf(st.reason, sizeof st.reason, "%s", reason);
   st.finished = wg_wall();
   st.iteration = wg_job_record_iteration(j);
-  if (write_job(p, j, &st, NULL, "finish job") == 0) {
+  if (write_job(p, j, &st, NULL, NULL, "finish job") == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO, "job %s %s: %s", j->id,
             wagma_job_state_name(state), reason);
     j->status.state = state; /* so cleanup releases its agents in this pass */
@@ -244,7 +259,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   int ncur = 0;
   agent_rec_t **next = NULL;
   int *joiner = NULL;
-  char *plan_json = NULL;
+  char *plan_json = NULL, *record_json = NULL;
   const char **member_names = NULL;
   wg_plan_member_t *pm = NULL;
   char reason[WAGMA_API_REASON_MAX];
@@ -308,7 +323,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       st.state = WAGMA_JOB_PENDING;
       st.iteration = wg_job_record_iteration(j);
       snprintf(st.reason, sizeof st.reason, "%s", reason);
-      write_job(p, j, &st, NULL, "job pending");
+      write_job(p, j, &st, NULL, NULL, "job pending");
     }
     goto out;
   }
@@ -329,13 +344,23 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     goto out;
 
   /* A new plan. */
-  /* start_round: the highest iteration any agent of this job reported (the members of the
-   * previous plan, or after losing everyone the last members), never below the previous
-   * start_round. Agents that left earlier reported lower iterations, so they do not matter. */
+  /* start_round: every member sets its iteration to it at the start of the epoch (round ==
+   * iteration from there on, docs/agent.md). With survivors: the highest iteration an agent
+   * reported in the current epoch (the members of the previous plan), never below the
+   * previous start_round; reports of older epochs are stale (their iterations were counted
+   * again). A fresh start (nobody survived) with a checkpoint recorded: the checkpoint's
+   * iteration, since every member loads that file. Otherwise as with survivors (the first
+   * plan of a job: 0). */
   uint64_t start_round = j->status.start_round;
-  for (int r = 0; r < j->nprogress; r++)
-    if (j->progress[r].progress.iteration > start_round)
-      start_round = j->progress[r].progress.iteration;
+  if (survivors == 0 && j->has_checkpoint) {
+    start_round = j->checkpoint.iteration;
+  } else {
+    for (int r = 0; r < j->nprogress; r++) {
+      const wagma_progress_t *pr = &j->progress[r].progress;
+      if (pr->epoch >= j->status.epoch && pr->iteration > start_round)
+        start_round = pr->iteration;
+    }
+  }
   pm = calloc((size_t)n, sizeof *pm);
   member_names = calloc((size_t)n, sizeof *member_names);
   agent_rec_t **joiners = calloc((size_t)n + 1, sizeof *joiners);
@@ -360,7 +385,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
                            .nmembers = n,
                            .members = pm};
   double secs = 0;
-  int e = wg_planner_build_json(&req, &plan_json, &secs);
+  int e = wg_planner_build(&req, &plan_json, &record_json, &secs);
   wg_metrics_plan_time(p->c->metrics, secs);
   if (e) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_ERROR, "job %s: plan for %d members: %s", j->id, n,
@@ -393,7 +418,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
              target);
   else
     st.reason[0] = '\0';
-  e = write_job(p, j, &st, plan_json, "publish plan");
+  e = write_job(p, j, &st, plan_json, record_json, "publish plan");
   if (e == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
             "job %s: plan epoch %llu, %d members (%d joined, %d left), start_round %llu, "
@@ -415,6 +440,7 @@ out:
   free(next);
   free(joiner);
   free(plan_json);
+  free(record_json);
   free(member_names);
   free(pm);
 }

@@ -1,7 +1,8 @@
 /* coordinator/store.c — reading jobs from etcd and shaping them for REST.
  *
  * A job is every key under <prefix>/jobs/<id>/ (spec, status, plan, progress/<agent>,
- * checkpoint), read with one Range so the view is consistent at one revision. Records that do
+ * checkpoint; the plan history plans/<epoch> is read only by the groups endpoint and skipped
+ * here), read with one Range so the view is consistent at one revision. Records that do
  * not decode are skipped with a warning (an agent's bad progress must not hide the job).
  * No state; thread-safe. */
 #include <stdio.h>
@@ -70,6 +71,13 @@ int wg_job_record_from_kvs(wg_coord_t *c, const char *id, const wagma_etcd_kv_t 
       rec->plan_len = kv->value_len;
       rec->plan_mod = kv->mod_revision;
       break;
+    case WAGMA_KEY_JOB_CHECKPOINT:
+      if (wagma_checkpoint_record_from_json(kv->value, kv->value_len, &rec->checkpoint, &err) == 0)
+        rec->has_checkpoint = 1;
+      else
+        wg_logf(c->log, c->log_user, WAGMA_LOG_WARN, "%s: bad checkpoint record (%s: %s)", kv->key,
+                err.field, err.message);
+      break;
     case WAGMA_KEY_JOB_PROGRESS: {
       wg_progress_entry_t *pe = &rec->progress[rec->nprogress];
       if (wagma_progress_from_json(kv->value, kv->value_len, &pe->progress, &err) == 0) {
@@ -110,9 +118,11 @@ int wg_store_load_job(wg_coord_t *c, const char *id, wg_job_record_t *rec) {
 
 uint64_t wg_job_record_iteration(const wg_job_record_t *rec) {
   uint64_t it = rec->status.iteration;
-  for (int i = 0; i < rec->nprogress; i++)
-    if (rec->progress[i].progress.iteration > it)
-      it = rec->progress[i].progress.iteration;
+  for (int i = 0; i < rec->nprogress; i++) {
+    const wagma_progress_t *p = &rec->progress[i].progress;
+    if (p->epoch >= rec->status.epoch && p->iteration > it)
+      it = p->iteration;
+  }
   return it;
 }
 

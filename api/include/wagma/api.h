@@ -14,6 +14,8 @@
  *   <prefix>/jobs/<job>/spec             the job spec with defaults filled in (coordinator)
  *   <prefix>/jobs/<job>/status           the job status (coordinator)
  *   <prefix>/jobs/<job>/plan             the averaging plan (coordinator; collective.h codec)
+ *   <prefix>/jobs/<job>/plans/<epoch>    what each epoch's plan was (coordinator; the last
+ *                                        WAGMA_API_PLAN_HISTORY epochs; epoch zero-padded)
  *   <prefix>/jobs/<job>/progress/<agent> progress, state "running" | "done" | "failed" (agent)
  *   <prefix>/jobs/<job>/checkpoint       the last checkpoint (agent rank 0)
  *   <prefix>/coordinator/leader          the leading coordinator, leased */
@@ -39,6 +41,13 @@ extern "C" {
 #define WAGMA_API_REASON_MAX 256 /* status reason, including the NUL */
 #define WAGMA_API_MAX_WORKERS 10000
 #define WAGMA_API_PREFIX_MAX 128
+/* Plan history entries a job keeps (<prefix>/jobs/<job>/plans/<epoch>): the entry of epoch
+ * E - WAGMA_API_PLAN_HISTORY is deleted in the Txn that writes epoch E. */
+#define WAGMA_API_PLAN_HISTORY 32
+/* Ranks of a round's group a progress record carries (larger groups are not listed). */
+#define WAGMA_API_PROGRESS_GROUP_MAX 64
+/* Numbers of a progress record's parameter fingerprint (4 projections + the L2 norm). */
+#define WAGMA_API_FINGERPRINT_MAX 8
 
 /* jansson dump flags of every wagma JSON document: compact, fields in order, 15 digits. */
 #define WG_JSON_FLAGS (JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
@@ -210,11 +219,20 @@ const char *wagma_progress_state_name(wagma_progress_state_t s);
 typedef struct wagma_progress {
   wagma_progress_state_t state; /* default running */
   uint64_t epoch;               /* plan epoch the agent runs */
-  uint64_t iteration;           /* iterations completed */
-  double loss;                  /* training loss (running mean), NaN = unknown */
-  double accuracy;              /* last evaluation accuracy in [0,1], NaN = none yet */
-  double step_time;             /* seconds per iteration (recent mean) */
-  uint64_t staleness;           /* max staleness seen in recent rounds */
+  uint64_t iteration;           /* iterations completed = the round the agent runs next */
+  /* wagma only: the round the agent last averaged in (in this epoch) and its group there.
+   * has_round 0 = no round yet in this epoch (the fields below are then absent in JSON). */
+  int has_round;
+  uint64_t round;
+  int round_global;                              /* the round was a global round */
+  int ngroup;                                    /* ranks in group (0: not listed) */
+  int group[WAGMA_API_PROGRESS_GROUP_MAX];       /* a group round's ranks, increasing */
+  int nfingerprint;                              /* 0 = none */
+  double fingerprint[WAGMA_API_FINGERPRINT_MAX]; /* see docs/api.md */
+  double loss;                                   /* training loss (running mean), NaN = unknown */
+  double accuracy;    /* last evaluation accuracy in [0,1], NaN = none yet */
+  double step_time;   /* seconds per iteration (recent mean) */
+  uint64_t staleness; /* max staleness seen in recent rounds */
   uint64_t rounds_activated;
   uint64_t rounds_joined;
   uint64_t rounds_left_out;
@@ -226,7 +244,9 @@ typedef struct wagma_progress {
 void wagma_progress_init(wagma_progress_t *p);
 json_t *wagma_progress_to_value(const wagma_progress_t *p);
 int wagma_progress_to_json(const wagma_progress_t *p, char **json);
-/* Required: iteration. Unknown fields are ignored. */
+/* Required: iteration. Unknown fields are ignored. "group" needs "round"; a group longer
+ * than WAGMA_API_PROGRESS_GROUP_MAX or a fingerprint longer than WAGMA_API_FINGERPRINT_MAX is
+ * refused. */
 int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *p,
                              wagma_api_error_t *err);
 
@@ -249,6 +269,35 @@ int wagma_checkpoint_record_to_json(const wagma_checkpoint_record_t *r, char **j
  * progress; known fields are type- and range-checked. */
 int wagma_checkpoint_record_from_json(const char *json, size_t len, wagma_checkpoint_record_t *r,
                                       wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
+ * Plan history entry (written by the coordinator to <prefix>/jobs/<job>/plans/<epoch> in the
+ * Txn that publishes the plan of that epoch; read by GET /v1/jobs/{id}/groups?iteration=T).
+ * It holds what the groups of the epoch follow from, not the plan itself (a plan of 10000
+ * members is ~1 MiB, twice that would pass etcd's request limit): the groups are
+ * wagma_plan_build(nmembers, group_size) in member order, checked against phases_hash.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct wagma_plan_record {
+  uint64_t epoch;
+  uint64_t start_round;
+  int group_size;
+  int staleness_bound;
+  wagma_sync_t global_sync;
+  uint64_t phases_hash; /* FNV-1a 64 of the phases (coordinator/planner.c); 0 = unchecked */
+  int nmembers;
+  char (*members)[WAGMA_API_NAME_MAX]; /* member names in rank order, nmembers entries */
+} wagma_plan_record_t;
+
+/* Releases members and zeroes the record. */
+void wagma_plan_record_free(wagma_plan_record_t *r);
+/* {"epoch","start_round","group_size","staleness_bound","global_sync","phases_hash":"<16 hex>",
+ *  "members":[names]}. Ownership: the caller frees *json. */
+int wagma_plan_record_to_json(const wagma_plan_record_t *r, char **json);
+/* Every field required and range-checked; unknown fields ignored. Ownership: on success *r
+ * owns members (wagma_plan_record_free). */
+int wagma_plan_record_from_json(const char *json, size_t len, wagma_plan_record_t *r,
+                                wagma_api_error_t *err);
 
 /* ------------------------------------------------------------------------------------------
  * Agent registration (written by the agent under its lease) and assignment (coordinator)
@@ -307,6 +356,10 @@ int wagma_key_job_prefix(const wagma_keys_t *k, const char *job, char *buf, size
 int wagma_key_job_spec(const wagma_keys_t *k, const char *job, char *buf, size_t len);
 int wagma_key_job_status(const wagma_keys_t *k, const char *job, char *buf, size_t len);
 int wagma_key_job_plan(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+/* ".../jobs/<job>/plans/" and ".../jobs/<job>/plans/<epoch, 20 digits>" (keys sort by epoch). */
+int wagma_key_job_plans_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_job_plan_record(const wagma_keys_t *k, const char *job, uint64_t epoch, char *buf,
+                              size_t len);
 int wagma_key_job_checkpoint(const wagma_keys_t *k, const char *job, char *buf, size_t len);
 int wagma_key_job_progress_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len);
 int wagma_key_job_progress(const wagma_keys_t *k, const char *job, const char *agent, char *buf,
@@ -325,6 +378,7 @@ typedef enum wagma_key_kind {
   WAGMA_KEY_JOB_PROGRESS,
   WAGMA_KEY_JOB_CHECKPOINT,
   WAGMA_KEY_LEADER,
+  WAGMA_KEY_JOB_PLAN_RECORD, /* .../jobs/<job>/plans/<20 digits> */
 } wagma_key_kind_t;
 
 /* Classifies a key (not NUL-terminated, len bytes). Fills job and agent (each

@@ -135,14 +135,36 @@ void harness_agent_kill(wagma_etcd_t *etcd, fake_agent_t *a) {
   a->lease = 0;
 }
 
+/* The epoch of the job's status (0 without one). */
+static uint64_t status_epoch(wagma_etcd_t *etcd, const char *job) {
+  char key[192];
+  wagma_etcd_kv_t *kv = NULL;
+  uint64_t epoch = 0;
+  snprintf(key, sizeof key, "/wagma/jobs/%s/status", job);
+  if (wagma_etcd_get(etcd, key, &kv, NULL) == 0) {
+    json_t *st = json_loadb(kv->value, kv->value_len, 0, NULL);
+    json_t *e = json_object_get(st, "epoch");
+    epoch = json_is_integer(e) && json_integer_value(e) > 0 ? (uint64_t)json_integer_value(e) : 0;
+    json_decref(st);
+    wagma_etcd_kv_free(kv);
+  }
+  return epoch;
+}
+
 void harness_progress(wagma_etcd_t *etcd, const char *job, const char *agent, uint64_t iteration,
                       const char *state, double loss) {
-  char key[192], val[256];
+  harness_progress_epoch(etcd, job, agent, status_epoch(etcd, job), iteration, state, loss);
+}
+
+void harness_progress_epoch(wagma_etcd_t *etcd, const char *job, const char *agent, uint64_t epoch,
+                            uint64_t iteration, const char *state, double loss) {
+  char key[192], val[320];
   snprintf(key, sizeof key, "/wagma/jobs/%s/progress/%s", job, agent);
   snprintf(val, sizeof val,
-           "{\"state\":\"%s\",\"epoch\":1,\"iteration\":%llu,\"loss\":%g,\"accuracy\":null,"
-           "\"step_time\":0.01,\"staleness\":1,\"rounds_activated\":3,\"rounds_joined\":4}",
-           state, (unsigned long long)iteration, loss);
+           "{\"state\":\"%s\",\"epoch\":%llu,\"iteration\":%llu,\"loss\":%g,"
+           "\"accuracy\":null,\"step_time\":0.01,\"staleness\":1,\"rounds_activated\":3,"
+           "\"rounds_joined\":4}",
+           state, (unsigned long long)epoch, (unsigned long long)iteration, loss);
   assert_int_equal(wagma_etcd_put(etcd, key, val, strlen(val), 0, NULL), 0);
 }
 

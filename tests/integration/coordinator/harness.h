@@ -50,8 +50,12 @@ void harness_agent_start(wagma_etcd_t *etcd, fake_agent_t *a, const char *name, 
 void harness_agent_freeze(fake_agent_t *a);
 /* Stops refreshing and revokes (the key disappears at once). */
 void harness_agent_kill(wagma_etcd_t *etcd, fake_agent_t *a);
+/* Writes a progress record of the job's current epoch (read from its status), as a member
+ * of the current plan reports; harness_progress_epoch names the epoch. */
 void harness_progress(wagma_etcd_t *etcd, const char *job, const char *agent, uint64_t iteration,
                       const char *state, double loss);
+void harness_progress_epoch(wagma_etcd_t *etcd, const char *job, const char *agent, uint64_t epoch,
+                            uint64_t iteration, const char *state, double loss);
 
 /* One etcd (tests/support fixture) and a client on it (call timeout 3 s). */
 typedef struct harness_env {

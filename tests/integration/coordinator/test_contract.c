@@ -283,6 +283,12 @@ static void test_live_walk(void **state) {
   check(&c, "POST", "/v1/jobs", "/v1/jobs", "{\"name\":\"pend\",\"workers\":5}"); /* pending */
   assert_true(harness_wait_epoch(c.base, "ct", 1, 10) >= 0);
   harness_progress(e->etcd, "ct", "k0", 12, "running", 0.7);
+  /* A wagma member's report: the round it last averaged in, its group, a fingerprint. */
+  const char *k1 = "{\"state\":\"running\",\"epoch\":1,\"iteration\":12,\"loss\":0.5,"
+                   "\"accuracy\":0.8,\"step_time\":0.01,\"round\":11,\"round_kind\":\"group\","
+                   "\"group\":[0,1],\"fingerprint\":[0.5,-0.25,1,2,3.5]}";
+  assert_int_equal(wagma_etcd_put(e->etcd, "/wagma/jobs/ct/progress/k1", k1, strlen(k1), 0, NULL),
+                   0);
 
   check(&c, "GET", "/v1/jobs", "/v1/jobs", NULL);
   check(&c, "GET", "/v1/jobs", "/v1/jobs?state=running", NULL);
@@ -295,6 +301,7 @@ static void test_live_walk(void **state) {
   check(&c, "PATCH", "/v1/jobs/{id}", "/v1/jobs/none", "{\"workers\":1}"); /* 404 */
   check(&c, "GET", "/v1/jobs/{id}/groups", "/v1/jobs/ct/groups", NULL);
   check(&c, "GET", "/v1/jobs/{id}/groups", "/v1/jobs/ct/groups?iteration=7", NULL);
+  check(&c, "GET", "/v1/jobs/{id}/groups", "/v1/jobs/ct/groups?iteration=11", NULL);
   check(&c, "GET", "/v1/jobs/{id}/groups", "/v1/jobs/ct/groups?iteration=-1", NULL); /* 400 */
   check(&c, "GET", "/v1/jobs/{id}/groups", "/v1/jobs/pend/groups", NULL);            /* 404 */
   check(&c, "GET", "/v1/jobs/{id}/plan", "/v1/jobs/ct/plan", NULL);

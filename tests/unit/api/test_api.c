@@ -281,6 +281,121 @@ static void test_progress_codec(void **state) {
   const char *badloss = "{\"iteration\":1,\"loss\":\"low\"}";
   assert_int_equal(wagma_progress_from_json(badloss, strlen(badloss), &b, &err), WAGMA_EINVAL);
   assert_string_equal(err.field, "loss");
+
+  /* no round yet: neither round, round_kind nor group is written */
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_null(strstr(json, "\"round\":"));
+  assert_null(strstr(json, "\"round_kind\""));
+  assert_null(strstr(json, "\"group\""));
+  assert_null(strstr(json, "\"fingerprint\""));
+  free(json);
+  /* the round last averaged in, my group there, the final fingerprint */
+  a.has_round = 1;
+  a.round = 499;
+  a.ngroup = 3;
+  a.group[0] = 0, a.group[1] = 2, a.group[2] = 5;
+  a.nfingerprint = 5;
+  for (int i = 0; i < 5; i++)
+    a.fingerprint[i] = -1.5 + i;
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"round\":499,\"round_kind\":\"group\",\"group\":[0,2,5]"));
+  assert_int_equal(wagma_progress_from_json(json, strlen(json), &b, &err), 0);
+  free(json);
+  assert_true(b.has_round);
+  assert_int_equal(b.round, 499);
+  assert_false(b.round_global);
+  assert_int_equal(b.ngroup, 3);
+  assert_int_equal(b.group[2], 5);
+  assert_int_equal(b.nfingerprint, 5);
+  assert_true(b.fingerprint[0] == -1.5 && b.fingerprint[4] == 2.5);
+  a.round_global = 1;
+  a.ngroup = 0;
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"round_kind\":\"global\""));
+  assert_null(strstr(json, "\"group\""));
+  assert_int_equal(wagma_progress_from_json(json, strlen(json), &b, &err), 0);
+  free(json);
+  assert_true(b.has_round && b.round_global && b.ngroup == 0);
+  const char *noround = "{\"iteration\":1,\"group\":[0,1]}";
+  assert_int_equal(wagma_progress_from_json(noround, strlen(noround), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "group");
+  const char *badkind = "{\"iteration\":1,\"round\":0,\"round_kind\":\"ring\"}";
+  assert_int_equal(wagma_progress_from_json(badkind, strlen(badkind), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "round_kind");
+  const char *badrank = "{\"iteration\":1,\"round\":0,\"group\":[0,-1]}";
+  assert_int_equal(wagma_progress_from_json(badrank, strlen(badrank), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "group[1]");
+  char big[1024] = "{\"iteration\":1,\"round\":0,\"group\":[0";
+  for (int i = 1; i <= WAGMA_API_PROGRESS_GROUP_MAX; i++)
+    snprintf(big + strlen(big), sizeof big - strlen(big), ",%d", i);
+  strcat(big, "]}");
+  assert_int_equal(wagma_progress_from_json(big, strlen(big), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "group");
+  const char *badfp = "{\"iteration\":1,\"fingerprint\":[1,\"x\"]}";
+  assert_int_equal(wagma_progress_from_json(badfp, strlen(badfp), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "fingerprint[1]");
+}
+
+static void test_plan_record_codec(void **state) {
+  (void)state;
+  wagma_plan_record_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  char names[3][WAGMA_API_NAME_MAX] = {"a0", "a1", "b-2"};
+  memset(&a, 0, sizeof a);
+  a.epoch = 7;
+  a.start_round = 1234;
+  a.group_size = 4;
+  a.staleness_bound = 8;
+  a.global_sync = WAGMA_SYNC_WAIT_AVOIDING;
+  a.phases_hash = 0x0123456789abcdefull;
+  a.nmembers = 3;
+  a.members = names;
+  assert_int_equal(wagma_plan_record_to_json(&a, &json), 0);
+  assert_string_equal(json,
+                      "{\"epoch\":7,\"start_round\":1234,\"group_size\":4,"
+                      "\"staleness_bound\":8,\"global_sync\":\"wait-avoiding\","
+                      "\"phases_hash\":\"0123456789abcdef\",\"members\":[\"a0\",\"a1\",\"b-2\"]}");
+  assert_int_equal(wagma_plan_record_from_json(json, strlen(json), &b, &err), 0);
+  free(json);
+  assert_int_equal(b.epoch, 7);
+  assert_int_equal(b.start_round, 1234);
+  assert_int_equal(b.group_size, 4);
+  assert_int_equal(b.staleness_bound, 8);
+  assert_int_equal(b.global_sync, WAGMA_SYNC_WAIT_AVOIDING);
+  assert_true(b.phases_hash == 0x0123456789abcdefull);
+  assert_int_equal(b.nmembers, 3);
+  assert_string_equal(b.members[2], "b-2");
+  wagma_plan_record_free(&b);
+  assert_null(b.members);
+
+  struct {
+    const char *json, *field;
+  } bad[] = {
+      {"{\"start_round\":0,\"group_size\":2,\"staleness_bound\":1,\"global_sync\":\"barrier\","
+       "\"phases_hash\":\"0000000000000000\",\"members\":[\"a\"]}",
+       "epoch"},
+      {"{\"epoch\":1,\"start_round\":0,\"group_size\":1,\"staleness_bound\":1,"
+       "\"global_sync\":\"barrier\",\"phases_hash\":\"0000000000000000\",\"members\":[\"a\"]}",
+       "group_size"},
+      {"{\"epoch\":1,\"start_round\":0,\"group_size\":2,\"staleness_bound\":1,"
+       "\"global_sync\":\"ring\",\"phases_hash\":\"0000000000000000\",\"members\":[\"a\"]}",
+       "global_sync"},
+      {"{\"epoch\":1,\"start_round\":0,\"group_size\":2,\"staleness_bound\":1,"
+       "\"global_sync\":\"barrier\",\"phases_hash\":\"+123456789abcdef\",\"members\":[\"a\"]}",
+       "phases_hash"},
+      {"{\"epoch\":1,\"start_round\":0,\"group_size\":2,\"staleness_bound\":1,"
+       "\"global_sync\":\"barrier\",\"phases_hash\":\"0000000000000000\",\"members\":[]}",
+       "members"},
+      {"{\"epoch\":1,\"start_round\":0,\"group_size\":2,\"staleness_bound\":1,"
+       "\"global_sync\":\"barrier\",\"phases_hash\":\"0000000000000000\",\"members\":[\"a/b\"]}",
+       "members[0]"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (wagma_plan_record_from_json(bad[i].json, strlen(bad[i].json), &b, &err) != WAGMA_EINVAL)
+      fail_msg("bad record %zu accepted", i);
+    assert_string_equal(err.field, bad[i].field);
+  }
 }
 
 static void test_checkpoint_record_codec(void **state) {
@@ -455,6 +570,13 @@ static void test_keys(void **state) {
   assert_string_equal(buf, "/wagma/coordinator/leader");
   assert_int_equal(wagma_key_root(&k, buf, sizeof buf), 0);
   assert_string_equal(buf, "/wagma/");
+  assert_int_equal(wagma_key_job_plans_prefix(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/plans/");
+  assert_int_equal(wagma_key_job_plan_record(&k, "j", 42, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/plans/00000000000000000042");
+  assert_int_equal(wagma_key_job_plan_record(&k, "j", UINT64_MAX, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/jobs/j/plans/18446744073709551615");
+  assert_int_equal(wagma_key_job_plan_record(&k, "a/b", 1, buf, sizeof buf), WAGMA_EINVAL);
   assert_int_equal(wagma_key_job_spec(&k, "j", buf, 10), WAGMA_ERANGE);
 
   struct {
@@ -469,6 +591,10 @@ static void test_keys(void **state) {
       {"/wagma/jobs/j1/plan", WAGMA_KEY_JOB_PLAN, "j1", ""},
       {"/wagma/jobs/j1/checkpoint", WAGMA_KEY_JOB_CHECKPOINT, "j1", ""},
       {"/wagma/jobs/j1/progress/a2", WAGMA_KEY_JOB_PROGRESS, "j1", "a2"},
+      {"/wagma/jobs/j1/plans/00000000000000000003", WAGMA_KEY_JOB_PLAN_RECORD, "j1", ""},
+      {"/wagma/jobs/j1/plans/3", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/jobs/j1/plans/0000000000000000000x", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/jobs/j1/plans/", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/coordinator/leader", WAGMA_KEY_LEADER, "", ""},
       {"/wagma/jobs/j1/progress/", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/jobs/j1/progress/a/b", WAGMA_KEY_UNKNOWN, "", ""},
@@ -518,6 +644,7 @@ int main(void) {
       cmocka_unit_test(test_patch),
       cmocka_unit_test(test_status_codec),
       cmocka_unit_test(test_progress_codec),
+      cmocka_unit_test(test_plan_record_codec),
       cmocka_unit_test(test_checkpoint_record_codec),
       cmocka_unit_test(test_agent_and_assignment),
       cmocka_unit_test(test_error_body),

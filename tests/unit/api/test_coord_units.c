@@ -1,7 +1,8 @@
 /* Unit tests of the coordinator's pure parts: the router and the raw request target check,
  * the request checks of the dispatcher that run before any etcd call (400, 404, 405, 401, 413,
  * 415, 400, 422), the planner's plan JSON (what agents decode: members in request order, job
- * parameters, odd characters escaped), and the metrics text. No etcd, no sockets. */
+ * parameters, odd characters escaped) and its history entry (the groups rebuilt from it are
+ * the plan's), and the metrics text. No etcd, no sockets. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -315,6 +316,65 @@ static void test_planner_encoding(void **state) {
   assert_null(json);
 }
 
+/* The plan history entry: what GET groups rebuilds an older epoch's groups from. */
+static void test_planner_record(void **state) {
+  (void)state;
+  const int sizes[] = {1, 3, 4, 7, 16, 100};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    int p = sizes[k];
+    char names[100][16], addrs[100][24];
+    wg_plan_member_t m[100];
+    for (int r = 0; r < p; r++) {
+      snprintf(names[r], sizeof names[r], "n%03d", (r * 37) % 101);
+      snprintf(addrs[r], sizeof addrs[r], "127.0.0.1:%d", 7000 + r);
+      m[r] = (wg_plan_member_t){.name = names[r], .address = addrs[r], .joiner = r == p - 1};
+    }
+    wg_plan_request_t req = {.epoch = 9,
+                             .start_round = 777,
+                             .group_size = 2,
+                             .staleness_bound = 3,
+                             .global_sync = WAGMA_SYNC_BARRIER,
+                             .nmembers = p,
+                             .members = m};
+    char *json = NULL, *record = NULL, err[128];
+    wagma_api_error_t aerr;
+    wagma_plan_t plan, rebuilt;
+    wagma_plan_record_t rec;
+    assert_int_equal(wg_planner_build(&req, &json, &record, NULL), 0);
+    assert_int_equal(wagma_plan_from_json(json, strlen(json), &plan, err, sizeof err), 0);
+    assert_int_equal(wagma_plan_record_from_json(record, strlen(record), &rec, &aerr), 0);
+    assert_int_equal(rec.epoch, 9);
+    assert_int_equal(rec.start_round, 777);
+    assert_true(rec.phases_hash == wg_planner_phases_hash(&plan));
+    assert_int_equal(wg_planner_from_record(&rec, &rebuilt), 0);
+    /* the same groups in every round, the same names, epoch, start_round and tau */
+    assert_int_equal(rebuilt.nranks, p);
+    assert_int_equal(rebuilt.nphases, plan.nphases);
+    assert_int_equal(rebuilt.epoch, 9);
+    assert_int_equal(rebuilt.start_round, 777);
+    assert_int_equal(rebuilt.staleness_bound, 3);
+    for (uint64_t t = 777; t < 777 + 2 * (uint64_t)plan.nphases; t++)
+      for (int r = 0; r < p; r++) {
+        const int *a = NULL, *b = NULL;
+        int ga, gb, na = wagma_plan_group(&plan, t, r, &ga, &a);
+        int nb = wagma_plan_group(&rebuilt, t, r, &gb, &b);
+        assert_int_equal(na, nb);
+        assert_int_equal(ga, gb);
+        assert_memory_equal(a, b, (size_t)na * sizeof *a);
+      }
+    for (int r = 0; r < p; r++)
+      assert_string_equal(rebuilt.members[r].name, names[r]);
+    /* an entry whose phases hash otherwise (another planner wrote it) is refused */
+    wagma_plan_free(&rebuilt);
+    rec.phases_hash ^= 1;
+    assert_int_equal(wg_planner_from_record(&rec, &rebuilt), WAGMA_ERANGE);
+    wagma_plan_record_free(&rec);
+    wagma_plan_free(&plan);
+    free(json);
+    free(record);
+  }
+}
+
 static void test_metrics(void **state) {
   (void)state;
   wg_metrics_t *m;
@@ -344,6 +404,7 @@ int main(void) {
       cmocka_unit_test(test_router),           cmocka_unit_test(test_route_target),
       cmocka_unit_test(test_dispatch_target),  cmocka_unit_test(test_dispatch_checks),
       cmocka_unit_test(test_planner_encoding), cmocka_unit_test(test_metrics),
+      cmocka_unit_test(test_planner_record),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
