@@ -89,6 +89,13 @@ typedef struct wg_progress_snap {
   char job[WAGMA_NAME_MAX];
   int state;
   uint64_t epoch, iteration;
+  int has_round; /* wagma: round, its kind and my group there (see wagma_progress_t) */
+  uint64_t round;
+  int round_global;
+  int ngroup;
+  int group[WAGMA_API_PROGRESS_GROUP_MAX];
+  int nfingerprint; /* the final report's parameter fingerprint, 0 = none */
+  double fingerprint[WAGMA_API_FINGERPRINT_MAX];
   double loss, accuracy, step_time; /* NaN = unknown */
   uint64_t staleness;
   uint64_t rounds_activated, rounds_joined, rounds_left_out, rounds_skipped;

@@ -1,8 +1,10 @@
 /* agent/algorithms.c — one training iteration of each algorithm of ARCHITECTURE.md §5.3, on
  * the runner thread (the communicator's "compute thread"):
  *   wagma      local step, then wagma_comm_step: a group round, or every tau rounds the global
- *              round in the plan's global_sync mode; the iteration follows the comm's round
- *              counter (it jumps when the engine skips rounds);
+ *              round in the plan's global_sync mode; the iteration IS the comm's round
+ *              counter (round == iteration: both start at the plan's start_round, and the
+ *              iteration jumps when the engine skips rounds); the round and my group in it
+ *              are kept for the progress record;
  *   allreduce  gradients averaged over all members every step (wagma_comm_allreduce), then the
  *              step: the synchronous data-parallel baseline;
  *   local-sgd  local steps, model mean over all members every tau iterations.
@@ -24,6 +26,22 @@ static void straggle(wg_runner_ctx_t *r, double compute_s) {
     pause += o->sleep_ms / 1000.0;
   if (pause > 0)
     wg_sleep_s(pause);
+}
+
+/* Keeps the round a step ran and my group in it (the plan's, as the engine used it). */
+static void note_round(wg_job_t *j, const wagma_round_stats_t *st) {
+  const int *ranks = NULL;
+  j->have_round = 1;
+  j->last_round = st->round;
+  j->last_round_global = st->kind == WAGMA_ROUND_GLOBAL;
+  j->last_ngroup = 0;
+  if (j->last_round_global)
+    return;
+  int n = wagma_plan_group(&j->plan, st->round, j->rank, NULL, &ranks);
+  if (n > 0 && n <= WAGMA_API_PROGRESS_GROUP_MAX) {
+    memcpy(j->last_group, ranks, (size_t)n * sizeof *ranks);
+    j->last_ngroup = n;
+  }
 }
 
 int wg_algo_iteration(wg_runner_ctx_t *r) {
@@ -62,8 +80,9 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
     e = wagma_comm_step(j->comm, params, &st);
     if (e == 0 && st.max_staleness > j->staleness_window)
       j->staleness_window = st.max_staleness;
-    uint64_t round = wagma_comm_round(j->comm);
-    j->iteration = j->iter0 + (round >= j->round0 ? round - j->round0 : 0);
+    if (e == 0)
+      note_round(j, &st);
+    j->iteration = wagma_comm_round(j->comm);
     if (e)
       wg_runner_warn_comm(r, "wagma round", e);
     break;

@@ -62,6 +62,13 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   p.rounds_joined = s->rounds_joined;
   p.rounds_left_out = s->rounds_left_out;
   p.rounds_skipped = s->rounds_skipped;
+  p.has_round = s->has_round;
+  p.round = s->round;
+  p.round_global = s->round_global;
+  p.ngroup = s->ngroup;
+  memcpy(p.group, s->group, sizeof p.group);
+  p.nfingerprint = s->nfingerprint;
+  memcpy(p.fingerprint, s->fingerprint, sizeof p.fingerprint);
   p.time = wg_wall();
   snprintf(p.error, sizeof p.error, "%s", s->error);
   if (wagma_progress_to_json(&p, &json) != 0)

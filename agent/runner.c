@@ -6,10 +6,14 @@
  *  - a new job: load the data, build model and optimizer (nothing trained yet);
  *  - a plan of another epoch in which I am a member: destroy the old communicator (rounds in
  *    flight are aborted), create the new one and begin with a GLOBAL SYNC: a weighted average
- *    of (parameters | optimizer state | iteration) in which joiners have weight 0, so a joiner
- *    receives the model and the iteration from its peers and survivors keep their training —
- *    no restart, no disk. When every member is a joiner (a fresh start, or a restart from
- *    nothing) all start from the job's checkpoint if one is recorded, else from the seed;
+ *    of (parameters | optimizer state) in which joiners have weight 0, so a joiner receives
+ *    the model from its peers and survivors keep their training — no restart, no disk. When
+ *    every member is a joiner (a fresh start, or a restart from nothing) all start from the
+ *    job's checkpoint if one is recorded, else from the seed. Then every member sets its
+ *    iteration to the plan's start_round, the communicator's first round: round ==
+ *    iteration from there on, the same number on every member and in the coordinator's
+ *    GET /v1/jobs/{id}/groups?iteration=T (a survivor that had run past start_round counts
+ *    those iterations again; its model keeps their training);
  *  - then one iteration after another (algorithms.c) until the job's iteration count; at the
  *    end a final model average (not for allreduce: models are equal), an evaluation on the
  *    whole test set and the completion signal (progress state "done"). A finished agent keeps
@@ -91,6 +95,15 @@ static void share_progress(wg_runner_ctx_t *r, int state, const char *error, int
   p->rounds_joined = j->base.rounds_joined + cc.rounds_joined;
   p->rounds_left_out = j->base.rounds_left_out + cc.rounds_left_out;
   p->rounds_skipped = j->base.rounds_skipped + cc.rounds_skipped;
+  p->has_round = j->have_round;
+  p->round = j->last_round;
+  p->round_global = j->last_round_global;
+  p->ngroup = j->last_ngroup;
+  memcpy(p->group, j->last_group, sizeof p->group);
+  if (state == WG_STATE_DONE) {
+    p->nfingerprint = j->nfingerprint;
+    memcpy(p->fingerprint, j->fingerprint, sizeof p->fingerprint);
+  }
   if (error)
     snprintf(p->error, sizeof p->error, "%.250s", error);
   r->shared->progress_dirty = 1;
@@ -180,7 +193,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
                               wagma_seed_derive(cfg->seed, r->opt->name))) ||
       (e = wagma_batch_alloc(&j->batch, (size_t)cfg->batch_size, j->train.features)))
     goto out;
-  j->sync_buf = malloc((j->nparams + j->nstate + 1) * sizeof(float));
+  j->sync_buf = malloc((j->nparams + j->nstate) * sizeof(float));
   if (!j->sync_buf) {
     e = WAGMA_ENOMEM;
     goto out;
@@ -227,8 +240,35 @@ static void evaluate(wg_runner_ctx_t *r, size_t count) {
     j->accuracy = (double)ev.correct / (double)ev.n;
 }
 
+/* A fingerprint of the parameters, the same function on every agent: their projections on 4
+ * fixed pseudo-random +-1 vectors (one splitmix64 draw per parameter from a fixed seed; bit k
+ * is the sign in projection k), then the L2 norm. Two members' models differ by about |x - y| in
+ * each projection, so the spread of the fingerprints over the members measures how far apart the
+ * models are (docs/api.md, progress "fingerprint"). */
+static void fingerprint(const float *p, size_t n, double *out, int *nout) {
+  uint64_t s = 0x5741474d41465031ull; /* fixed: "WAGMAFP1" */
+  double d[4] = {0, 0, 0, 0}, sq = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    double x = p[i];
+    for (int k = 0; k < 4; k++)
+      d[k] += (z >> k) & 1u ? x : -x;
+    sq += x * x;
+  }
+  for (int k = 0; k < 4; k++)
+    out[k] = d[k];
+  out[4] = sqrt(sq);
+  *nout = 5;
+}
+
 static void finish(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
+  /* The models as trained (before the final average makes them equal): how far apart the
+   * members ended shows whether the averaging during training worked. */
+  fingerprint(wagma_model_params(j->model), j->nparams, j->fingerprint, &j->nfingerprint);
   if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
     int e = wagma_comm_average(j->comm, wagma_model_params(j->model), j->nparams, 1.0f);
     if (e)
@@ -271,6 +311,7 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
   if (have_ck)
     j->ck = *ck;
   j->rank = wagma_plan_rank_of(&j->plan, r->opt->name);
+  j->have_round = 0; /* no round of this epoch yet */
   j->need_connect = j->rank >= 0;
   j->connect_at = 0;
   j->connect_failures = 0;
@@ -316,30 +357,34 @@ static void connect_epoch(wg_runner_ctx_t *r) {
     wagma_comm_abort(j->comm); /* superseded while it was being created */
   pthread_mutex_unlock(&r->shared->mu);
 
-  /* Global sync: joiners (weight 0) receive the model and the iteration from the others. A
-   * member without a model that the plan does not mark as a joiner is part of a fresh start
-   * (the coordinator marks no joiner when nobody survived): it begins from the job's
-   * checkpoint when one is recorded (every member loads the same file), else from the seed
-   * (the same on every member), with weight 1. */
+  /* Global sync: joiners (weight 0) receive the model from the others. A member without a
+   * model that the plan does not mark as a joiner is part of a fresh start (the coordinator
+   * marks no joiner when nobody survived): it begins from the job's checkpoint when one is
+   * recorded (every member loads the same file, and the coordinator made the plan's
+   * start_round its iteration), else from the seed (the same on every member), with weight 1.
+   * The iteration does not travel in the sync: every member takes the plan's start_round. */
   int plan_joiner = j->plan.members[j->rank].joiner && !all_joiners;
   if (!j->have_model) {
     if (!plan_joiner && have_ck && ck->path[0] && load_checkpoint(r, ck) == 0) {
-      /* j->iteration set from the file */
+      if (j->iteration != j->plan.start_round)
+        RLOG(r, WAGMA_LOG_INFO,
+             "job %s epoch %llu: checkpoint holds iteration %llu, the plan starts at round "
+             "%llu: counting from there",
+             j->cfg.job, (unsigned long long)j->epoch, (unsigned long long)j->iteration,
+             (unsigned long long)j->plan.start_round);
     } else {
       wagma_model_init(j->model, j->cfg.seed);
       wagma_optim_reset(j->optim);
-      j->iteration = j->plan.start_round;
       j->have_model = !plan_joiner;
     }
   }
   int joiner = plan_joiner;
   float weight = joiner ? 0.0f : 1.0f;
-  size_t n = j->nparams + j->nstate + 1;
+  size_t n = j->nparams + j->nstate;
   float *state = wagma_optim_state(j->optim, NULL);
   memcpy(j->sync_buf, wagma_model_params(j->model), j->nparams * sizeof(float));
   if (j->nstate)
     memcpy(j->sync_buf + j->nparams, state, j->nstate * sizeof(float));
-  j->sync_buf[n - 1] = (float)j->iteration;
   e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
   if (e == WAGMA_ECANCELED) {
     RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
@@ -351,19 +396,15 @@ static void connect_epoch(wg_runner_ctx_t *r) {
     memcpy(wagma_model_params(j->model), j->sync_buf, j->nparams * sizeof(float));
     if (j->nstate)
       memcpy(state, j->sync_buf + j->nparams, j->nstate * sizeof(float));
-    double it = j->sync_buf[n - 1];
-    if (isfinite(it) && it >= 0)
-      j->iteration = (uint64_t)llround(it);
     j->have_model = 1;
   } else {
     wg_runner_warn_comm(r, "global sync", e);
-    if (weight == 0.0f)
-      j->iteration = j->plan.start_round;
   }
+  /* round == iteration: the communicator's first round is the plan's start_round. The
+   * optimizer's update count (lr schedule) and the data stream follow the iteration. */
+  j->iteration = j->plan.start_round;
   wagma_optim_set_updates(j->optim, j->iteration);
   wagma_sampler_seek(&j->sampler, j->iteration * (uint64_t)j->cfg.batch_size);
-  j->iter0 = j->iteration;
-  j->round0 = wagma_comm_round(j->comm);
   j->total_iterations = total_iterations(j);
   j->done = 0;
   RLOG(r, WAGMA_LOG_INFO,

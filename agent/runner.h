@@ -18,7 +18,7 @@ typedef struct wg_job {
   wagma_sampler_t sampler;
   wagma_batch_t batch;
   size_t nparams, nstate;
-  float *sync_buf; /* params | optimizer state | iteration */
+  float *sync_buf; /* params | optimizer state: the epoch's opening global sync */
   int have_model;  /* the model holds this job's training (not just an init) */
 
   /* the current epoch */
@@ -31,8 +31,18 @@ typedef struct wg_job {
   int connect_failures;
   int have_ck;
   wg_checkpoint_rec_t ck; /* the job's checkpoint record when the plan was adopted */
-  uint64_t iter0, round0; /* iteration and comm round at the start of the epoch */
+  /* iterations completed = the next round; set to the plan's start_round at the start of
+   * every epoch (round == iteration, docs/agent.md) */
   uint64_t iteration, total_iterations;
+  /* wagma: the round of the last wagma_comm_step of this epoch and my group in it */
+  int have_round;
+  uint64_t last_round;
+  int last_round_global;
+  int last_ngroup; /* 0 for a global round or a group larger than the record takes */
+  int last_group[WAGMA_API_PROGRESS_GROUP_MAX];
+  /* fingerprint of the parameters before the final model average (finish) */
+  int nfingerprint;
+  double fingerprint[WAGMA_API_FINGERPRINT_MAX];
   int done;
   double done_at;
 

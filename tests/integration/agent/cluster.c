@@ -221,6 +221,22 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
       jm->accuracy = num_of(p, "accuracy");
       jm->rounds_activated = uint_of(p, "rounds_activated");
       jm->rounds_joined = uint_of(p, "rounds_joined");
+      jm->rounds_skipped = uint_of(p, "rounds_skipped");
+      jm->has_round = json_is_integer(json_object_get(p, "round"));
+      jm->round = uint_of(p, "round");
+      jm->round_global =
+          strcmp(json_string_value(json_object_get(p, "round_kind")) ?: "", "global") == 0;
+      json_t *g = json_object_get(p, "group"), *x;
+      size_t k;
+      json_array_foreach(g, k, x) {
+        if (jm->ngroup < JOB_MEMBER_GROUP_MAX)
+          jm->group[jm->ngroup++] = (int)json_integer_value(x);
+      }
+      json_t *f = json_object_get(p, "fingerprint");
+      json_array_foreach(f, k, x) {
+        if (jm->nfingerprint < JOB_MEMBER_FINGERPRINT_MAX)
+          jm->fingerprint[jm->nfingerprint++] = json_number_value(x);
+      }
     }
   }
   json_decref(o);

@@ -49,13 +49,23 @@ int cluster_http(const cluster_t *c, const char *method, const char *path, const
                  long *status, char **body);
 
 /* A snapshot of GET /v1/jobs/{id}. */
+#define JOB_MEMBER_GROUP_MAX 64
+#define JOB_MEMBER_FINGERPRINT_MAX 8
+
 typedef struct job_member {
   char name[64];
   int has_progress;
   char state[16];
   uint64_t iteration, epoch;
   double loss, accuracy;
-  uint64_t rounds_activated, rounds_joined;
+  uint64_t rounds_activated, rounds_joined, rounds_skipped;
+  int has_round; /* wagma: the round last averaged in, its kind and my group there */
+  uint64_t round;
+  int round_global;
+  int ngroup;
+  int group[JOB_MEMBER_GROUP_MAX];
+  int nfingerprint; /* the final report's parameter fingerprint */
+  double fingerprint[JOB_MEMBER_FINGERPRINT_MAX];
 } job_member_t;
 
 typedef struct job_view {
