@@ -7,6 +7,11 @@
  *   64 u32 payload CRC32 | 68..92 zero | 92 u32 CRC32 of bytes 0..92
  *   payload: parameter floats, then optimizer state floats (IEEE-754 binary32, little-endian).
  *
+ * The bytes do not depend on the backend: parameters and state are downloaded to the host in
+ * their one layout (wagma_model_get_params / wagma_optim_get_state) before they are written,
+ * and uploaded from the host after a load, so a checkpoint written on CUDA resumes on the CPU
+ * and back.
+ *
  * Owns nothing past a call. No threads. Invariants: a file is published only by rename(2)
  * after fsync, so readers see an old or a new checkpoint whole; load validates all of the file
  * into temporary buffers before it changes the model or the optimizer. */
@@ -22,6 +27,7 @@
 
 #include <zlib.h>
 
+#include "agent/train/backend.h"
 #include "agent/train/internal.h"
 #include "agent/train/train.h"
 
@@ -133,6 +139,27 @@ int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, 
   size_t state_len = 0;
   const float *state = o ? wagma_optim_state(o, &state_len) : NULL;
   const float *params = wagma_model_params(m);
+  float *host = NULL; /* host copies of a device model's parameters and state */
+  if (!wagma_backend_host_memory(wagma_model_backend(m)) ||
+      (o && !wagma_backend_host_memory(wagma_optim_backend(o)))) {
+    size_t np = wagma_model_param_count(m);
+    host = malloc((np + state_len) * sizeof(float) + 1);
+    if (!host) {
+      wg_errf(err, err_len, "out of memory for a host copy of the model");
+      return WAGMA_ENOMEM;
+    }
+    int e = wagma_model_get_params(m, host);
+    if (!e && o)
+      e = wagma_optim_get_state(o, host + np);
+    if (e) {
+      wg_errf(err, err_len, "cannot copy the model to the host: %s",
+              wagma_backend_error(wagma_model_backend(m)));
+      free(host);
+      return e;
+    }
+    params = host;
+    state = o ? host + np : NULL;
+  }
   ckpt_header_t h = {
       .version = CKPT_VERSION,
       .header_len = CKPT_HEADER,
@@ -175,6 +202,7 @@ out:
     close(fd);
   if (rc)
     unlink(tmp); /* harmless after a successful rename: tmp no longer exists */
+  free(host);
   return rc;
 }
 
@@ -264,12 +292,14 @@ int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, 
     wg_errf(err, err_len, "%s: checkpoint payload checksum mismatch", path);
     goto out;
   }
-  memcpy(wagma_model_params(m), payload, h.n_params * sizeof(float));
-  if (o) {
-    if (o_len)
-      memcpy(wagma_optim_state(o, NULL), payload + h.n_params, o_len * sizeof(float));
-    wagma_optim_set_updates(o, h.updates);
+  if ((rc = wagma_model_set_params(m, payload)) ||
+      (o && o_len && (rc = wagma_optim_set_state(o, payload + h.n_params)))) {
+    wg_errf(err, err_len, "%s: cannot copy the checkpoint to the device: %s", path,
+            wagma_backend_error(wagma_model_backend(m)));
+    goto out;
   }
+  if (o)
+    wagma_optim_set_updates(o, h.updates);
   if (iteration)
     *iteration = h.iteration;
   rc = WAGMA_OK;

@@ -1,5 +1,6 @@
-/* layers.c — layer kernels: dense, convolution (im2col + sgemm per image), pooling, activations and
- * softmax cross-entropy, forward and backward.
+/* layers.c — the CPU backend's layer kernels: convolution (im2col + sgemm per image), pooling,
+ * activations and softmax cross-entropy, forward and backward. The element-wise math is that of
+ * elementwise.h (shared with the CUDA kernels); dense layers are backend-generic (backend.c).
  *
  * Owns nothing: every buffer is the caller's (models.c sizes them for its max batch). No
  * threads of its own; OpenBLAS may use its own pool (see wagma_train_set_threads). Invariant:
@@ -9,33 +10,9 @@
 
 #include <cblas.h>
 
+#include "agent/train/elementwise.h"
 #include "agent/train/layers.h"
 #include "agent/train/train.h"
-
-/* ------------------------------------------------------------------ dense */
-
-void wg_dense_forward(size_t n, size_t in, size_t out, const float *x, const float *w,
-                      const float *b, float *y) {
-  for (size_t i = 0; i < n; i++)
-    memcpy(y + i * out, b, out * sizeof(float));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)out, (int)in, 1.0f, x, (int)in,
-              w, (int)in, 1.0f, y, (int)out);
-}
-
-void wg_dense_backward(size_t n, size_t in, size_t out, const float *x, const float *w,
-                       const float *dy, float *dw, float *db, float *dx) {
-  /* dw[out][in] = dy^T . x */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)out, (int)in, (int)n, 1.0f, dy,
-              (int)out, x, (int)in, 0.0f, dw, (int)in);
-  for (size_t o = 0; o < out; o++)
-    db[o] = 0.0f;
-  for (size_t i = 0; i < n; i++)
-    for (size_t o = 0; o < out; o++)
-      db[o] += dy[i * out + o];
-  if (dx) /* dx[n][in] = dy . w */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)in, (int)out, 1.0f, dy,
-                (int)out, w, (int)in, 0.0f, dx, (int)in);
-}
 
 /* ------------------------------------------------------------------ convolution */
 
@@ -243,24 +220,20 @@ void wg_pool_backward(const wg_pool_shape_t *s, int mode, size_t n, const float 
 void wg_act_forward(int fn, size_t len, const float *x, float *y) {
   if (fn == WAGMA_ACT_TANH) {
     for (size_t i = 0; i < len; i++)
-      y[i] = tanhf(x[i]);
+      y[i] = wg_tanh(x[i]);
   } else {
-    for (size_t i = 0; i < len; i++) { /* unconditional loads + select: vectorizes */
-      float v = x[i];
-      y[i] = v > 0.0f ? v : 0.0f;
-    }
+    for (size_t i = 0; i < len; i++) /* unconditional loads + select: vectorizes */
+      y[i] = wg_relu(x[i]);
   }
 }
 
 void wg_act_backward(int fn, size_t len, const float *y, const float *dy, float *dx) {
   if (fn == WAGMA_ACT_TANH) {
     for (size_t i = 0; i < len; i++)
-      dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+      dx[i] = wg_tanh_grad(y[i], dy[i]);
   } else {
-    for (size_t i = 0; i < len; i++) {
-      float g = dy[i];
-      dx[i] = y[i] > 0.0f ? g : 0.0f;
-    }
+    for (size_t i = 0; i < len; i++)
+      dx[i] = wg_relu_grad(y[i], dy[i]);
   }
 }
 
@@ -271,24 +244,10 @@ double wg_softmax_xent(size_t n, size_t classes, const float *logits, const int3
   double total = 0.0;
   size_t hits = 0;
   for (size_t i = 0; i < n; i++) {
-    const float *z = logits + i * classes;
-    size_t best = 0;
-    for (size_t c = 1; c < classes; c++)
-      if (z[c] > z[best])
-        best = c;
-    double sum = 0.0;
-    for (size_t c = 0; c < classes; c++)
-      sum += exp((double)z[c] - (double)z[best]);
-    double lse = (double)z[best] + log(sum);
-    total += lse - (double)z[y[i]];
+    size_t best;
+    total += wg_xent_row(logits + i * classes, classes, y[i], (double)n,
+                         dlogits ? dlogits + i * classes : NULL, &best);
     hits += best == (size_t)y[i];
-    if (dlogits) {
-      float *d = dlogits + i * classes;
-      for (size_t c = 0; c < classes; c++) {
-        double p = exp((double)z[c] - lse);
-        d[c] = (float)((p - (c == (size_t)y[i] ? 1.0 : 0.0)) / (double)n);
-      }
-    }
   }
   if (correct)
     *correct = hits;

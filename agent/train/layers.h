@@ -1,5 +1,6 @@
-/* agent/train/layers.h — the layer kernels under the models (internal to wagma_train and its
- * tests). Pure functions over caller-owned buffers: no allocation, no state.
+/* agent/train/layers.h — the CPU backend's layer kernels (internal to wagma_train and its
+ * tests), and the shapes every backend uses. Pure functions over caller-owned host buffers: no
+ * allocation, no state. Dense layers are backend-generic: wg_dense_* in backend.h.
  *
  * Layout: a batch of n samples is sample-major; an image sample is channel-major (NCHW).
  * Backward kernels WRITE (not accumulate) parameter gradients; dx may be NULL when the input
@@ -10,11 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Dense: y[n][out] = x[n][in] . w[out][in]^T + b[out]. */
-void wg_dense_forward(size_t n, size_t in, size_t out, const float *x, const float *w,
-                      const float *b, float *y);
-void wg_dense_backward(size_t n, size_t in, size_t out, const float *x, const float *w,
-                       const float *dy, float *dw, float *db, float *dx);
+#ifdef __cplusplus
+extern "C" {
+#ifdef __cplusplus
+}
+#endif
+#endif
 
 /* Convolution, stride 1, square kernel k, zero padding pad. Weights w[oc][c][k][k], bias b[oc]. */
 typedef struct wg_conv_shape {
@@ -61,4 +63,7 @@ void wg_act_backward(int fn, size_t len, const float *y, const float *dy, float 
 double wg_softmax_xent(size_t n, size_t classes, const float *logits, const int32_t *y,
                        float *dlogits, size_t *correct);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

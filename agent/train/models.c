@@ -1,40 +1,24 @@
 /* models.c — softmax regression, MLP and LeNet-5 as a sequence of layers over ONE flat
- * parameter buffer and ONE flat gradient buffer of the same layout.
+ * parameter buffer and ONE flat gradient buffer of the same layout, written once against the
+ * backend interface (backend.h): every buffer below is the backend's memory and every
+ * computation one of its operations.
  *
  * Owns: the model handle, its parameter and gradient buffers, per-layer activation buffers
- * sized for max_batch, conv/pool scratch, and the backward ping-pong buffers. No threads of its
- * own (OpenBLAS may run its pool inside sgemm). Invariants: layer i's parameters are
+ * sized for max_batch, conv/pool scratch, the backward ping-pong buffers and the batch stager
+ * (all in the backend's memory). No threads of its own (OpenBLAS may run its pool inside
+ * sgemm; CUDA work runs on the backend's streams). Invariants: layer i's parameters are
  * params[p_off, p_off + w_len) (weights, row-major as the kernels expect) followed by b_len
  * biases; backward() overwrites every gradient entry, so grads never need zeroing; backward is
  * valid once, right after a forward (it uses that forward's activations and conv columns). */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
-
+#include "agent/train/backend.h"
 #include "agent/train/internal.h"
 #include "agent/train/layers.h"
 #include "agent/train/train.h"
-
-/* ------------------------------------------------------------------ BLAS threads */
-
-static atomic_int blas_threads; /* 0 = never set by this library */
-
-int wagma_train_set_threads(int n) {
-  if (n < 1)
-    return WAGMA_EINVAL;
-  openblas_set_num_threads(n);
-  atomic_store(&blas_threads, n);
-  return WAGMA_OK;
-}
-
-int wagma_train_threads(void) {
-  int n = atomic_load(&blas_threads);
-  return n ? n : 1;
-}
 
 /* ------------------------------------------------------------------ model */
 
@@ -59,12 +43,14 @@ typedef struct layer {
 
 struct wagma_model {
   wagma_model_config_t cfg;
+  wagma_backend_t *be;
   layer_t layers[MAX_LAYERS];
   size_t n_layers;
   size_t in_len, n_params;
   float *params, *grads;
-  float *input; /* copy of the last forward batch */
-  int32_t *labels;
+  wg_stager_t *stager;
+  const float *input; /* the last forward batch, where the stager put it */
+  const int32_t *labels;
   float *dbuf[2]; /* backward ping-pong, each max_batch * widest activation */
   size_t last_n;  /* samples of the last forward, 0 when backward is not allowed */
   char desc[512];
@@ -319,6 +305,16 @@ static int check_config(const wagma_model_config_t *c, char *err, size_t err_len
 /* Ownership: on success *out is a new model the caller frees with wagma_model_destroy. */
 int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, char *err,
                        size_t err_len) {
+  return wagma_model_create_on(NULL, cfg, out, err, err_len);
+}
+
+/* Zeroed backend memory for count elements of size bytes each. */
+static void *balloc(wagma_model_t *m, size_t count, size_t size) {
+  return m->be->ops->alloc(m->be, count * size);
+}
+
+int wagma_model_create_on(wagma_backend_t *be, const wagma_model_config_t *cfg, wagma_model_t **out,
+                          char *err, size_t err_len) {
   int rc = WAGMA_ENOMEM;
   wagma_model_t *m = NULL;
   if (!cfg || !out) {
@@ -333,6 +329,7 @@ int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, cha
   m = calloc(1, sizeof(*m));
   if (!m)
     goto out;
+  m->be = be ? be : wagma_backend_cpu();
   m->cfg = *cfg;
   if (m->cfg.arch != WAGMA_ARCH_MLP)
     m->cfg.n_hidden = 0;
@@ -341,46 +338,45 @@ int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, cha
   if (rc)
     goto out;
   rc = WAGMA_ENOMEM;
+  const wg_backend_ops_t *ops = m->be->ops;
   const size_t nb = cfg->max_batch;
   size_t widest = m->in_len;
-  m->params = calloc(m->n_params, sizeof(float));
-  m->grads = calloc(m->n_params, sizeof(float));
-  m->input = malloc(nb * m->in_len * sizeof(float));
-  m->labels = malloc(nb * sizeof(int32_t));
-  if (!m->params || !m->grads || !m->input || !m->labels)
+  m->params = balloc(m, m->n_params, sizeof(float));
+  m->grads = balloc(m, m->n_params, sizeof(float));
+  m->stager = ops->stager_create(m->be, nb * m->in_len, nb);
+  if (!m->params || !m->grads || !m->stager)
     goto out;
   for (size_t i = 0; i < m->n_layers; i++) {
     layer_t *l = &m->layers[i];
     if (l->out_len > widest)
       widest = l->out_len;
-    l->out = malloc(nb * l->out_len * sizeof(float));
+    l->out = balloc(m, nb * l->out_len, sizeof(float));
     if (!l->out)
       goto out;
     if (l->kind == LAYER_CONV) {
-      l->cols = malloc(wg_conv_cols_len(&l->conv, nb) * sizeof(float));
-      l->tmp = malloc(wg_conv_tmp_len(&l->conv, nb) * sizeof(float));
+      l->cols = balloc(m, ops->conv_cols_len(&l->conv, nb), sizeof(float));
+      l->tmp = balloc(m, ops->conv_tmp_len(&l->conv, nb), sizeof(float));
       if (!l->cols || !l->tmp)
         goto out;
     } else if (l->kind == LAYER_POOL && l->mode == WAGMA_POOL_MAX) {
-      l->argmax = malloc(nb * l->out_len * sizeof(int32_t));
+      l->argmax = balloc(m, nb * l->out_len, sizeof(int32_t));
       if (!l->argmax)
         goto out;
     }
   }
   for (int k = 0; k < 2; k++)
-    if (!(m->dbuf[k] = malloc(nb * widest * sizeof(float))))
+    if (!(m->dbuf[k] = balloc(m, nb * widest, sizeof(float))))
       goto out;
   uint64_t h = wg_fnv1a(WG_FNV_OFFSET, m->desc, strlen(m->desc));
   uint64_t n64 = m->n_params;
   m->signature = wg_fnv1a(h, &n64, sizeof(n64));
-  if (atomic_load(&blas_threads) == 0)
-    wagma_train_set_threads(1);
   *out = m;
   m = NULL;
   rc = WAGMA_OK;
 out:
   if (rc == WAGMA_ENOMEM)
-    wg_errf(err, err_len, "out of memory for model (max_batch %zu)", cfg->max_batch);
+    wg_errf(err, err_len, "out of %s memory for model (max_batch %zu)",
+            m && m->be ? m->be->ops->kind : "host", cfg->max_batch);
   wagma_model_destroy(m);
   return rc;
 }
@@ -388,36 +384,51 @@ out:
 void wagma_model_destroy(wagma_model_t *m) {
   if (!m)
     return;
-  for (size_t i = 0; i < m->n_layers; i++) {
-    free(m->layers[i].out);
-    free(m->layers[i].argmax);
-    free(m->layers[i].cols);
-    free(m->layers[i].tmp);
+  wagma_backend_t *be = m->be;
+  if (be) {
+    be->ops->sync(be); /* nothing queued may still use the buffers */
+    for (size_t i = 0; i < m->n_layers; i++) {
+      be->ops->free(be, m->layers[i].out);
+      be->ops->free(be, m->layers[i].argmax);
+      be->ops->free(be, m->layers[i].cols);
+      be->ops->free(be, m->layers[i].tmp);
+    }
+    be->ops->free(be, m->dbuf[0]);
+    be->ops->free(be, m->dbuf[1]);
+    be->ops->free(be, m->params);
+    be->ops->free(be, m->grads);
+    be->ops->stager_destroy(be, m->stager);
   }
-  free(m->dbuf[0]);
-  free(m->dbuf[1]);
-  free(m->params);
-  free(m->grads);
-  free(m->input);
-  free(m->labels);
   free(m);
 }
 
+/* The initial values are drawn on the host (the same bits on every backend) and uploaded. */
 void wagma_model_init(wagma_model_t *m, uint64_t seed) {
   wagma_rng_t rng;
   wagma_rng_seed(&rng, seed);
+  const int host = m->be->ops->host_memory;
+  float *params = host ? m->params : calloc(m->n_params, sizeof(float));
+  if (!params) { /* cannot draw: leave zeros and say so through the backend's next status */
+    m->be->ops->zero(m->be, m->params, m->n_params * sizeof(float));
+    snprintf(m->be->err, sizeof(m->be->err), "out of host memory to initialise the model");
+    return;
+  }
   for (size_t i = 0; i < m->n_layers; i++) {
     layer_t *l = &m->layers[i];
     if (!l->w_len)
       continue;
     double bound =
         l->he_init ? sqrt(6.0 / (double)l->fan_in) : sqrt(6.0 / (double)(l->fan_in + l->fan_out));
-    float *w = m->params + l->p_off;
+    float *w = params + l->p_off;
     for (size_t j = 0; j < l->w_len; j++)
       w[j] = (float)((2.0 * wagma_rng_uniform(&rng) - 1.0) * bound);
     memset(w + l->w_len, 0, l->b_len * sizeof(float));
   }
-  memset(m->grads, 0, m->n_params * sizeof(float));
+  if (!host) {
+    m->be->ops->upload(m->be, m->params, params, m->n_params * sizeof(float));
+    free(params);
+  }
+  m->be->ops->zero(m->be, m->grads, m->n_params * sizeof(float));
   m->last_n = 0;
 }
 
@@ -433,6 +444,30 @@ float *wagma_model_grads(wagma_model_t *m) {
 const wagma_model_config_t *wagma_model_config(const wagma_model_t *m) {
   return &m->cfg;
 }
+wagma_backend_t *wagma_model_backend(const wagma_model_t *m) {
+  return m->be;
+}
+
+int wagma_model_get_params(wagma_model_t *m, float *host) {
+  return m->be->ops->download(m->be, host, m->params, m->n_params * sizeof(float));
+}
+
+int wagma_model_get_grads(wagma_model_t *m, float *host) {
+  return m->be->ops->download(m->be, host, m->grads, m->n_params * sizeof(float));
+}
+
+int wagma_model_set_params(wagma_model_t *m, const float *host) {
+  return m->be->ops->upload(m->be, m->params, host, m->n_params * sizeof(float));
+}
+
+int wagma_model_params_download_async(wagma_model_t *m, float *host) {
+  return m->be->ops->download_async(m->be, host, m->params, m->n_params * sizeof(float));
+}
+
+int wagma_model_params_download_wait(wagma_model_t *m) {
+  return m->be->ops->download_wait(m->be);
+}
+
 const char *wagma_model_describe(const wagma_model_t *m) {
   return m->desc;
 }
@@ -447,28 +482,34 @@ int wagma_model_forward(wagma_model_t *m, const float *x, const int32_t *y, size
   for (size_t i = 0; i < n; i++)
     if (y[i] < 0 || (size_t)y[i] >= m->cfg.classes)
       return WAGMA_EINVAL;
+  wagma_backend_t *be = m->be;
+  const wg_backend_ops_t *ops = be->ops;
   m->last_n = 0;
-  memcpy(m->input, x, n * m->in_len * sizeof(float));
-  memcpy(m->labels, y, n * sizeof(int32_t));
+  int rc = ops->stage(be, m->stager, x, n * m->in_len, y, n, &m->input, &m->labels);
+  if (rc)
+    return rc;
   const float *cur = m->input;
   for (size_t i = 0; i < m->n_layers; i++) {
     layer_t *l = &m->layers[i];
     const float *p = m->params + l->p_off;
     switch (l->kind) {
     case LAYER_DENSE:
-      wg_dense_forward(n, l->dense_in, l->dense_out, cur, p, p + l->w_len, l->out);
+      wg_dense_forward(be, n, l->dense_in, l->dense_out, cur, p, p + l->w_len, l->out);
       break;
     case LAYER_CONV:
-      wg_conv_forward(&l->conv, n, cur, p, p + l->w_len, l->out, l->cols, l->tmp);
+      ops->conv_forward(be, &l->conv, n, cur, p, p + l->w_len, l->out, l->cols, l->tmp);
       break;
-    case LAYER_POOL: wg_pool_forward(&l->pool, l->mode, n, cur, l->out, l->argmax); break;
-    case LAYER_ACT: wg_act_forward(l->mode, n * l->out_len, cur, l->out); break;
+    case LAYER_POOL: ops->pool_forward(be, &l->pool, l->mode, n, cur, l->out, l->argmax); break;
+    case LAYER_ACT: ops->act_forward(be, l->mode, n * l->out_len, cur, l->out); break;
     }
     cur = l->out;
   }
   size_t correct = 0;
+  double loss = 0.0;
   /* dlogits go to dbuf[0], where backward starts. */
-  double loss = wg_softmax_xent(n, m->cfg.classes, cur, m->labels, m->dbuf[0], &correct);
+  rc = ops->softmax_xent(be, n, m->cfg.classes, cur, m->labels, m->dbuf[0], &loss, &correct);
+  if (rc)
+    return rc;
   m->last_n = n;
   if (out) {
     out->loss = loss;
@@ -481,6 +522,8 @@ int wagma_model_forward(wagma_model_t *m, const float *x, const int32_t *y, size
 int wagma_model_backward(wagma_model_t *m) {
   if (!m || m->last_n == 0)
     return WAGMA_EINVAL;
+  wagma_backend_t *be = m->be;
+  const wg_backend_ops_t *ops = be->ops;
   const size_t n = m->last_n;
   int cur = 0; /* dbuf[cur] holds d loss / d (output of layer i) */
   for (size_t i = m->n_layers; i-- > 0;) {
@@ -492,24 +535,24 @@ int wagma_model_backward(wagma_model_t *m) {
     float *g = m->grads + l->p_off;
     switch (l->kind) {
     case LAYER_DENSE:
-      wg_dense_backward(n, l->dense_in, l->dense_out, x, p, dy, g, g + l->w_len, dx);
+      wg_dense_backward(be, n, l->dense_in, l->dense_out, x, p, dy, g, g + l->w_len, dx);
       break;
     case LAYER_CONV:
-      wg_conv_backward(&l->conv, n, l->cols, p, dy, g, g + l->w_len, dx, l->tmp);
+      ops->conv_backward(be, &l->conv, n, l->cols, p, dy, g, g + l->w_len, dx, l->tmp);
       break;
     case LAYER_POOL:
       if (dx)
-        wg_pool_backward(&l->pool, l->mode, n, dy, l->argmax, dx);
+        ops->pool_backward(be, &l->pool, l->mode, n, dy, l->argmax, dx);
       break;
     case LAYER_ACT:
       if (dx)
-        wg_act_backward(l->mode, n * l->out_len, l->out, dy, dx);
+        ops->act_backward(be, l->mode, n * l->out_len, l->out, dy, dx);
       break;
     }
     cur = 1 - cur;
   }
   m->last_n = 0; /* one backward per forward */
-  return WAGMA_OK;
+  return ops->status(be);
 }
 
 int wagma_model_evaluate(wagma_model_t *m, const wagma_dataset_t *ds, size_t first, size_t count,

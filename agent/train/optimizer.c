@@ -1,19 +1,23 @@
 /* optimizer.c — SGD (momentum, Nesterov, weight decay), Adam and AdamW over one flat parameter
- * buffer, and the learning-rate schedule (linear warmup, step decay).
+ * buffer, and the learning-rate schedule (linear warmup, step decay). The per-parameter math
+ * is elementwise.h's, run by the backend's sgd / adam operations.
  *
- * Owns: the optimizer handle and its flat state buffer (velocity, or Adam's m then v). No
- * threads. Invariants: the state has the parameters' layout, so it can be checkpointed or
+ * Owns: the optimizer handle and its flat state buffer (velocity, or Adam's m then v) in the
+ * backend's memory. No threads. Invariants: the state has the parameters' layout, so it can
+ * be checkpointed or
  * averaged like the parameters; the learning rate depends only on the job iteration passed to
  * step(), and Adam's bias correction only on the number of updates taken. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/train/backend.h"
 #include "agent/train/internal.h"
 #include "agent/train/train.h"
 
 struct wagma_optim {
   wagma_optim_config_t cfg;
+  wagma_backend_t *be;
   size_t n;
   size_t state_len;
   float *state;
@@ -45,6 +49,11 @@ wagma_optim_config_t wagma_optim_defaults(int kind) {
 /* Ownership: on success *out is a new optimizer the caller frees with wagma_optim_destroy. */
 int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_optim_t **out,
                        char *err, size_t err_len) {
+  return wagma_optim_create_on(NULL, cfg, n_params, out, err, err_len);
+}
+
+int wagma_optim_create_on(wagma_backend_t *be, const wagma_optim_config_t *cfg, size_t n_params,
+                          wagma_optim_t **out, char *err, size_t err_len) {
   int rc = WAGMA_EINVAL;
   wagma_optim_t *o = NULL;
   if (!cfg || !out || n_params == 0) {
@@ -73,13 +82,15 @@ int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_o
   if (!o)
     goto out;
   o->cfg = *cfg;
+  o->be = be ? be : wagma_backend_cpu();
   o->n = n_params;
   if (cfg->kind == WAGMA_OPTIM_SGD)
     o->state_len = cfg->momentum > 0.0f ? n_params : 0;
   else
     o->state_len = 2 * n_params;
-  if (o->state_len && !(o->state = calloc(o->state_len, sizeof(float)))) {
-    wg_errf(err, err_len, "out of memory for %zu optimizer state floats", o->state_len);
+  if (o->state_len && !(o->state = o->be->ops->alloc(o->be, o->state_len * sizeof(float)))) {
+    wg_errf(err, err_len, "out of %s memory for %zu optimizer state floats", o->be->ops->kind,
+            o->state_len);
     goto out;
   }
   *out = o;
@@ -93,57 +104,58 @@ out:
 void wagma_optim_destroy(wagma_optim_t *o) {
   if (!o)
     return;
-  free(o->state);
+  if (o->state) {
+    o->be->ops->sync(o->be);
+    o->be->ops->free(o->be, o->state);
+  }
   free(o);
 }
 
-static void sgd_step(wagma_optim_t *o, float lr, float *w, const float *grad) {
-  const float mu = o->cfg.momentum, wd = o->cfg.weight_decay;
-  float *v = o->state;
-  if (!v) {
-    for (size_t i = 0; i < o->n; i++)
-      w[i] -= lr * (grad[i] + wd * w[i]);
-    return;
-  }
-  for (size_t i = 0; i < o->n; i++) {
-    float g = grad[i] + wd * w[i];
-    v[i] = mu * v[i] + g;
-    w[i] -= lr * (o->cfg.nesterov ? g + mu * v[i] : v[i]);
-  }
-}
-
 static void adam_step(wagma_optim_t *o, float lr, float *w, const float *grad) {
-  const float b1 = o->cfg.beta1, b2 = o->cfg.beta2, eps = o->cfg.eps, wd = o->cfg.weight_decay;
-  const int decoupled = o->cfg.kind == WAGMA_OPTIM_ADAMW;
   const double k = (double)(o->updates + 1);
-  const float c1 = (float)(1.0 / (1.0 - pow(b1, k)));
-  const float c2 = (float)(1.0 / (1.0 - pow(b2, k)));
-  float *m = o->state, *v = o->state + o->n;
-  for (size_t i = 0; i < o->n; i++) {
-    float g = grad[i];
-    if (decoupled)
-      w[i] -= lr * wd * w[i];
-    else
-      g += wd * w[i];
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-    w[i] -= lr * (m[i] * c1) / (sqrtf(v[i] * c2) + eps);
-  }
+  const wg_adam_consts_t c = {
+      .lr = lr,
+      .b1 = o->cfg.beta1,
+      .b2 = o->cfg.beta2,
+      .eps = o->cfg.eps,
+      .wd = o->cfg.weight_decay,
+      .c1 = (float)(1.0 / (1.0 - pow(o->cfg.beta1, k))),
+      .c2 = (float)(1.0 / (1.0 - pow(o->cfg.beta2, k))),
+      .decoupled = o->cfg.kind == WAGMA_OPTIM_ADAMW,
+  };
+  o->be->ops->adam(o->be, o->n, w, grad, o->state, o->state + o->n, &c);
 }
 
 void wagma_optim_step(wagma_optim_t *o, uint64_t iteration, float *params, const float *grads) {
   const float lr = (float)wagma_lr_at(&o->cfg.schedule, iteration);
   if (o->cfg.kind == WAGMA_OPTIM_SGD)
-    sgd_step(o, lr, params, grads);
+    o->be->ops->sgd(o->be, o->n, params, grads, o->state, lr, o->cfg.momentum, o->cfg.weight_decay,
+                    o->cfg.nesterov);
   else
     adam_step(o, lr, params, grads);
   o->updates++;
+}
+
+wagma_backend_t *wagma_optim_backend(const wagma_optim_t *o) {
+  return o->be;
 }
 
 float *wagma_optim_state(wagma_optim_t *o, size_t *len) {
   if (len)
     *len = o->state_len;
   return o->state;
+}
+
+int wagma_optim_get_state(wagma_optim_t *o, float *host) {
+  if (!o->state_len)
+    return WAGMA_OK;
+  return o->be->ops->download(o->be, host, o->state, o->state_len * sizeof(float));
+}
+
+int wagma_optim_set_state(wagma_optim_t *o, const float *host) {
+  if (!o->state_len)
+    return WAGMA_OK;
+  return o->be->ops->upload(o->be, o->state, host, o->state_len * sizeof(float));
 }
 
 uint64_t wagma_optim_updates(const wagma_optim_t *o) {
@@ -160,6 +172,6 @@ const wagma_optim_config_t *wagma_optim_config(const wagma_optim_t *o) {
 
 void wagma_optim_reset(wagma_optim_t *o) {
   if (o->state)
-    memset(o->state, 0, o->state_len * sizeof(float));
+    o->be->ops->zero(o->be, o->state, o->state_len * sizeof(float));
   o->updates = 0;
 }

@@ -1,7 +1,11 @@
-/* agent/train/train.h — the CPU training library of wagma-agent (static library wagma_train).
+/* agent/train/train.h — the training library of wagma-agent (static library wagma_train).
  *
  * Private to agent/: the agent daemon and the tests include it by path.
  *
+ *   backend    where the math runs: "cpu" (OpenBLAS, host memory; the default) or "cuda"
+ *              (cuBLAS and CUDA kernels, device memory; built when CMake finds CUDA). Models
+ *              and optimizers are written once against the backend's table of operations
+ *              (backend.h); the element-wise math is shared source (elementwise.h).
  *   model      softmax regression, MLP, LeNet-5. ALL parameters live in one contiguous float32
  *              buffer and the gradients in another of the same layout, so a collective moves
  *              one buffer. forward() = loss + accuracy on a batch, backward() = gradient of the
@@ -13,11 +17,12 @@
  *   sampler    per-worker seeded minibatch stream over the WHOLE training set; seekable, so a
  *              resumed worker continues its stream from an iteration count alone.
  *   checkpoint parameters + optimizer state + iteration, atomic (tmp, fsync, rename), with a
- *              validated header and CRC32 checksums.
+ *              validated header and CRC32 checksums; the same bytes whichever backend wrote it.
  *
- * Math goes through OpenBLAS (cblas_sgemm), one BLAS thread unless wagma_train_set_threads()
- * says otherwise. Everything is deterministic for a seed (same machine, same BLAS, same thread
- * count). Handles are not thread-safe: one thread uses a model/optimizer/sampler at a time.
+ * CPU math goes through OpenBLAS (cblas_sgemm), one BLAS thread unless
+ * wagma_train_set_threads() says otherwise. Everything is deterministic for a seed (same
+ * machine, same BLAS, same thread count; on CUDA, same GPU model and library versions).
+ * Handles are not thread-safe: one thread uses a model/optimizer/sampler/backend at a time.
  *
  * Errors: functions that can fail return 0 or a negative WAGMA_E* code and, when err is not
  * NULL, write a one-line detail message into err[0..err_len). */
@@ -40,6 +45,39 @@ extern "C" {
 int wagma_train_set_threads(int n);
 /* The thread count last set through this library (1 by default). */
 int wagma_train_threads(void);
+
+/* ---------------------------------------------------------------- backends */
+
+/* A compute backend: "cpu" or "cuda" (device 0) / "cuda:N". The CPU backend is a process-wide
+ * singleton without state; a CUDA backend owns a CUDA context on its device, a compute stream,
+ * a transfer stream and a cuBLAS handle. Models and optimizers created on a backend keep a
+ * pointer to it: close it after them. */
+typedef struct wagma_backend wagma_backend_t;
+
+/* The CPU backend (never NULL; closing it does nothing). */
+wagma_backend_t *wagma_backend_cpu(void);
+/* 1 when this build contains the CUDA backend (CMake found CUDA), else 0. */
+int wagma_train_have_cuda(void);
+/* Checks without opening whether `name` can be opened here: 0, or WAGMA_EINVAL (unknown
+ * name), WAGMA_ENOSYS (a CUDA name in a build without CUDA) or WAGMA_EUNAVAIL (no NVIDIA
+ * driver, no GPU, no such device), with the cause in err. Fast: no context is created. */
+int wagma_backend_probe(const char *name, char *err, size_t err_len);
+/* Opens a backend ("cpu" returns wagma_backend_cpu()). Errors as wagma_backend_probe, plus
+ * WAGMA_ENOMEM / WAGMA_EIO when the device cannot be set up. */
+int wagma_backend_open(const char *name, wagma_backend_t **out, char *err, size_t err_len);
+void wagma_backend_close(wagma_backend_t *b);
+/* "cpu", or e.g. "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, 79 GiB)". */
+const char *wagma_backend_name(const wagma_backend_t *b);
+/* 1 when the backend's buffers are host memory (cpu), 0 for device memory (cuda). */
+int wagma_backend_host_memory(const wagma_backend_t *b);
+/* Waits for all work queued on the backend; returns its first error (sticky), if any. */
+int wagma_backend_sync(wagma_backend_t *b);
+/* The detail of the backend's first error ("" when none). */
+const char *wagma_backend_error(const wagma_backend_t *b);
+/* Host memory the backend copies to and from fastest: page-locked (cudaMallocHost) on CUDA,
+ * plain malloc on the CPU. For wagma_model_params_download_async. NULL when out of memory. */
+void *wagma_backend_host_alloc(wagma_backend_t *b, size_t bytes);
+void wagma_backend_host_free(wagma_backend_t *b, void *p);
 
 /* ---------------------------------------------------------------- random streams */
 
@@ -199,19 +237,42 @@ int wagma_model_config_parse(const char *spec, wagma_model_config_t *cfg, char *
 
 typedef struct wagma_model wagma_model_t;
 
-/* Builds a model with zero parameters; call wagma_model_init(). *out is owned by the caller
- * (wagma_model_destroy). */
+/* Builds a model with zero parameters on the CPU backend; call wagma_model_init(). *out is
+ * owned by the caller (wagma_model_destroy). */
 int wagma_model_create(const wagma_model_config_t *cfg, wagma_model_t **out, char *err,
                        size_t err_len);
+/* The same on backend b (NULL = the CPU): parameters, gradients, activations and scratch live
+ * in b's memory, the math runs there. b must outlive the model. */
+int wagma_model_create_on(wagma_backend_t *b, const wagma_model_config_t *cfg, wagma_model_t **out,
+                          char *err, size_t err_len);
 void wagma_model_destroy(wagma_model_t *m);
+wagma_backend_t *wagma_model_backend(const wagma_model_t *m);
 
 /* Deterministic initialisation from seed: He-uniform weights for ReLU, Glorot-uniform for tanh
  * and the output layer, zero biases. Same seed and config = same bits. */
 void wagma_model_init(wagma_model_t *m, uint64_t seed);
 
 size_t wagma_model_param_count(const wagma_model_t *m);
-float *wagma_model_params(wagma_model_t *m); /* param_count floats, owned by the model */
-float *wagma_model_grads(wagma_model_t *m);  /* same layout */
+/* param_count floats, owned by the model, in its backend's memory: host memory on the CPU,
+ * DEVICE memory on CUDA (then only for backend operations and wagma_optim_step; use the
+ * get/set calls below from the host). */
+float *wagma_model_params(wagma_model_t *m);
+float *wagma_model_grads(wagma_model_t *m); /* same layout */
+/* Host copies of the parameters / gradients (param_count floats; waits for queued work), and
+ * parameters set from the host. Same layout and bytes on every backend. */
+int wagma_model_get_params(wagma_model_t *m, float *host);
+int wagma_model_get_grads(wagma_model_t *m, float *host);
+int wagma_model_set_params(wagma_model_t *m, const float *host);
+/* The snapshot copy for the collective: starts copying the parameters, as they are after all
+ * work issued so far, into host (param_count floats; page-locked memory from
+ * wagma_backend_host_alloc for a truly asynchronous copy) on the backend's transfer stream,
+ * and returns at once. Training may go on meanwhile: forward and backward run concurrently
+ * with the copy, and the next wagma_optim_step / wagma_model_set_params waits (on the device)
+ * for the copy before it writes the parameters. wagma_model_params_download_wait() waits for
+ * the copy (host is complete when it returns 0). One copy in flight per backend (WAGMA_EBUSY).
+ * On the CPU the copy is done when _async returns. */
+int wagma_model_params_download_async(wagma_model_t *m, float *host);
+int wagma_model_params_download_wait(wagma_model_t *m);
 const wagma_model_config_t *wagma_model_config(const wagma_model_t *m);
 /* Human-readable layer list, e.g. "lenet5 conv5x5x6-relu-maxpool2-...", and a 64-bit
  * signature of the network (architecture, shapes, parameter layout) stored in checkpoints. */
@@ -225,8 +286,11 @@ typedef struct wagma_eval {
 } wagma_eval_t;
 
 /* Forward pass on n (1..max_batch) samples: x is n x (channels*rows*cols) floats, y the labels
- * (each in [0, classes), WAGMA_EINVAL otherwise). Fills *out (may be NULL). The model keeps
- * what backward() needs (x is copied). */
+ * (each in [0, classes), WAGMA_EINVAL otherwise), both in HOST memory on every backend (on
+ * CUDA they are staged through page-locked memory; the upload overlaps the previous step's
+ * backward and update still running on the device). Fills *out (may be NULL). The model keeps
+ * what backward() needs (x is copied). Returns the backend's error (WAGMA_EIO) if its queued
+ * work failed. */
 int wagma_model_forward(wagma_model_t *m, const float *x, const int32_t *y, size_t n,
                         wagma_eval_t *out);
 /* Writes into the gradient buffer the gradient of the mean loss of the last forward batch.
@@ -272,14 +336,26 @@ wagma_optim_config_t wagma_optim_defaults(int kind);
 
 typedef struct wagma_optim wagma_optim_t;
 
+/* On the CPU backend. */
 int wagma_optim_create(const wagma_optim_config_t *cfg, size_t n_params, wagma_optim_t **out,
                        char *err, size_t err_len);
+/* On backend b (NULL = the CPU): the state lives in b's memory and the updates run there; b
+ * must outlive the optimizer. */
+int wagma_optim_create_on(wagma_backend_t *b, const wagma_optim_config_t *cfg, size_t n_params,
+                          wagma_optim_t **out, char *err, size_t err_len);
 void wagma_optim_destroy(wagma_optim_t *o);
-/* One update at job iteration `iteration` (which picks the learning rate). */
+wagma_backend_t *wagma_optim_backend(const wagma_optim_t *o);
+/* One update at job iteration `iteration` (which picks the learning rate). params and grads
+ * are in the optimizer's backend memory (wagma_model_params / wagma_model_grads of a model on
+ * the same backend). Queued on CUDA: it returns before the update is done. */
 void wagma_optim_step(wagma_optim_t *o, uint64_t iteration, float *params, const float *grads);
 /* Flat state: SGD with momentum = velocity (n floats), SGD without = none (0), Adam = m then v
- * (2n floats). Owned by the optimizer; the length goes to *len. */
+ * (2n floats). Owned by the optimizer, in its backend's memory (device memory on CUDA: use
+ * get/set_state from the host); the length goes to *len. */
 float *wagma_optim_state(wagma_optim_t *o, size_t *len);
+/* Host copy of the state / state set from the host (state length floats). */
+int wagma_optim_get_state(wagma_optim_t *o, float *host);
+int wagma_optim_set_state(wagma_optim_t *o, const float *host);
 uint64_t wagma_optim_updates(const wagma_optim_t *o); /* updates taken (Adam bias correction) */
 void wagma_optim_set_updates(wagma_optim_t *o, uint64_t updates);
 const wagma_optim_config_t *wagma_optim_config(const wagma_optim_t *o);

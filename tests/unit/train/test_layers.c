@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agent/train/backend.h"
 #include "agent/train/layers.h"
 #include "agent/train/train.h"
 #include "test_train.h"
@@ -78,7 +79,7 @@ typedef struct dense_ctx {
 } dense_ctx_t;
 
 static double dense_loss(dense_ctx_t *c) {
-  wg_dense_forward(c->n, c->in, c->out, c->x, c->w, c->b, c->y);
+  wg_dense_forward(wagma_backend_cpu(), c->n, c->in, c->out, c->x, c->w, c->b, c->y);
   return dot(c->y, c->r, c->n * c->out);
 }
 
@@ -109,7 +110,7 @@ static void dense_gradients_match_finite_differences(void **state) {
   fill_normal(b, 5, 0.5, &rng);
   fill_normal(r, 15, 1.0, &rng);
   dense_loss(&c);
-  wg_dense_backward(c.n, c.in, c.out, x, w, r, dw, db, dx);
+  wg_dense_backward(wagma_backend_cpu(), c.n, c.in, c.out, x, w, r, dw, db, dx);
   const tol_t t = {1e-3, 1e-2, 1e-3, 0};
   NUMERIC_GRAD(dense_loss, &c, w, 35, 1e-2, num);
   compare("dense dw", dw, num, 35, t);

@@ -1,5 +1,5 @@
-/* test_train: unit tests of agent/train (layers, models, optimizers, data, checkpoints,
- * short training runs). */
+/* test_train: unit tests of agent/train (element-wise math, the backend interface on the CPU,
+ * layers, models, optimizers, data, checkpoints, short training runs). */
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +32,8 @@ void test_rmtree(const char *dir) {
 
 int main(void) {
   int failed = 0;
+  failed += train_elementwise_tests();
+  failed += train_backend_tests();
   failed += train_layer_tests();
   failed += train_optim_tests();
   failed += train_data_tests();

@@ -9,6 +9,8 @@
 
 #include <cmocka.h>
 
+int train_elementwise_tests(void);
+int train_backend_tests(void);
 int train_layer_tests(void);
 int train_optim_tests(void);
 int train_data_tests(void);
