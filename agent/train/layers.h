@@ -13,9 +13,6 @@
 
 #ifdef __cplusplus
 extern "C" {
-#ifdef __cplusplus
-}
-#endif
 #endif
 
 /* Convolution, stride 1, square kernel k, zero padding pad. Weights w[oc][c][k][k], bias b[oc]. */
