@@ -8,9 +8,11 @@
  *
  * Rules (docs/design.md, "The engine"):
  *  - One outstanding contribution: I contribute only while none of mine waits for its result.
- *    The snapshot it carried stays pinned until its round ends; an activation arriving
- *    meanwhile is deferred and answered once the round ended, with the snapshot that then
- *    contains its correction. So no snapshot goes into two rounds, on any path.
+ *    The snapshot it carried stays pinned until its round a ends; an activation of a later
+ *    round arriving meanwhile is deferred and answered once a ended, with the snapshot that
+ *    then contains its correction; an activation of an earlier round is declined. So no
+ *    snapshot goes into two rounds, on any path, and waits only run from a round to earlier
+ *    ones: no two rounds wait for each other (no cycle for a deadline to break).
  *  - A round ends the same way for all its contributors: a waiting contribution ends only by
  *    the leader's word (RESULT: applied; EXCLUDED: void) or by the leader's death as the
  *    transport reports it (void: the leader's own model leaves the job with it). There is no
@@ -182,8 +184,13 @@ void wg_member_activated(wagma_comm_t *c, uint64_t round, uint32_t group, int le
     return;
   }
   if (!wg_snapshot_available(c)) {
-    /* My contribution to another round is outstanding: answer once it ended. */
-    defer(c, round, group, leader, 2.0 * wg_engine_leader_timeout(c));
+    /* My contribution to another round a is outstanding. A later round waits for a to end
+     * (deferred); an earlier one is declined at once. So a chain of waits always runs to
+     * lower rounds and ends: two rounds never wait for each other. */
+    if (c->outstanding && round < c->outstanding->round)
+      wg_member_decline(c, round, group, leader);
+    else
+      defer(c, round, group, leader, 2.0 * wg_engine_leader_timeout(c));
     return;
   }
   if (!wg_member_contribute(c, round, group, leader, 1) && leader == c->rank) {
@@ -280,7 +287,7 @@ int wg_member_group_round(wagma_comm_t *c, float *model, uint64_t r, int global,
   wg_entry_t *e = wg_member_entry(c, r);
   /* Another contribution of mine is outstanding: wait (bounded) for its round to end. The
    * round thread may meanwhile answer an activation of r for me. */
-  while (!e && c->outstanding && !c->stopping && wg_now() < deadline) {
+  while (!e && c->outstanding && c->outstanding->round < r && !c->stopping && wg_now() < deadline) {
     wg_engine_wait(c, deadline);
     e = wg_member_entry(c, r);
   }
