@@ -8,9 +8,12 @@
 
 #include "agent/train/backend.h"
 #include "agent/train/internal.h"
+#include "agent/train/kernel_index.h"
 
 _Static_assert(WG_ACT_RELU == WAGMA_ACT_RELU && WG_ACT_TANH == WAGMA_ACT_TANH,
                "elementwise.h and train.h number the activations alike");
+_Static_assert(WG_POOL_MAX == WAGMA_POOL_MAX && WG_POOL_AVG == WAGMA_POOL_AVG,
+               "kernel_index.h and train.h number the pooling modes alike");
 
 static wagma_backend_t cpu_backend = {.ops = &wg_cpu_ops, .ctx = NULL, .name = "cpu"};
 

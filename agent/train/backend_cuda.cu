@@ -2,6 +2,10 @@
  * transfer stream, cuBLAS GEMMs (strict FP32, no TF32), im2col + GEMM convolution and the
  * kernels of kernels_cuda.cu, behind the operation table of backend.h.
  *
+ * tests/unit/train/emu_backend.c runs this file's algorithm (the same GEMM argument mapping,
+ * scratch layouts, per-element bodies and reduction order) on the host, so that the unit tests
+ * check it against the CPU backend on every machine: keep the two in step.
+ *
  * Owns (per backend): the CUDA device it was opened on (cudaSetDevice on every entry), two
  * non-blocking streams, a cuBLAS handle bound to the compute stream, a vector of ones (bias
  * gradients as a GEMM), the softmax scratch (device + page-locked host), and the event of the
@@ -27,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "agent/train/cuda_internal.h"
+#include "agent/train/kernel_index.h"
 extern "C" {
 #include "agent/train/internal.h"
 }
@@ -341,11 +346,11 @@ void cuda_bias_grad(wagma_backend_t *b, size_t n, size_t out, const float *dy, f
 }
 
 size_t cuda_conv_cols_len(const wg_conv_shape_t *s, size_t n) {
-  return s->c * s->k * s->k * n * s->oh * s->ow;
+  return wg_batch_conv_cols_len(s, n);
 }
 
 size_t cuda_conv_tmp_len(const wg_conv_shape_t *s, size_t n) {
-  return (s->oc + s->c * s->k * s->k) * n * s->oh * s->ow;
+  return wg_batch_conv_tmp_len(s, n);
 }
 
 /* cols[ckk][n*ohw] = im2col(x); tmp[oc][n*ohw] = w[oc][ckk] . cols; y = reorder(tmp) + bias. */

@@ -1,13 +1,15 @@
 /* kernels_cuda.cu — the CUDA backend's own kernels: fills, bias broadcast and reduction,
  * im2col / col2im and the reorderings around the convolution GEMMs, pooling, and grid-stride
  * loops over the element-wise functions of elementwise.h (activations, softmax cross-entropy,
- * SGD, Adam). GEMMs are cuBLAS's (backend_cuda.cu).
+ * SGD, Adam) and the per-element layout bodies of kernel_index.h (checked on the host by the
+ * unit tests' emulation of this backend). GEMMs are cuBLAS's (backend_cuda.cu).
  *
  * Owns nothing; no host state. Invariants: no atomics anywhere, every output element is
  * written by exactly one thread (gathers, not scatters) and every reduction has a fixed
  * order, so a run is deterministic on a given GPU; pooling compares and sums in the CPU's
  * order, so its values and arg-max are the CPU's exactly. */
 #include "agent/train/cuda_internal.h"
+#include "agent/train/kernel_index.h"
 
 namespace wgk {
 namespace {
@@ -47,108 +49,39 @@ __global__ void channel_sum_k(size_t A, size_t O, size_t P, const float *dy, flo
     db[o] = part[0];
 }
 
-/* Shape fields as plain values (the struct of layers.h is passed by value). */
+/* The layout kernels: grid-stride loops over kernel_index.h (shapes passed by value). */
 __global__ void im2col_k(wg_conv_shape_t s, size_t n, const float *x, float *cols) {
-  const size_t ohw = s.oh * s.ow, ncols = n * ohw, kk = s.k * s.k;
-  GRID_STRIDE(i, s.c * kk * ncols) {
-    size_t r = i / ncols, j = i - r * ncols;
-    size_t img = j / ohw, p = j - img * ohw;
-    size_t oy = p / s.ow, ox = p - oy * s.ow;
-    size_t ci = r / kk, rem = r - ci * kk, ki = rem / s.k, kj = rem - ki * s.k;
-    long iy = (long)oy + (long)ki - (long)s.pad, ix = (long)ox + (long)kj - (long)s.pad;
-    float v = 0.0f;
-    if (iy >= 0 && iy < (long)s.h && ix >= 0 && ix < (long)s.w)
-      v = x[((img * s.c + ci) * s.h + (size_t)iy) * s.w + (size_t)ix];
-    cols[i] = v;
-  }
+  GRID_STRIDE(i, s.c * s.k * s.k * n * s.oh * s.ow) cols[i] = wg_im2col_at(&s, n, x, i);
 }
 
 __global__ void col2im_k(wg_conv_shape_t s, size_t n, const float *dcols, float *dx) {
-  const size_t ohw = s.oh * s.ow, ncols = n * ohw, hw = s.h * s.w;
-  GRID_STRIDE(i, n * s.c * hw) {
-    size_t img = i / (s.c * hw), rem = i - img * s.c * hw;
-    size_t ci = rem / hw, q = rem - ci * hw, iy = q / s.w, ix = q - iy * s.w;
-    float sum = 0.0f;
-    for (size_t ki = 0; ki < s.k; ki++) {
-      long oy = (long)iy + (long)s.pad - (long)ki;
-      if (oy < 0 || oy >= (long)s.oh)
-        continue;
-      for (size_t kj = 0; kj < s.k; kj++) {
-        long ox = (long)ix + (long)s.pad - (long)kj;
-        if (ox < 0 || ox >= (long)s.ow)
-          continue;
-        size_t r = (ci * s.k + ki) * s.k + kj;
-        sum += dcols[r * ncols + img * ohw + (size_t)oy * s.ow + (size_t)ox];
-      }
-    }
-    dx[i] = sum;
-  }
+  GRID_STRIDE(i, n * s.c * s.h * s.w) dx[i] = wg_col2im_at(&s, n, dcols, i);
 }
 
 __global__ void conv_unfold_out_k(wg_conv_shape_t s, size_t n, const float *t, const float *bias,
                                   float *y) {
-  const size_t ohw = s.oh * s.ow;
-  GRID_STRIDE(i, n * s.oc * ohw) {
-    size_t img = i / (s.oc * ohw), rem = i - img * s.oc * ohw, o = rem / ohw, p = rem - o * ohw;
-    y[i] = t[o * n * ohw + img * ohw + p] + bias[o];
+  GRID_STRIDE(i, n * s.oc * s.oh * s.ow) {
+    size_t o;
+    size_t at = wg_conv_t_index(&s, n, i, &o);
+    y[i] = t[at] + bias[o];
   }
 }
 
 __global__ void conv_fold_dy_k(wg_conv_shape_t s, size_t n, const float *dy, float *t) {
-  const size_t ohw = s.oh * s.ow;
-  GRID_STRIDE(i, n * s.oc * ohw) {
-    size_t img = i / (s.oc * ohw), rem = i - img * s.oc * ohw, o = rem / ohw, p = rem - o * ohw;
-    t[o * n * ohw + img * ohw + p] = dy[i];
+  GRID_STRIDE(i, n * s.oc * s.oh * s.ow) {
+    size_t o;
+    t[wg_conv_t_index(&s, n, i, &o)] = dy[i];
   }
 }
 
-/* One thread per output: the CPU's window scan (row-major, strict >, first maximum wins). */
 __global__ void pool_forward_k(wg_pool_shape_t s, int mode, size_t n, const float *x, float *y,
                                int32_t *argmax) {
-  const size_t ohw = s.oh * s.ow, k = s.k;
-  const float inv = 1.0f / (float)(k * k);
-  GRID_STRIDE(i, n * s.c * ohw) {
-    size_t pl = i / ohw, p = i - pl * ohw, oy = p / s.ow, ox = p - oy * s.ow;
-    const float *in = x + pl * s.h * s.w;
-    size_t base = oy * k * s.w + ox * k;
-    if (mode == WAGMA_POOL_MAX) {
-      size_t best = base;
-      for (size_t a = 0; a < k; a++)
-        for (size_t b = 0; b < k; b++) {
-          size_t at = base + a * s.w + b;
-          if (in[at] > in[best])
-            best = at;
-        }
-      y[i] = in[best];
-      argmax[i] = (int32_t)best;
-    } else {
-      float sum = 0.0f;
-      for (size_t a = 0; a < k; a++)
-        for (size_t b = 0; b < k; b++)
-          sum += in[base + a * s.w + b];
-      y[i] = sum * inv;
-    }
-  }
+  GRID_STRIDE(i, n * s.c * s.oh * s.ow) wg_pool_forward_at(&s, mode, x, i, y, argmax);
 }
 
-/* One thread per input: windows do not overlap (stride k), so each input has at most one. */
 __global__ void pool_backward_k(wg_pool_shape_t s, int mode, size_t n, const float *dy,
                                 const int32_t *argmax, float *dx) {
-  const size_t hw = s.h * s.w, ohw = s.oh * s.ow, k = s.k;
-  const float inv = 1.0f / (float)(k * k);
-  GRID_STRIDE(i, n * s.c * hw) {
-    size_t pl = i / hw, q = i - pl * hw, iy = q / s.w, ix = q - iy * s.w;
-    size_t oy = iy / k, ox = ix / k;
-    float g = 0.0f;
-    if (oy < s.oh && ox < s.ow) {
-      size_t at = pl * ohw + oy * s.ow + ox;
-      if (mode == WAGMA_POOL_MAX)
-        g = argmax[at] == (int32_t)q ? dy[at] : 0.0f;
-      else
-        g = dy[at] * inv;
-    }
-    dx[i] = g;
-  }
+  GRID_STRIDE(i, n * s.c * s.h * s.w) dx[i] = wg_pool_backward_at(&s, mode, dy, argmax, i);
 }
 
 __global__ void act_forward_k(int fn, size_t len, const float *x, float *y) {

@@ -1,34 +1,9 @@
 /* test_train: unit tests of agent/train (element-wise math, the backend interface on the CPU,
- * layers, models, optimizers, data, checkpoints, short training runs). */
-#include <dirent.h>
+ * layers, models, optimizers, data, checkpoints, short training runs, and the conformance suite
+ * against the host emulation of the CUDA backend). */
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "test_train.h"
-
-void test_mkdtemp(char *out, size_t len) {
-  const char *base = getenv("TMPDIR");
-  snprintf(out, len, "%s/wagma-train-XXXXXX", base && *base ? base : "/tmp");
-  assert_non_null(mkdtemp(out));
-}
-
-/* Removes the files a test created in dir (flat, no subfolders), then dir. */
-void test_rmtree(const char *dir) {
-  DIR *d = opendir(dir);
-  if (!d)
-    return;
-  struct dirent *e;
-  char path[4200];
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-      snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-      unlink(path);
-    }
-  closedir(d);
-  rmdir(dir);
-}
 
 int main(void) {
   int failed = 0;
@@ -38,5 +13,13 @@ int main(void) {
   failed += train_optim_tests();
   failed += train_data_tests();
   failed += train_run_tests();
+  /* The CUDA backend's algorithm, emulated on the host, against the CPU backend. */
+  wagma_backend_t *emu = test_emu_backend_open();
+  if (!emu) {
+    fprintf(stderr, "out of memory for the emulated backend\n");
+    return 1;
+  }
+  failed += train_conformance_tests(emu);
+  wagma_backend_close(emu);
   return failed ? 1 : 0;
 }
