@@ -1,4 +1,4 @@
-/* agent/algorithms.c — one training iteration of each algorithm of ARCHITECTURE.md §5.3, on
+/* agent/algorithms.c — one training iteration of each algorithm (docs/design.md §8), on
  * the runner thread (the communicator's "compute thread"):
  *   wagma      local step, then wagma_comm_step: a group round, or every tau rounds the global
  *              round in the plan's global_sync mode; the iteration IS the comm's round

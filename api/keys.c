@@ -1,4 +1,4 @@
-/* api/keys.c — the etcd key layout of ARCHITECTURE.md §3 under a configurable prefix
+/* api/keys.c — the etcd key layout of docs/design.md §9 under a configurable prefix
  * (default /wagma), plus the classifier used on watch events. Names that would break the
  * layout (slashes, empty, too long) are refused. Pure functions, thread-safe. */
 #include <stdarg.h>
