@@ -38,6 +38,7 @@ typedef struct rank_ctx {
 } rank_ctx_t;
 
 static pthread_barrier_t g_barrier;
+static rank_ctx_t *g_ranks; /* the world's ranks, for a rank that must wait on another */
 
 static void *rank_main(void *arg) {
   rank_ctx_t *rc = arg;
@@ -65,6 +66,7 @@ static void run_world(int P, int S, int tau, const double *floor_s, void (*body)
   fake_world_init(P);
   pthread_barrier_init(&g_barrier, NULL, (unsigned)P);
   pthread_t th[MAXP];
+  g_ranks = ranks;
   for (int i = 0; i < P; i++) {
     memset(&ranks[i], 0, sizeof(ranks[i]));
     ranks[i].rank = i;
@@ -113,6 +115,9 @@ static void body_leader_two_rounds(rank_ctx_t *rc) {
     break;
   case 2: /* round 0 with rank 3 at once, then round 1 with rank 0 while 0 still waits */
     step(rc, 0);
+    /* ...once rank 0 is in round 0 (else its round 1 would decline: no snapshot yet) */
+    for (double until = wg_now() + 10; wg_comm_busy(g_ranks[0].comm) == 0 && wg_now() < until;)
+      usleep(1000);
     step(rc, 1);
     break;
   case 3: step(rc, 0); break;
