@@ -8,9 +8,11 @@
  * frames (send) and take messages (recv).
  *
  * Invariants:
+ *  - Every socket in peers[] completed the authenticated handshake of tcp_mesh.c as its rank.
  *  - A header is decoded and validated by wg_frame_decode (epoch, src < nranks, length <=
  *    max_payload) and its src must be the connection's rank, before the payload is allocated.
- *    A bad frame is counted in frames_rejected, logged, and its peer is declared dead.
+ *    A bad frame is counted in frames_rejected, logged, and its peer is declared dead. So a
+ *    frame, a BYE included, only ever speaks for the rank whose connection carried it.
  *  - A peer's socket is written by at most one thread at a time: a sender writes directly
  *    only while holding out_lock with an empty queue; the progress thread writes only the head
  *    of a non-empty queue, and only it pops. So frames leave in the order they were queued.
@@ -24,6 +26,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -381,6 +384,11 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   if (cfg == NULL || out == NULL || cfg->plan == NULL || cfg->plan->nranks < 1 ||
       cfg->plan->members == NULL || cfg->rank < 0 || cfg->rank >= cfg->plan->nranks)
     return WAGMA_EINVAL;
+  const wg_transport_auth_t *auth = &cfg->auth;
+  if ((auth->secret == NULL) != (auth->secret_len == 0) ||
+      (auth->secret != NULL && auth->secret_len < WAGMA_SECRET_MIN_LEN) ||
+      auth->secret_len > (size_t)INT_MAX)
+    return WAGMA_EINVAL;
   *out = NULL;
   t = calloc(1, sizeof *t);
   if (t == NULL)
@@ -417,7 +425,11 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
     rc = WAGMA_EIO;
     goto out;
   }
-  rc = wg_tcp_mesh_connect(t, cfg->plan, wg_now() + t->connect_timeout_s);
+  if (auth->secret == NULL && t->nranks > 1)
+    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+            "rank %d: no secret: the data plane of epoch %llu is unauthenticated", t->rank,
+            (unsigned long long)t->epoch);
+  rc = wg_tcp_mesh_connect(t, cfg->plan, auth, wg_now() + t->connect_timeout_s);
   if (rc != 0)
     goto out;
   struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)t->nranks};

@@ -1,5 +1,5 @@
 /* tcp_internal.h — state shared by tcp.c (progress thread, ops) and tcp_mesh.c (connection
- * setup). Private to the TCP transport. */
+ * setup and its authenticated handshake). Private to the TCP transport. */
 #ifndef WAGMA_COLLECTIVE_TCP_INTERNAL_H
 #define WAGMA_COLLECTIVE_TCP_INTERNAL_H
 
@@ -14,6 +14,23 @@
 #define WG_TCP_DEFAULT_MAX_QUEUED ((size_t)1 << 30)    /* max_queued_bytes 0 means this */
 #define WG_TCP_DEFAULT_CONNECT_S 10.0                  /* connect_timeout_s <= 0 means this */
 #define WG_TCP_CLOSE_LINGER_S 2.0 /* close flushes queued frames for at most this long */
+/* A dialer drops a handshake that takes longer than this; an acceptor allows 1 s more. */
+#define WG_TCP_HELLO_TIMEOUT_S 3.0
+
+/* The HELLO handshake (tcp_mesh.c), three HELLO frames whose seq is the step:
+ *   1 dialer -> acceptor: payload nonce_d
+ *   2 acceptor -> dialer: payload nonce_a | proof("acceptor")
+ *   3 dialer -> acceptor: payload proof("dialer")
+ * flags has WG_HELLO_F_AUTH when the sender holds a secret; aux is nranks. */
+#define WG_HELLO_NONCE_LEN 32
+#define WG_HELLO_PROOF_LEN 32 /* HMAC-SHA256 */
+#define WG_HELLO_F_AUTH 1u
+#define WG_HELLO_STEP1_LEN WG_HELLO_NONCE_LEN
+#define WG_HELLO_STEP2_LEN (WG_HELLO_NONCE_LEN + WG_HELLO_PROOF_LEN)
+#define WG_HELLO_STEP3_LEN WG_HELLO_PROOF_LEN
+#define WG_HELLO_MAX_LEN WG_HELLO_STEP2_LEN
+
+typedef enum wg_hello_side { WG_HELLO_DIALER = 'D', WG_HELLO_ACCEPTOR = 'A' } wg_hello_side_t;
 
 /* One queued outbound frame: the bytes still to write (header and payload, contiguous). */
 typedef struct wg_out_frame {
@@ -26,6 +43,8 @@ typedef struct wg_tcp_peer {
   int rank;
   int fd;          /* connected socket or -1; closed only by close() */
   atomic_int dead; /* 1: never connected, failed, said BYE or sent a bad frame */
+  /* fd >= 0 only for a connection that completed the handshake as this rank; every frame
+   * read from it must carry src == rank (tcp.c), so a BYE or bad frame only ends this rank */
 
   /* Outbound queue, guarded by out_lock. Only the progress thread writes from a non-empty
    * queue; a sender writes directly (non-blocking, under out_lock) only when it is empty. */
@@ -71,11 +90,23 @@ struct wg_transport {
 };
 
 /* Connects the mesh (tcp_mesh.c): binds plan->members[t->rank].address, dials the members
- * of lower rank, accepts the members of higher rank, exchanges HELLO on each connection,
- * until all are connected or deadline. Fills peers[].fd (blocking mode undefined, caller
- * sets it); members left unconnected keep fd -1. Returns 0, WAGMA_EINVAL (bad address) or
- * WAGMA_EIO (cannot bind or listen). */
-int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan, double deadline);
+ * of lower rank, accepts the members of higher rank, runs the HELLO handshake with auth's
+ * secret on each connection, until all are connected or deadline. Fills peers[].fd (blocking
+ * mode undefined, caller sets it) only with connections that completed the handshake; members
+ * left unconnected keep fd -1. Returns 0, WAGMA_EINVAL (bad address) or WAGMA_EIO (cannot
+ * bind or listen). */
+int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
+                        const wg_transport_auth_t *auth, double deadline);
+
+/* The proof one side of a handshake sends (tcp_mesh.c; exported for the tests' raw peers):
+ * HMAC-SHA256 keyed with the secret (an empty key when auth has none) over "wagma-hello-v1",
+ * the side, epoch, dialer rank, acceptor rank, nranks, nonce_d and nonce_a. The side label
+ * keeps one direction's proof from being reflected as the other's. Returns 0, WAGMA_EINVAL
+ * (a secret over INT_MAX bytes) or WAGMA_EIO (libcrypto failed). Any thread. */
+int wg_tcp_hello_proof(const wg_transport_auth_t *auth, wg_hello_side_t side, uint64_t epoch,
+                       int dialer, int acceptor, int nranks,
+                       const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
+                       const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]);
 
 /* Parses "host:port" or "[v6]:port" into host (NUL-terminated) and port. */
 int wg_tcp_parse_address(const char *address, char *host, size_t host_len, char *port,

@@ -1,23 +1,40 @@
-/* tcp_mesh.c — connection setup of the TCP transport: one socket per pair of members.
+/* tcp_mesh.c — connection setup of the TCP transport: one authenticated socket per pair of
+ * members.
  *
  * Rule: rank r dials every rank below r and accepts every rank above r, so each pair gets
- * exactly one socket. The dialer sends HELLO(epoch, src = r, aux = nranks); the acceptor checks
- * magic, version, epoch, kind, that src is a rank above it and that nranks agrees, then answers
- * with its own HELLO, which the dialer checks the same way (src must be the rank it dialed).
- * A connection with a bad HELLO is counted in frames_rejected, logged and dropped; a dialer
- * whose connection fails (refused, reset, wrong epoch: an old process still on the port)
- * retries with backoff until the deadline.
+ * exactly one socket. On each connection the two sides run a three-step HELLO handshake
+ * (tcp_internal.h): the dialer sends a fresh nonce_d; the acceptor answers with a fresh
+ * nonce_a and its proof; the dialer checks it and sends its own proof. A proof is
+ * HMAC-SHA256 under the epoch's secret over both nonces, the epoch, both ranks, nranks and the
+ * side (wg_tcp_hello_proof), compared in constant time. Every HELLO is also checked for magic,
+ * version, epoch, step, length, nranks, flags and ranks (the acceptor: src above it; the
+ * dialer: src = the rank it dialed). So a connection stands for a member only once the peer
+ * proved it holds the secret: an impostor that knows the (public) plan is refused, and its
+ * failure takes nothing from the real member, who can still connect. Without a secret (NULL/0)
+ * the same exchange runs with an empty key: it authenticates nothing, and HELLO flags make an
+ * authenticated rank refuse such a peer.
+ *
+ * A refused connection is closed, counted in frames_rejected and logged with its remote
+ * address; a dialer whose connection fails (refused, reset, a proof that does not verify, the
+ * wrong epoch: an old process still on the port) retries with backoff until the deadline. A
+ * handshake that takes longer than WG_TCP_HELLO_TIMEOUT_S is dropped, so a silent connection
+ * holds an accept slot only that long.
  *
  * Runs on the thread that calls open, before the progress thread exists, with its own epoll
- * set; no locks. Invariant: exactly 64 bytes are read from a connection here, so frames a
- * faster peer sends right after its handshake stay in the socket for the progress thread. */
+ * set; no locks. Reads the secret from the caller's auth only during wg_tcp_mesh_connect and
+ * keeps no copy. Invariant: only the handshake's own bytes are read from a connection here
+ * (a header, then exactly the payload length of its step, checked before it is read), so
+ * frames a faster peer sends right after its handshake stay in the socket for the progress
+ * thread. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,32 +42,54 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
 #include "tcp_internal.h"
 #include "wagma/log_internal.h"
 
+#define MAX_AUTH_WARNINGS 8 /* refused handshakes logged at WARN per open; the rest at DEBUG */
+
 enum slot_kind { SLOT_DIAL, SLOT_ACCEPT };
-enum slot_state { SLOT_IDLE, SLOT_CONNECTING, SLOT_HELLO_WAIT, SLOT_DONE, SLOT_FREE };
+enum slot_state {
+  SLOT_IDLE,       /* dial: waiting for retry_at */
+  SLOT_CONNECTING, /* dial: connect in progress */
+  SLOT_HELLO_WAIT, /* dial: step 1 sent, reading step 2; accept: reading step 1 */
+  SLOT_PROOF_WAIT, /* accept: step 2 sent, reading step 3 */
+  SLOT_DONE,       /* dial: connected and authenticated */
+  SLOT_FREE,       /* accept: unused */
+};
 
 typedef struct mesh_slot {
   int kind;
   int state;
   int fd;
-  int rank; /* dial target; -1 for an accepted connection */
-  uint8_t buf[WG_FRAME_HEADER_SIZE];
+  int rank; /* dial target; for an accepted connection the rank its step 1 claimed, or -1 */
+  uint8_t buf[WG_FRAME_HEADER_SIZE + WG_HELLO_MAX_LEN];
   size_t got;
+  wg_frame_header_t hdr; /* header of the HELLO being read, once got >= header size */
+  uint8_t nonce_d[WG_HELLO_NONCE_LEN];
+  uint8_t nonce_a[WG_HELLO_NONCE_LEN];
+  double expires; /* the handshake in progress is dropped at this time */
   double retry_at;
   double backoff;
+  char remote[WAGMA_ADDRESS_MAX + 32]; /* "host:port" of the other end, for logs */
 } mesh_slot_t;
 
 typedef struct mesh {
   struct wg_transport *t;
   const wagma_plan_t *plan;
+  const wg_transport_auth_t *auth;
+  int authed; /* 1: this rank holds a secret and requires peers to prove theirs */
   int epfd;
   int listen_fd;
   mesh_slot_t *dials;   /* nranks entries, used for ranks below mine */
   mesh_slot_t *accepts; /* naccepts entries */
   int naccepts;
   int missing; /* peers without a connection yet */
+  int nwarned; /* refused handshakes logged at WARN so far */
 } mesh_t;
 
 static const int listen_tag; /* epoll data.ptr of the listening socket */
@@ -80,31 +119,169 @@ int wg_tcp_parse_address(const char *address, char *host, size_t host_len, char 
   return 0;
 }
 
-static void make_hello(const struct wg_transport *t, uint8_t out[WG_FRAME_HEADER_SIZE]) {
+int wg_tcp_hello_proof(const wg_transport_auth_t *auth, wg_hello_side_t side, uint64_t epoch,
+                       int dialer, int acceptor, int nranks,
+                       const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
+                       const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]) {
+  static const char label[] = "wagma-hello-v1";
+  static const uint8_t no_key[1];
+  uint8_t msg[sizeof label - 1 + 1 + 8 + 3 * 4 + 2 * WG_HELLO_NONCE_LEN];
+  size_t n = 0;
+  memcpy(msg, label, sizeof label - 1);
+  n += sizeof label - 1;
+  msg[n++] = (uint8_t)side;
+  wg_le_put_u64(msg + n, epoch);
+  n += 8;
+  wg_le_put_u32(msg + n, (uint32_t)dialer);
+  n += 4;
+  wg_le_put_u32(msg + n, (uint32_t)acceptor);
+  n += 4;
+  wg_le_put_u32(msg + n, (uint32_t)nranks);
+  n += 4;
+  memcpy(msg + n, nonce_d, WG_HELLO_NONCE_LEN);
+  n += WG_HELLO_NONCE_LEN;
+  memcpy(msg + n, nonce_a, WG_HELLO_NONCE_LEN);
+  n += WG_HELLO_NONCE_LEN;
+  int keyed = auth != NULL && auth->secret != NULL && auth->secret_len > 0;
+  if (keyed && auth->secret_len > (size_t)INT_MAX)
+    return WAGMA_EINVAL;
+  unsigned int out_len = 0;
+  if (HMAC(EVP_sha256(), keyed ? auth->secret : no_key, keyed ? (int)auth->secret_len : 0, msg, n,
+           out, &out_len) == NULL ||
+      out_len != WG_HELLO_PROOF_LEN)
+    return WAGMA_EIO;
+  return 0;
+}
+
+static size_t hello_len(int step) {
+  return step == 1 ? WG_HELLO_STEP1_LEN : step == 2 ? WG_HELLO_STEP2_LEN : WG_HELLO_STEP3_LEN;
+}
+
+/* A connection refused in the handshake: counted, logged with the remote address. */
+static void refuse(mesh_t *m, mesh_slot_t *s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void refuse(mesh_t *m, mesh_slot_t *s, const char *fmt, ...) {
+  struct wg_transport *t = m->t;
+  char why[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  atomic_fetch_add(&t->frames_rejected, 1);
+  int level = m->nwarned++ < MAX_AUTH_WARNINGS ? WAGMA_LOG_WARN : WAGMA_LOG_DEBUG;
+  wg_logf(t->log, t->log_user, level, "rank %d: refused %s connection %s %s: %s", t->rank,
+          s->kind == SLOT_DIAL ? "outgoing" : "incoming", s->kind == SLOT_DIAL ? "to" : "from",
+          s->remote, why);
+}
+
+/* Sends HELLO step `step` with len payload bytes in one non-blocking write (a fresh socket
+ * always takes it). Returns 0 or -1. */
+static int send_hello(mesh_t *m, int fd, int step, const uint8_t *payload, size_t len) {
+  struct wg_transport *t = m->t;
+  uint8_t out[WG_FRAME_HEADER_SIZE + WG_HELLO_MAX_LEN];
   wg_frame_header_t h = {0};
   h.magic = WG_FRAME_MAGIC;
   h.version = WG_FRAME_VERSION;
   h.kind = WG_FRAME_HELLO;
   h.epoch = t->epoch;
   h.src = (uint32_t)t->rank;
+  h.seq = (uint64_t)step;
+  h.length = len;
   h.aux = (uint64_t)t->nranks;
+  h.flags = m->authed ? WG_HELLO_F_AUTH : 0;
   wg_frame_encode(&h, out);
+  memcpy(out + WG_FRAME_HEADER_SIZE, payload, len);
+  size_t total = WG_FRAME_HEADER_SIZE + len;
+  ssize_t n = send(fd, out, total, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return n == (ssize_t)total ? 0 : -1;
 }
 
-/* Validates a HELLO; returns its src rank or a negative status. */
-static int check_hello(mesh_t *m, const uint8_t buf[WG_FRAME_HEADER_SIZE], const char *what) {
+/* Validates the header of HELLO step `step` in s->buf into s->hdr. Returns 0 or -1 (refused:
+ * counted and logged). */
+static int check_header(mesh_t *m, mesh_slot_t *s, int step) {
   struct wg_transport *t = m->t;
-  wg_frame_header_t h;
-  int rc = wg_frame_decode(buf, WG_FRAME_HEADER_SIZE, t->epoch, (uint32_t)t->nranks, 0, &h);
-  if (rc == 0 && (h.kind != WG_FRAME_HELLO || h.aux != (uint64_t)t->nranks))
-    rc = WAGMA_EPROTO;
-  if (rc != 0) {
-    atomic_fetch_add(&t->frames_rejected, 1);
-    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN, "rank %d: rejected %s: %s", t->rank, what,
-            wagma_strerror(rc));
-    return rc;
+  wg_frame_header_t *h = &s->hdr;
+  int rc = wg_frame_decode(s->buf, WG_FRAME_HEADER_SIZE, t->epoch, (uint32_t)t->nranks,
+                           WG_HELLO_MAX_LEN, h);
+  if (rc == WAGMA_EEPOCH) {
+    refuse(m, s, "HELLO of another epoch");
+    return -1;
   }
-  return (int)h.src;
+  if (rc != 0 || h->kind != WG_FRAME_HELLO) {
+    refuse(m, s, "not a HELLO frame (%s)", rc != 0 ? wagma_strerror(rc) : "another kind");
+    return -1;
+  }
+  int peer_authed = (h->flags & WG_HELLO_F_AUTH) != 0;
+  if (h->aux != (uint64_t)t->nranks) {
+    refuse(m, s, "HELLO for %llu ranks, not %d", (unsigned long long)h->aux, t->nranks);
+  } else if (h->seq != (uint64_t)step || h->length != hello_len(step)) {
+    refuse(m, s, "HELLO step %llu of %llu bytes where step %d was due (another version?)",
+           (unsigned long long)h->seq, (unsigned long long)h->length, step);
+  } else if (h->flags & ~WG_HELLO_F_AUTH) {
+    refuse(m, s, "unknown HELLO flags 0x%x", (unsigned)h->flags);
+  } else if (m->authed && !peer_authed) {
+    refuse(m, s, "rank %u sent an unauthenticated HELLO (it holds no secret)", (unsigned)h->src);
+  } else if (!m->authed && peer_authed) {
+    refuse(m, s, "rank %u authenticates and this rank holds no secret", (unsigned)h->src);
+  } else if (s->kind == SLOT_DIAL && h->src != (uint32_t)s->rank) {
+    refuse(m, s, "HELLO reply from rank %u on the connection to rank %d", (unsigned)h->src,
+           s->rank);
+  } else if (s->kind == SLOT_ACCEPT && step == 1 && (int)h->src <= t->rank) {
+    refuse(m, s, "HELLO from rank %u, which should accept, not dial", (unsigned)h->src);
+  } else if (s->kind == SLOT_ACCEPT && step == 3 && h->src != (uint32_t)s->rank) {
+    refuse(m, s, "step 3 from rank %u after step 1 from rank %d", (unsigned)h->src, s->rank);
+  } else {
+    return 0;
+  }
+  return -1;
+}
+
+/* Reads the rest of HELLO step `step` (header, checked, then its payload). Returns 1 complete
+ * (s->hdr, payload at s->buf + header size), 0 more to come, -1 EOF or error, -2 refused. */
+static int read_hello(mesh_t *m, mesh_slot_t *s, int step) {
+  for (;;) {
+    size_t want = WG_FRAME_HEADER_SIZE;
+    if (s->got >= WG_FRAME_HEADER_SIZE)
+      want += (size_t)s->hdr.length;
+    if (s->got == want)
+      return 1;
+    ssize_t n = recv(s->fd, s->buf + s->got, want - s->got, MSG_DONTWAIT);
+    if (n > 0) {
+      s->got += (size_t)n;
+      if (s->got == WG_FRAME_HEADER_SIZE && check_header(m, s, step) != 0)
+        return -2;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return 0;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return -1;
+    }
+  }
+}
+
+/* Compares the proof at `got` with what `side` must have sent, in constant time.
+ * Returns 0 if it verifies, -1 if not (or the MAC failed). */
+static int verify_proof(mesh_t *m, wg_hello_side_t side, int dialer, int acceptor,
+                        const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
+                        const uint8_t nonce_a[WG_HELLO_NONCE_LEN], const uint8_t *got) {
+  struct wg_transport *t = m->t;
+  uint8_t want[WG_HELLO_PROOF_LEN];
+  if (wg_tcp_hello_proof(m->auth, side, t->epoch, dialer, acceptor, t->nranks, nonce_d, nonce_a,
+                         want) != 0)
+    return -1;
+  return CRYPTO_memcmp(want, got, WG_HELLO_PROOF_LEN) == 0 ? 0 : -1;
+}
+
+static void format_remote(const struct sockaddr *sa, socklen_t len, char *out, size_t out_len) {
+  char host[INET6_ADDRSTRLEN], port[8];
+  if (getnameinfo(sa, len, host, sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) !=
+      0)
+    snprintf(out, out_len, "?");
+  else if (sa->sa_family == AF_INET6)
+    snprintf(out, out_len, "[%s]:%s", host, port);
+  else
+    snprintf(out, out_len, "%s:%s", host, port);
 }
 
 static int bind_listener(mesh_t *m) {
@@ -180,25 +357,32 @@ static void dial_failed(mesh_t *m, mesh_slot_t *s) {
   s->backoff = fmin(s->backoff * 2, 0.2);
 }
 
+static void accept_free(mesh_t *m, mesh_slot_t *s) {
+  slot_close(m, s);
+  s->state = SLOT_FREE;
+  s->rank = -1;
+}
+
 static void set_nodelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-static int send_hello(mesh_t *m, int fd) {
-  uint8_t hello[WG_FRAME_HEADER_SIZE];
-  make_hello(m->t, hello);
-  ssize_t n = send(fd, hello, sizeof hello, MSG_NOSIGNAL | MSG_DONTWAIT);
-  return n == (ssize_t)sizeof hello ? 0 : -1;
-}
-
-static void dial_hello_sent(mesh_t *m, mesh_slot_t *s) {
-  if (send_hello(m, s->fd) != 0) {
+/* Dialer, connected: step 1 (a fresh nonce_d), then wait for step 2. */
+static void dial_send_nonce(mesh_t *m, mesh_slot_t *s) {
+  struct wg_transport *t = m->t;
+  if (RAND_bytes(s->nonce_d, sizeof s->nonce_d) != 1) {
+    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: RAND_bytes failed", t->rank);
+    dial_failed(m, s);
+    return;
+  }
+  if (send_hello(m, s->fd, 1, s->nonce_d, sizeof s->nonce_d) != 0) {
     dial_failed(m, s);
     return;
   }
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
   epoll_ctl(m->epfd, EPOLL_CTL_MOD, s->fd, &ev);
+  s->got = 0;
   s->state = SLOT_HELLO_WAIT;
 }
 
@@ -209,6 +393,7 @@ static void dial_start(mesh_t *m, mesh_slot_t *s) {
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   const char *address = m->plan->members[s->rank].address;
+  snprintf(s->remote, sizeof s->remote, "%s (rank %d)", address, s->rank);
   if (wg_tcp_parse_address(address, host, sizeof host, port, sizeof port) != 0 ||
       getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
     wg_logf(t->log, t->log_user, WAGMA_LOG_DEBUG, "rank %d: cannot resolve '%s' of rank %d",
@@ -223,6 +408,7 @@ static void dial_start(mesh_t *m, mesh_slot_t *s) {
     return;
   }
   set_nodelay(s->fd);
+  s->expires = wg_now() + WG_TCP_HELLO_TIMEOUT_S;
   int rc = connect(s->fd, res->ai_addr, res->ai_addrlen);
   int err = errno;
   freeaddrinfo(res);
@@ -232,29 +418,14 @@ static void dial_start(mesh_t *m, mesh_slot_t *s) {
     return;
   }
   if (rc == 0)
-    dial_hello_sent(m, s);
+    dial_send_nonce(m, s);
   else if (err == EINPROGRESS)
     s->state = SLOT_CONNECTING;
   else
     dial_failed(m, s);
 }
 
-/* Reads the rest of a 64-byte HELLO; returns 1 complete, 0 more to come, -1 EOF or error. */
-static int read_hello(mesh_slot_t *s) {
-  while (s->got < WG_FRAME_HEADER_SIZE) {
-    ssize_t n = recv(s->fd, s->buf + s->got, WG_FRAME_HEADER_SIZE - s->got, MSG_DONTWAIT);
-    if (n > 0)
-      s->got += (size_t)n;
-    else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return 0;
-    else if (n < 0 && errno == EINTR)
-      continue;
-    else
-      return -1;
-  }
-  return 1;
-}
-
+/* Dialer: step 2 arrived. Checks the acceptor's proof, answers with ours (step 3). */
 static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
   struct wg_transport *t = m->t;
   if (s->state == SLOT_CONNECTING) {
@@ -263,26 +434,30 @@ static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
     if (getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0)
       dial_failed(m, s);
     else
-      dial_hello_sent(m, s);
+      dial_send_nonce(m, s);
     return;
   }
   if (s->state != SLOT_HELLO_WAIT)
     return;
-  int r = read_hello(s);
+  int r = read_hello(m, s, 2);
+  if (r == 0)
+    return;
   if (r < 0) {
     dial_failed(m, s);
     return;
   }
-  if (r == 0)
+  const uint8_t *payload = s->buf + WG_FRAME_HEADER_SIZE;
+  memcpy(s->nonce_a, payload, WG_HELLO_NONCE_LEN);
+  if (verify_proof(m, WG_HELLO_ACCEPTOR, t->rank, s->rank, s->nonce_d, s->nonce_a,
+                   payload + WG_HELLO_NONCE_LEN) != 0) {
+    refuse(m, s, "rank %d failed authentication (another secret?)", s->rank);
+    dial_failed(m, s);
     return;
-  int src = check_hello(m, s->buf, "HELLO reply");
-  if (src != s->rank) {
-    if (src >= 0) {
-      atomic_fetch_add(&t->frames_rejected, 1);
-      wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
-              "rank %d: HELLO reply from rank %d on the connection to rank %d", t->rank, src,
-              s->rank);
-    }
+  }
+  uint8_t proof[WG_HELLO_PROOF_LEN];
+  if (wg_tcp_hello_proof(m->auth, WG_HELLO_DIALER, t->epoch, t->rank, s->rank, t->nranks,
+                         s->nonce_d, s->nonce_a, proof) != 0 ||
+      send_hello(m, s->fd, 3, proof, sizeof proof) != 0) {
     dial_failed(m, s);
     return;
   }
@@ -295,67 +470,125 @@ static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
 
 static void on_listen_event(mesh_t *m) {
   for (;;) {
-    int fd = accept4(m->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    int fd = accept4(m->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0)
       return;
     mesh_slot_t *s = NULL;
     for (int i = 0; i < m->naccepts && s == NULL; i++)
       if (m->accepts[i].state == SLOT_FREE)
         s = &m->accepts[i];
-    struct epoll_event ev = {.events = EPOLLIN};
     if (s == NULL) {
       close(fd); /* too many half-open connections: a flood, not a member */
       continue;
     }
     s->fd = fd;
     s->got = 0;
+    s->rank = -1;
     s->state = SLOT_HELLO_WAIT;
-    ev.data.ptr = s;
-    if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
-      slot_close(m, s);
-      s->state = SLOT_FREE;
-    }
+    /* A second more than a dialer allows itself, so a step 3 it sent in its time arrives in
+     * ours. */
+    s->expires = wg_now() + WG_TCP_HELLO_TIMEOUT_S + 1.0;
+    format_remote((struct sockaddr *)&sa, salen, s->remote, sizeof s->remote);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
+    if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
+      accept_free(m, s);
   }
 }
 
-static void on_accept_event(mesh_t *m, mesh_slot_t *s) {
+/* Acceptor, step 1 arrived: answers with a fresh nonce_a and our proof (step 2). */
+static void accept_step1(mesh_t *m, mesh_slot_t *s) {
   struct wg_transport *t = m->t;
-  int r = read_hello(s);
-  if (r == 0)
-    return;
-  if (r < 0) {
-    if (s->got > 0) {
-      atomic_fetch_add(&t->frames_rejected, 1);
-      wg_logf(t->log, t->log_user, WAGMA_LOG_WARN, "rank %d: truncated HELLO (%zu bytes)", t->rank,
-              s->got);
-    }
-    slot_close(m, s);
-    s->state = SLOT_FREE;
+  uint8_t payload[WG_HELLO_STEP2_LEN];
+  s->rank = (int)s->hdr.src;
+  memcpy(s->nonce_d, s->buf + WG_FRAME_HEADER_SIZE, WG_HELLO_NONCE_LEN);
+  if (RAND_bytes(s->nonce_a, sizeof s->nonce_a) != 1) {
+    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: RAND_bytes failed", t->rank);
+    accept_free(m, s);
     return;
   }
-  int src = check_hello(m, s->buf, "HELLO");
-  if (src >= 0 && src <= t->rank) {
-    atomic_fetch_add(&t->frames_rejected, 1);
-    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
-            "rank %d: HELLO from rank %d, which should accept, not dial", t->rank, src);
-    src = WAGMA_EPROTO;
+  memcpy(payload, s->nonce_a, WG_HELLO_NONCE_LEN);
+  if (wg_tcp_hello_proof(m->auth, WG_HELLO_ACCEPTOR, t->epoch, s->rank, t->rank, t->nranks,
+                         s->nonce_d, s->nonce_a, payload + WG_HELLO_NONCE_LEN) != 0 ||
+      send_hello(m, s->fd, 2, payload, sizeof payload) != 0) {
+    accept_free(m, s);
+    return;
   }
-  if (src < 0 || send_hello(m, s->fd) != 0) {
-    slot_close(m, s);
-    s->state = SLOT_FREE;
+  s->got = 0;
+  s->state = SLOT_PROOF_WAIT;
+}
+
+/* Acceptor, step 3 arrived: the connection becomes the claimed rank's only if its proof
+ * verifies. */
+static void accept_step3(mesh_t *m, mesh_slot_t *s) {
+  struct wg_transport *t = m->t;
+  if (verify_proof(m, WG_HELLO_DIALER, s->rank, t->rank, s->nonce_d, s->nonce_a,
+                   s->buf + WG_FRAME_HEADER_SIZE) != 0) {
+    refuse(m, s, "it claims rank %d and failed authentication (no or another secret)", s->rank);
+    accept_free(m, s);
     return;
   }
   epoll_ctl(m->epfd, EPOLL_CTL_DEL, s->fd, NULL);
-  wg_tcp_peer_t *p = &t->peers[src];
+  wg_tcp_peer_t *p = &t->peers[s->rank];
   if (p->fd >= 0) {
-    /* The dialer gave up on an earlier connection and retried: the newest one wins. */
+    /* The dialer gave up on an earlier connection and retried: the newest one wins. Both
+     * proved the secret, so this is the member, not an impostor. */
     close(p->fd);
     m->missing++;
   }
   p->fd = s->fd;
   s->fd = -1;
-  s->state = SLOT_FREE;
+  accept_free(m, s);
   m->missing--;
+}
+
+static void on_accept_event(mesh_t *m, mesh_slot_t *s) {
+  int step = s->state == SLOT_HELLO_WAIT ? 1 : 3;
+  int r = read_hello(m, s, step);
+  if (r == 0)
+    return;
+  if (r == -1 && step == 3)
+    refuse(m, s, "it claimed rank %d and closed before its proof (it refused ours?)", s->rank);
+  else if (r == -1 && s->got > 0)
+    refuse(m, s, "truncated HELLO (%zu bytes)", s->got);
+  if (r < 0)
+    accept_free(m, s);
+  else if (step == 1)
+    accept_step1(m, s);
+  else
+    accept_step3(m, s);
+}
+
+/* Drops the handshakes past their own deadline; returns the earliest deadline left (or
+ * `next`). */
+static double expire_handshakes(mesh_t *m, double now, double next) {
+  struct wg_transport *t = m->t;
+  for (int i = 0; i < m->naccepts; i++) {
+    mesh_slot_t *s = &m->accepts[i];
+    if (s->state == SLOT_FREE)
+      continue;
+    if (s->expires <= now) {
+      refuse(m, s, "handshake not completed within %.0f s", WG_TCP_HELLO_TIMEOUT_S + 1.0);
+      accept_free(m, s);
+    } else if (s->expires < next) {
+      next = s->expires;
+    }
+  }
+  for (int r = 0; r < t->rank; r++) {
+    mesh_slot_t *s = &m->dials[r];
+    if (s->state != SLOT_CONNECTING && s->state != SLOT_HELLO_WAIT)
+      continue;
+    if (s->expires <= now) {
+      wg_logf(t->log, t->log_user, WAGMA_LOG_DEBUG,
+              "rank %d: handshake with %s not completed within %.0f s, dialing again", t->rank,
+              s->remote, WG_TCP_HELLO_TIMEOUT_S);
+      dial_failed(m, s);
+    } else if (s->expires < next) {
+      next = s->expires;
+    }
+  }
+  return next;
 }
 
 static int mesh_run(mesh_t *m, double deadline) {
@@ -376,7 +609,7 @@ static int mesh_run(mesh_t *m, double deadline) {
     double now = wg_now();
     if (now >= deadline)
       break;
-    double next = deadline;
+    double next = expire_handshakes(m, now, deadline);
     for (int r = 0; r < t->rank; r++) {
       mesh_slot_t *s = &m->dials[r];
       if (s->state == SLOT_IDLE && s->retry_at <= now)
@@ -398,16 +631,23 @@ static int mesh_run(mesh_t *m, double deadline) {
       mesh_slot_t *s = ptr;
       if (s->kind == SLOT_DIAL)
         on_dial_event(m, s);
-      else
+      else if (s->state != SLOT_FREE)
         on_accept_event(m, s);
     }
   }
   return 0;
 }
 
-int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan, double deadline) {
+int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
+                        const wg_transport_auth_t *auth, double deadline) {
   int rc = 0;
-  mesh_t m = {.t = t, .plan = plan, .epfd = -1, .listen_fd = -1, .missing = t->nranks - 1};
+  mesh_t m = {.t = t,
+              .plan = plan,
+              .auth = auth,
+              .authed = auth != NULL && auth->secret_len > 0,
+              .epfd = -1,
+              .listen_fd = -1,
+              .missing = t->nranks - 1};
   if (t->nranks <= 1)
     return 0;
   m.naccepts = t->nranks + 32;

@@ -54,6 +54,14 @@ typedef struct wg_match {
 /* Fills every field with WG_ANY (kinds with 0). */
 void wg_match_any(wg_match_t *match);
 
+/* The data-plane secret of an epoch (wagma_comm_options_t.secret): NULL/0 = unauthenticated,
+ * else at least WAGMA_SECRET_MIN_LEN bytes. Only read during open; the transport keeps no
+ * copy. */
+typedef struct wg_transport_auth {
+  const uint8_t *secret;
+  size_t secret_len;
+} wg_transport_auth_t;
+
 typedef struct wg_transport_config {
   const wagma_plan_t *plan; /* addresses of the members; only read during open */
   int rank;
@@ -61,23 +69,27 @@ typedef struct wg_transport_config {
   size_t max_payload;       /* frames announcing more are rejected as WAGMA_EPROTO */
   size_t max_queued_bytes;  /* per peer outbound queue; beyond it the peer is declared dead */
   double connect_timeout_s; /* members not connected by then are marked dead */
+  wg_transport_auth_t auth; /* peers must prove they hold the same secret */
   wagma_log_fn log;
   void *log_user;
 } wg_transport_config_t;
 
 typedef struct wg_transport_stats {
-  uint64_t bytes_sent;     /* payload + header bytes handed to the kernel */
-  uint64_t bytes_received; /* payload + header bytes of accepted frames */
-  uint64_t frames_rejected;
+  uint64_t bytes_sent;      /* payload + header bytes handed to the kernel */
+  uint64_t bytes_received;  /* payload + header bytes of accepted frames */
+  uint64_t frames_rejected; /* bad frames, and connections refused in the handshake */
 } wg_transport_stats_t;
 
 typedef struct wg_transport_ops {
   const char *name;
 
   /* Binds the address of cfg->rank, connects to every other member (retrying until the
-   * connect deadline), exchanges a HELLO frame (epoch, rank) on each connection and starts the
-   * progress thread. Members that did not connect in time are marked dead; that is not an
-   * error. Ownership: *out is the caller's, released with close. */
+   * connect deadline), runs the HELLO handshake (epoch, ranks, and a mutual proof of
+   * cfg->auth's secret) on each connection and starts the progress thread. A connection that
+   * fails the handshake is closed and counted in frames_rejected; it never stands for the
+   * member it claimed. Members that did not connect in time are marked dead; that is not an
+   * error. Returns WAGMA_EINVAL for a bad auth pair. Ownership: *out is the caller's, released
+   * with close. */
   int (*open)(const wg_transport_config_t *cfg, wg_transport_t **out);
 
   /* Queues one frame for dst and returns without waiting for the wire: the header is

@@ -142,14 +142,29 @@ typedef struct wagma_comm_options {
                                     after this; 0 = 60 s */
   wagma_log_fn log;              /* may be NULL */
   void *log_user;
+  /* The epoch's data-plane secret: bytes only the agents of this epoch can read (never the
+   * plan, which is public). Every connection of the mesh proves knowledge of it both ways
+   * (HMAC-SHA256 challenge-response, docs/collective.md "Peer authentication"), so only
+   * members join the data plane. It authenticates the handshake only: frames are neither
+   * encrypted nor MACed. secret_len >= WAGMA_SECRET_MIN_LEN (32 random bytes recommended);
+   * read only during wagma_comm_create, not kept. secret NULL with secret_len 0 is the
+   * unauthenticated mode (tests, benchmarks; logged as a warning): anyone who can reach the
+   * port and knows the public plan can join. Any other combination is WAGMA_EINVAL. All
+   * members of an epoch must use the same secret, or the same absence of one. */
+  const uint8_t *secret;
+  size_t secret_len;
 } wagma_comm_options_t;
+
+#define WAGMA_SECRET_MIN_LEN 16 /* bytes; shorter secrets are refused (WAGMA_EINVAL) */
 
 /* Sets every field of *options to its default (transport TCP, zero = default timings). */
 void wagma_comm_options_init(wagma_comm_options_t *options);
 
 /* Binds my member's address, connects the mesh of the plan's members, starts the progress and
  * round threads. Members that do not connect within connect_timeout_s are treated as dead
- * (left out of every round of this epoch). Ownership: *comm is the caller's; release it with
+ * (left out of every round of this epoch); a connection that fails authentication (no or
+ * another secret) is refused and does not count as its claimed member. Returns WAGMA_EINVAL
+ * for a bad secret/secret_len pair. Ownership: *comm is the caller's; release it with
  * wagma_comm_destroy. */
 int wagma_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm);
 

@@ -39,6 +39,8 @@ void ew_scenario_init(ew_scenario_t *sc, int P, int S, int tau, wagma_global_syn
   sc->settle_s = 0.1;
 }
 
+const uint8_t ew_secret[32] = "engine worlds' epoch secret 012";
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -78,6 +80,8 @@ static void child(ew_shared_t *sh, int rank) {
   o.connect_timeout_s = 20;
   o.round_deadline_floor_s = sc->floor_s;
   o.global_timeout_s = 30;
+  o.secret = ew_secret;
+  o.secret_len = sizeof ew_secret;
   if (getenv("EW_DEBUG")) {
     o.log = log_stderr;
     o.log_user = &rank;

@@ -59,6 +59,10 @@ typedef struct ew_result {
   double catchup[EW_COUNT]; /* sum of (model after - before) of steps that caught up */
 } ew_result_t;
 
+/* The data-plane secret every rank of these worlds passes (wagma_comm_options_t.secret), as
+ * agents pass their epoch's. */
+extern const uint8_t ew_secret[32];
+
 /* Runs the scenario; results[] gets one entry per rank. Returns 0 when every child that was
  * not a victim exited 0 before the hard deadline. */
 int ew_run(const ew_scenario_t *sc, ew_result_t *results);

@@ -351,6 +351,8 @@ static wagma_comm_t *open_comm(int P, int rank, const int *ports, int tau,
   o.connect_timeout_s = 15;
   o.round_deadline_floor_s = 10;
   o.global_timeout_s = 30;
+  o.secret = ew_secret;
+  o.secret_len = sizeof ew_secret;
   wagma_comm_t *comm = NULL;
   int rc = wagma_comm_create(&o, &comm);
   wagma_plan_free(&plan);
@@ -500,6 +502,8 @@ static int epoch_child(int rank) {
     o.count = EW_COUNT;
     o.connect_timeout_s = 15;
     o.round_deadline_floor_s = 0.5;
+    o.secret = ew_secret;
+    o.secret_len = sizeof ew_secret;
     wagma_comm_t *comm = NULL;
     int rc = wagma_comm_create(&o, &comm);
     wagma_plan_free(&plan);

@@ -1,8 +1,9 @@
 /* test_transport.c — the TCP transport between real processes on loopback: mailbox matching,
  * ordering and 65 MiB frames, members that never come, a peer killed with SIGKILL, a frozen
- * peer (SIGSTOP), raw sockets sending garbage / truncated / oversized / wrong-epoch / wrong-src
- * frames (rejected, counted, the rank keeps working with the rest), and open/close in a loop
- * across epochs without leaking fds or threads. */
+ * peer (SIGSTOP), raw sockets (authenticated as a member) sending garbage / truncated /
+ * oversized / wrong-epoch / wrong-src frames and a BYE in another rank's name (rejected,
+ * counted, the rank keeps working with the rest), and open/close in a loop across epochs
+ * without leaking fds or threads. Peer authentication has its own tests (test_auth.c). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -391,10 +392,11 @@ enum fault {
   F_WRONG_SRC,
   F_HELLO_AGAIN,
   F_BAD_MAGIC,
+  F_BYE_OTHER_SRC,
   F_COUNT
 };
 static const char *fault_name[] = {"garbage",   "truncated",   "oversized", "wrong-epoch",
-                                   "wrong-src", "hello-again", "bad-magic"};
+                                   "wrong-src", "hello-again", "bad-magic", "bye-as-rank-1"};
 
 #define RAW_MAX_PAYLOAD (1u << 20)
 
@@ -402,42 +404,6 @@ typedef struct raw_report {
   uint64_t rejected[2];
   int alive_after[2]; /* peer 2 after the fault: must be 0 */
 } raw_report_t;
-
-static int connect_retry(const char *address, double deadline) {
-  char host[64];
-  unsigned port;
-  if (sscanf(address, "%63[^:]:%u", host, &port) != 2)
-    return -1;
-  while (wg_now() < deadline) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, host, &a.sin_addr);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
-      struct timeval tv = {.tv_sec = 10};
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      return fd;
-    }
-    close(fd);
-    usleep(10000);
-  }
-  return -1;
-}
-
-static int write_full(int fd, const void *p, size_t n) {
-  return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
-}
-
-/* Waits until the other side closes fd (it dropped us). 0 if it did within 10 s. */
-static int wait_dropped(int fd) {
-  char b[256];
-  double deadline = wg_now() + 10;
-  while (wg_now() < deadline) {
-    ssize_t n = recv(fd, b, sizeof b, 0);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
-      return 0;
-  }
-  return -1;
-}
 
 static void header_bytes(uint8_t out[64], uint16_t kind, uint64_t epoch, uint32_t src,
                          uint64_t length, uint64_t aux) {
@@ -451,17 +417,12 @@ static void header_bytes(uint8_t out[64], uint16_t kind, uint64_t epoch, uint32_
   wg_frame_encode(&h, out);
 }
 
-/* Handshake as rank 2 of 3 with rank dst; returns the fd or -1. */
+/* Handshake as rank 2 of 3 with rank dst, with the world's secret; returns the fd or -1. */
 static int raw_handshake(world_t *w, int dst) {
-  int fd = connect_retry(w->plan.members[dst].address, wg_now() + 20);
+  int fd = world_raw_connect(w->plan.members[dst].address, wg_now() + 20);
   if (fd < 0)
     return -1;
-  uint8_t hello[64], reply[64];
-  header_bytes(hello, WG_FRAME_HELLO, w->epoch, 2, 0, 3);
-  wg_frame_header_t h;
-  if (write_full(fd, hello, 64) != 0 || recv(fd, reply, 64, MSG_WAITALL) != 64 ||
-      wg_frame_decode(reply, 64, w->epoch, 3, 0, &h) != 0 || h.kind != WG_FRAME_HELLO ||
-      h.src != (uint32_t)dst) {
+  if (world_raw_handshake(w, fd, 2, dst, w->secret, w->secret_len, 1) != 0) {
     close(fd);
     return -1;
   }
@@ -475,33 +436,37 @@ static int send_fault(world_t *w, int fd, int fault) {
   case F_GARBAGE:
     for (size_t i = 0; i < sizeof b; i++)
       b[i] = (uint8_t)(i * 131 + 17);
-    rc = write_full(fd, b, sizeof b);
+    rc = world_raw_write(fd, b, sizeof b);
     break;
   case F_TRUNCATED:
     header_bytes(b, WG_FRAME_COLL, w->epoch, 2, 1000, 0);
-    rc = write_full(fd, b, 64 + 10);
+    rc = world_raw_write(fd, b, 64 + 10);
     shutdown(fd, SHUT_WR); /* the frame ends early */
     break;
   case F_OVERSIZED:
     header_bytes(b, WG_FRAME_COLL, w->epoch, 2, (uint64_t)RAW_MAX_PAYLOAD + 1, 0);
-    rc = write_full(fd, b, 64);
+    rc = world_raw_write(fd, b, 64);
     break;
   case F_WRONG_EPOCH:
     header_bytes(b, WG_FRAME_ACTIVATE, w->epoch + 1, 2, 0, 0);
-    rc = write_full(fd, b, 64);
+    rc = world_raw_write(fd, b, 64);
     break;
   case F_WRONG_SRC:
     header_bytes(b, WG_FRAME_COLL, w->epoch, 1, 0, 0);
-    rc = write_full(fd, b, 64);
+    rc = world_raw_write(fd, b, 64);
     break;
   case F_HELLO_AGAIN:
     header_bytes(b, WG_FRAME_HELLO, w->epoch, 2, 0, 3);
-    rc = write_full(fd, b, 64);
+    rc = world_raw_write(fd, b, 64);
     break;
   case F_BAD_MAGIC:
     header_bytes(b, WG_FRAME_COLL, w->epoch, 2, 0, 0);
     b[0] ^= 0x20;
-    rc = write_full(fd, b, 64);
+    rc = world_raw_write(fd, b, 64);
+    break;
+  case F_BYE_OTHER_SRC: /* an authenticated member speaking for rank 1: ends only itself */
+    header_bytes(b, WG_FRAME_BYE, w->epoch, 1, 0, 0);
+    rc = world_raw_write(fd, b, 64);
     break;
   }
   return rc;
@@ -511,16 +476,16 @@ static int send_fault(world_t *w, int fd, int fault) {
  * a HELLO of another epoch); after it, the fault on both connections. */
 static int raw_parent(world_t *w, void *arg) {
   int fault = *(int *)arg;
-  int fd = connect_retry(w->plan.members[0].address, wg_now() + 20);
+  int fd = world_raw_connect(w->plan.members[0].address, wg_now() + 20);
   uint8_t b[64];
   for (int i = 0; i < 64; i++)
     b[i] = (uint8_t)(255 - i);
-  if (fd < 0 || write_full(fd, b, 64) != 0 || wait_dropped(fd) != 0)
+  if (fd < 0 || world_raw_write(fd, b, 64) != 0 || world_raw_wait_dropped(fd) != 0)
     return 1;
   close(fd);
-  fd = connect_retry(w->plan.members[0].address, wg_now() + 20);
+  fd = world_raw_connect(w->plan.members[0].address, wg_now() + 20);
   header_bytes(b, WG_FRAME_HELLO, w->epoch + 1, 2, 0, 3);
-  if (fd < 0 || write_full(fd, b, 64) != 0 || wait_dropped(fd) != 0)
+  if (fd < 0 || world_raw_write(fd, b, 64) != 0 || world_raw_wait_dropped(fd) != 0)
     return 2;
   close(fd);
   int fd0 = raw_handshake(w, 0), fd1 = raw_handshake(w, 1);
@@ -529,7 +494,7 @@ static int raw_parent(world_t *w, void *arg) {
   int rc = 0;
   if (send_fault(w, fd0, fault) != 0 || send_fault(w, fd1, fault) != 0)
     rc = 4;
-  else if (wait_dropped(fd0) != 0 || wait_dropped(fd1) != 0)
+  else if (world_raw_wait_dropped(fd0) != 0 || world_raw_wait_dropped(fd1) != 0)
     rc = 5;
   close(fd0);
   close(fd1);

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE
 #include "world.h"
 
+#include "tcp_internal.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -47,6 +49,11 @@ int world_init(world_t *w, int nranks, size_t shared_len) {
     if (fds[r] > 0)
       close(fds[r]);
   free(fds);
+  /* A secret per world, as the coordinator makes one per epoch. */
+  unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+  for (size_t i = 0; i < sizeof w->secret; i++)
+    w->secret[i] = (uint8_t)(rand_r(&seed) >> 7);
+  w->secret_len = sizeof w->secret;
   w->shared_len = shared_len ? shared_len : 4096;
   w->shared = mmap(NULL, w->shared_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (w->shared == MAP_FAILED) {
@@ -151,6 +158,21 @@ int world_open(world_t *w, int rank, size_t max_payload, double connect_timeout_
   cfg.epoch = w->epoch;
   cfg.max_payload = max_payload;
   cfg.connect_timeout_s = connect_timeout_s;
+  cfg.auth.secret = w->secret_len > 0 ? w->secret : NULL;
+  cfg.auth.secret_len = w->secret_len;
+  cfg.log = world_log;
+  return wg_tcp_transport.open(&cfg, t);
+}
+
+int world_open_as(const wagma_plan_t *plan, uint64_t epoch, int rank, const uint8_t *secret,
+                  size_t secret_len, double connect_timeout_s, wg_transport_t **t) {
+  wg_transport_config_t cfg = {0};
+  cfg.plan = plan;
+  cfg.rank = rank;
+  cfg.epoch = epoch;
+  cfg.connect_timeout_s = connect_timeout_s;
+  cfg.auth.secret = secret;
+  cfg.auth.secret_len = secret_len;
   cfg.log = world_log;
   return wg_tcp_transport.open(&cfg, t);
 }
@@ -174,4 +196,85 @@ int world_count_fds(void) {
 
 int world_count_threads(void) {
   return count_dir("/proc/self/task");
+}
+
+int world_raw_connect(const char *address, double deadline) {
+  char host[64];
+  unsigned port;
+  if (sscanf(address, "%63[^:]:%u", host, &port) != 2)
+    return -1;
+  while (now_s() < deadline) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, host, &a.sin_addr);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+      struct timeval tv = {.tv_sec = 10};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      return fd;
+    }
+    close(fd);
+    usleep(10000);
+  }
+  return -1;
+}
+
+int world_raw_write(int fd, const void *p, size_t n) {
+  return send(fd, p, n, MSG_NOSIGNAL) == (ssize_t)n ? 0 : -1;
+}
+
+int world_raw_wait_dropped(int fd) {
+  char b[256];
+  double deadline = now_s() + 10;
+  while (now_s() < deadline) {
+    ssize_t n = recv(fd, b, sizeof b, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+      return 0;
+  }
+  return -1;
+}
+
+static int raw_send_hello(const world_t *w, int fd, int as, int step, int claim_auth,
+                          const uint8_t *payload, size_t len) {
+  uint8_t b[WG_FRAME_HEADER_SIZE + WG_HELLO_MAX_LEN];
+  wg_frame_header_t h = {.magic = WG_FRAME_MAGIC,
+                         .version = WG_FRAME_VERSION,
+                         .kind = WG_FRAME_HELLO,
+                         .epoch = w->epoch,
+                         .src = (uint32_t)as,
+                         .seq = (uint64_t)step,
+                         .length = len,
+                         .aux = (uint64_t)w->nranks,
+                         .flags = claim_auth ? WG_HELLO_F_AUTH : 0};
+  wg_frame_encode(&h, b);
+  memcpy(b + WG_FRAME_HEADER_SIZE, payload, len);
+  return world_raw_write(fd, b, WG_FRAME_HEADER_SIZE + len);
+}
+
+int world_raw_handshake(const world_t *w, int fd, int as, int dst, const uint8_t *secret,
+                        size_t secret_len, int claim_auth) {
+  wg_transport_auth_t auth = {.secret = secret, .secret_len = secret_len};
+  uint8_t nonce_d[WG_HELLO_NONCE_LEN], reply[WG_FRAME_HEADER_SIZE + WG_HELLO_STEP2_LEN];
+  unsigned seed = (unsigned)getpid() ^ (unsigned)(now_s() * 1e6);
+  for (size_t i = 0; i < sizeof nonce_d; i++)
+    nonce_d[i] = (uint8_t)(rand_r(&seed) >> 7);
+  if (raw_send_hello(w, fd, as, 1, claim_auth, nonce_d, sizeof nonce_d) != 0)
+    return -1;
+  wg_frame_header_t h;
+  if (recv(fd, reply, sizeof reply, MSG_WAITALL) != (ssize_t)sizeof reply ||
+      wg_frame_decode(reply, WG_FRAME_HEADER_SIZE, w->epoch, (uint32_t)w->nranks, WG_HELLO_MAX_LEN,
+                      &h) != 0 ||
+      h.kind != WG_FRAME_HELLO || h.seq != 2 || h.src != (uint32_t)dst ||
+      h.length != WG_HELLO_STEP2_LEN)
+    return -1;
+  const uint8_t *nonce_a = reply + WG_FRAME_HEADER_SIZE;
+  uint8_t want[WG_HELLO_PROOF_LEN], proof[WG_HELLO_PROOF_LEN];
+  if (wg_tcp_hello_proof(&auth, WG_HELLO_ACCEPTOR, w->epoch, as, dst, w->nranks, nonce_d, nonce_a,
+                         want) != 0 ||
+      wg_tcp_hello_proof(&auth, WG_HELLO_DIALER, w->epoch, as, dst, w->nranks, nonce_d, nonce_a,
+                         proof) != 0)
+    return -1;
+  int verified = memcmp(want, nonce_a + WG_HELLO_NONCE_LEN, sizeof want) == 0;
+  if (raw_send_hello(w, fd, as, 3, claim_auth, proof, sizeof proof) != 0)
+    return -1;
+  return verified ? 0 : 1;
 }
