@@ -204,6 +204,8 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   cfg.max_queued_bytes = 64 * frame + (64u << 20);
   cfg.connect_timeout_s = c->connect_timeout_s;
   cfg.auth = (wg_transport_auth_t){.secret = o->secret, .secret_len = o->secret_len};
+  cfg.cancelled = o->cancelled;
+  cfg.cancel_user = o->cancel_user;
   cfg.log = c->log;
   cfg.log_user = c->log_user;
   rc = ops->open(&cfg, &c->tp);

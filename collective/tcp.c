@@ -429,7 +429,8 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
     wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
             "rank %d: no secret: the data plane of epoch %llu is unauthenticated", t->rank,
             (unsigned long long)t->epoch);
-  rc = wg_tcp_mesh_connect(t, cfg->plan, auth, wg_now() + t->connect_timeout_s);
+  rc = wg_tcp_mesh_connect(t, cfg->plan, auth, wg_now() + t->connect_timeout_s, cfg->cancelled,
+                           cfg->cancel_user);
   if (rc != 0)
     goto out;
   struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)t->nranks};

@@ -93,10 +93,12 @@ struct wg_transport {
  * of lower rank, accepts the members of higher rank, runs the HELLO handshake with auth's
  * secret on each connection, until all are connected or deadline. Fills peers[].fd (blocking
  * mode undefined, caller sets it) only with connections that completed the handshake; members
- * left unconnected keep fd -1. Returns 0, WAGMA_EINVAL (bad address) or WAGMA_EIO (cannot
- * bind or listen). */
+ * left unconnected keep fd -1. cancelled (may be NULL) is polled at least every 50 ms.
+ * Returns 0, WAGMA_EINVAL (bad address), WAGMA_EIO (cannot bind or listen) or
+ * WAGMA_ECANCELED (cancelled returned non-zero). */
 int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
-                        const wg_transport_auth_t *auth, double deadline);
+                        const wg_transport_auth_t *auth, double deadline, int (*cancelled)(void *),
+                        void *cancel_user);
 
 /* The proof one side of a handshake sends (tcp_mesh.c; exported for the tests' raw peers):
  * HMAC-SHA256 keyed with the secret (an empty key when auth has none) over "wagma-hello-v1",

@@ -591,7 +591,9 @@ static double expire_handshakes(mesh_t *m, double now, double next) {
   return next;
 }
 
-static int mesh_run(mesh_t *m, double deadline) {
+#define MESH_CANCEL_POLL_MS 50
+
+static int mesh_run(mesh_t *m, double deadline, int (*cancelled)(void *), void *cancel_user) {
   struct wg_transport *t = m->t;
   int rc = bind_listener(m);
   if (rc != 0)
@@ -606,6 +608,8 @@ static int mesh_run(mesh_t *m, double deadline) {
     s->backoff = 0.01;
   }
   while (m->missing > 0) {
+    if (cancelled && cancelled(cancel_user))
+      return WAGMA_ECANCELED; /* the caller's connections are closed by wg_tcp_mesh_connect */
     double now = wg_now();
     if (now >= deadline)
       break;
@@ -620,6 +624,8 @@ static int mesh_run(mesh_t *m, double deadline) {
     int timeout_ms = (int)ceil((next - wg_now()) * 1000.0);
     if (timeout_ms < 0)
       timeout_ms = 0;
+    if (cancelled && timeout_ms > MESH_CANCEL_POLL_MS)
+      timeout_ms = MESH_CANCEL_POLL_MS;
     struct epoll_event events[32];
     int n = epoll_wait(m->epfd, events, 32, timeout_ms);
     for (int i = 0; i < n; i++) {
@@ -639,7 +645,8 @@ static int mesh_run(mesh_t *m, double deadline) {
 }
 
 int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
-                        const wg_transport_auth_t *auth, double deadline) {
+                        const wg_transport_auth_t *auth, double deadline, int (*cancelled)(void *),
+                        void *cancel_user) {
   int rc = 0;
   mesh_t m = {.t = t,
               .plan = plan,
@@ -664,7 +671,7 @@ int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
     m.accepts[i].fd = -1;
     m.accepts[i].rank = -1;
   }
-  rc = mesh_run(&m, deadline);
+  rc = mesh_run(&m, deadline, cancelled, cancel_user);
 out:
   for (int r = 0; m.dials != NULL && r < t->rank; r++)
     if (m.dials[r].state != SLOT_DONE && m.dials[r].fd >= 0)

@@ -66,10 +66,12 @@ typedef struct wg_transport_config {
   const wagma_plan_t *plan; /* addresses of the members; only read during open */
   int rank;
   uint64_t epoch;
-  size_t max_payload;       /* frames announcing more are rejected as WAGMA_EPROTO */
-  size_t max_queued_bytes;  /* per peer outbound queue; beyond it the peer is declared dead */
-  double connect_timeout_s; /* members not connected by then are marked dead */
-  wg_transport_auth_t auth; /* peers must prove they hold the same secret */
+  size_t max_payload;           /* frames announcing more are rejected as WAGMA_EPROTO */
+  size_t max_queued_bytes;      /* per peer outbound queue; beyond it the peer is declared dead */
+  double connect_timeout_s;     /* members not connected by then are marked dead */
+  wg_transport_auth_t auth;     /* peers must prove they hold the same secret */
+  int (*cancelled)(void *user); /* NULL, or polled during open: non-zero = give up (ECANCELED) */
+  void *cancel_user;
   wagma_log_fn log;
   void *log_user;
 } wg_transport_config_t;

@@ -153,6 +153,12 @@ typedef struct wagma_comm_options {
    * members of an epoch must use the same secret, or the same absence of one. */
   const uint8_t *secret;
   size_t secret_len;
+  /* May be NULL. Polled (at least every 50 ms) while wagma_comm_create sets up the mesh; when
+   * it returns non-zero, create gives up at once with WAGMA_ECANCELED (e.g. the agent learned
+   * of a newer plan: no point in waiting connect_timeout_s for members of an old epoch).
+   * Called on the creating thread only. */
+  int (*cancelled)(void *user);
+  void *cancel_user;
 } wagma_comm_options_t;
 
 #define WAGMA_SECRET_MIN_LEN 16 /* bytes; shorter secrets are refused (WAGMA_EINVAL) */

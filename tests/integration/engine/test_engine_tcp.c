@@ -6,6 +6,7 @@
  * more floats than the model (exact); wagma_comm_abort from another thread while a step waits
  * for a peer that does not take part. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -211,6 +212,49 @@ static void test_random_conservation(void **s) {
     assert_true(worst <= 1.0);
     assert_true(applied > 0);
   }
+}
+
+/* wagma_comm_create of an epoch whose other member never comes, with a long connect timeout:
+ * the caller's cancel function (a newer plan arrived) makes it give up with WAGMA_ECANCELED
+ * instead of waiting out the timeout and returning a communicator whose peer is dead. */
+static atomic_int g_cancel_polls;
+static int cancel_after_polls(void *user) {
+  (void)user;
+  return atomic_fetch_add(&g_cancel_polls, 1) >= 4; /* about 4 x 50 ms */
+}
+
+static void test_create_cancelled_by_newer_plan(void **s) {
+  (void)s;
+  int ports[2];
+  assert_int_equal(proc_free_ports(2, ports), 0);
+  wagma_plan_t plan;
+  assert_int_equal(wagma_plan_build(2, 2, NULL, &plan), 0);
+  plan.epoch = 3;
+  plan.staleness_bound = 4;
+  for (int i = 0; i < 2; i++) {
+    snprintf(plan.members[i].name, WAGMA_NAME_MAX, "m%d", i);
+    snprintf(plan.members[i].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%d", ports[i]);
+  }
+  wagma_comm_options_t o;
+  wagma_comm_options_init(&o);
+  o.plan = &plan;
+  o.rank = 1; /* dials rank 0, which never listens */
+  o.count = 16;
+  o.connect_timeout_s = 60;
+  o.secret = ew_secret;
+  o.secret_len = sizeof ew_secret;
+  o.cancelled = cancel_after_polls;
+  atomic_store(&g_cancel_polls, 0);
+  wagma_comm_t *comm = NULL;
+  assert_int_equal(wagma_comm_create(&o, &comm), WAGMA_ECANCELED);
+  assert_null(comm);
+  assert_true(atomic_load(&g_cancel_polls) >= 5);
+  /* the port is free again: a new epoch can bind it at once */
+  o.cancelled = NULL;
+  o.connect_timeout_s = 0.2;
+  assert_int_equal(wagma_comm_create(&o, &comm), 0);
+  wagma_comm_destroy(comm);
+  wagma_plan_free(&plan);
 }
 
 static void test_sigkill_wait_avoiding(void **s) {
@@ -551,6 +595,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_conservation_barrier),
       cmocka_unit_test(test_conservation_wait_avoiding),
       cmocka_unit_test(test_random_conservation),
+      cmocka_unit_test(test_create_cancelled_by_newer_plan),
       cmocka_unit_test(test_sigkill_wait_avoiding),
       cmocka_unit_test(test_sigkill_barrier),
       cmocka_unit_test(test_sigstop_catches_up),
