@@ -261,6 +261,31 @@ out:
   return e;
 }
 
+/* checkpoint.path names a directory relative to the agent's checkpoint root (the agent
+ * confines checkpoints under it): NULL when acceptable, else why not. "" is acceptable (no
+ * checkpoints). Refused: an absolute path, an empty, "." or ".." component (so no "//", no
+ * leading "./", no trailing '/'), and control characters (below 0x20, 0x7f); a NUL cannot
+ * get this far (wg_api_str refuses it). */
+static const char *checkpoint_path_problem(const char *path) {
+  if (path[0] == '\0')
+    return NULL;
+  if (path[0] == '/')
+    return "must be relative to the agent's checkpoint root (no leading '/')";
+  for (const unsigned char *p = (const unsigned char *)path; *p; p++)
+    if (*p < 0x20 || *p == 0x7f)
+      return "must not contain control characters";
+  for (const char *c = path;;) {
+    size_t n = strcspn(c, "/");
+    if (n == 0)
+      return "must not have empty components ('//' or a trailing '/')";
+    if ((n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
+      return "must not have '.' or '..' components";
+    if (c[n] == '\0')
+      return NULL;
+    c += n + 1;
+  }
+}
+
 int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
   if (s->name[0] && !wagma_api_name_valid(s->name))
     return wg_api_fail(err, "name", "invalid name");
@@ -287,6 +312,9 @@ int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
     return wg_api_fail(err, "optimizer.lr", "must be in (0, 10]");
   if (s->checkpoint.every > 0 && s->checkpoint.path[0] == '\0')
     return wg_api_fail(err, "checkpoint.path", "is required when checkpoint.every > 0");
+  const char *why = checkpoint_path_problem(s->checkpoint.path);
+  if (why)
+    return wg_api_fail(err, "checkpoint.path", "%s", why);
   return 0;
 }
 

@@ -340,11 +340,200 @@ static void test_live_walk(void **state) {
   harness_coord_stop(&c, SIGTERM);
 }
 
+/* ---- ranges of the job spec ---------------------------------------------------------------- */
+
+/* Extra fields a boundary value of a field needs to be valid otherwise (cross-field rules). */
+static const struct {
+  const char *field, *extra;
+} range_extras[] = {
+    {"min_workers", "\"workers\":10000"},
+    {"max_workers", "\"workers\":1"},
+    {"checkpoint.every", "\"checkpoint\":{\"path\":\"ck\"}"},
+};
+
+/* {"workers":1,<extra>,<field>:<value>} with the dotted field nested ("optimizer.lr" ->
+ * {"optimizer":{"lr":v}}); an extra naming the same top-level object is merged. */
+static json_t *spec_with(const char *field, json_t *value) {
+  json_t *spec = json_pack("{s:i}", "workers", 1);
+  for (size_t i = 0; i < sizeof range_extras / sizeof range_extras[0]; i++) {
+    if (strcmp(range_extras[i].field, field) != 0)
+      continue;
+    char buf[128];
+    snprintf(buf, sizeof buf, "{%s}", range_extras[i].extra);
+    json_t *x = json_loads(buf, 0, NULL);
+    json_object_update(spec, x);
+    json_decref(x);
+  }
+  const char *dot = strchr(field, '.');
+  if (dot) {
+    char top[64];
+    snprintf(top, sizeof top, "%.*s", (int)(dot - field), field);
+    json_t *obj = json_object_get(spec, top);
+    if (!obj) {
+      obj = json_object();
+      json_object_set_new(spec, top, obj);
+    }
+    json_object_set_new(obj, dot + 1, value);
+  } else {
+    json_object_set_new(spec, field, value);
+  }
+  return spec;
+}
+
+/* POSTs spec; want_ok: 201, else 422 invalid_spec naming field. */
+static void post_range_case(const coord_proc_t *c, const char *field, json_t *spec, int want_ok,
+                            int *nposted) {
+  char name[64], u[256];
+  snprintf(name, sizeof name, "range-%d", (*nposted)++);
+  json_object_set_new(spec, "name", json_string(name));
+  char *body = json_dumps(spec, JSON_COMPACT);
+  snprintf(u, sizeof u, "%s/v1/jobs", c->base);
+  http_result_t r;
+  harness_http("POST", u, body, strlen(body), "application/json", NULL, &r);
+  if (want_ok && r.status != 201)
+    fail_msg("%s: %s -> %ld, want 201: %s", field, body, r.status, r.body);
+  if (!want_ok) {
+    json_t *v = json_loads(r.body, 0, NULL);
+    const char *f = json_string_value(json_object_get(json_object_get(v, "error"), "field"));
+    if (r.status != 422 || !f || strcmp(f, field) != 0)
+      fail_msg("%s: %s -> %ld, want 422 naming %s: %s", field, body, r.status, field, r.body);
+    json_decref(v);
+  }
+  harness_http_free(&r);
+  free(body);
+  json_decref(spec);
+}
+
+/* The boundary values of one numeric schema: min and max accepted (unless exclusive), the
+ * next values outside refused. Integers step by 1; numbers by a small relative step. With
+ * patch, the JobPatch decoder is asked instead of the server (field rules only). */
+static void check_numeric_range(const coord_proc_t *c, const char *field, json_t *schema, int patch,
+                                int *nposted) {
+  const char *type = json_string_value(json_object_get(schema, "type"));
+  json_t *mn = json_object_get(schema, "minimum"), *mx = json_object_get(schema, "maximum");
+  if (!mn || !mx)
+    fail_msg("%s: a %s without a documented minimum and maximum (every numeric field of the "
+             "spec is range-checked)",
+             field, type);
+  int integer = strcmp(type, "integer") == 0;
+  int xmin = json_is_true(json_object_get(schema, "exclusiveMinimum"));
+  int xmax = json_is_true(json_object_get(schema, "exclusiveMaximum"));
+  struct {
+    json_t *v;
+    int ok;
+  } cases[4];
+  int n = 0;
+  if (integer) {
+    json_int_t lo = json_integer_value(mn), hi = json_integer_value(mx);
+    assert_false(xmin || xmax);
+    cases[n].v = json_integer(lo), cases[n++].ok = 1;
+    cases[n].v = json_integer(hi), cases[n++].ok = 1;
+    cases[n].v = json_integer(lo - 1), cases[n++].ok = 0;
+    /* Past INT64_MAX a JSON integer does not fit: send a real, refused as not an integer. */
+    cases[n].v = hi < INT64_MAX ? json_integer(hi + 1) : json_real(1e19), cases[n++].ok = 0;
+  } else {
+    double lo = json_number_value(mn), hi = json_number_value(mx);
+    double eps = 1e-9;
+    cases[n].v = json_real(xmin ? lo : lo - eps), cases[n++].ok = 0;
+    cases[n].v = json_real(xmax ? hi : hi + eps), cases[n++].ok = 0;
+    cases[n].v = json_real(xmin ? lo + eps : lo), cases[n++].ok = 1;
+    cases[n].v = json_real(xmax ? hi - eps : hi), cases[n++].ok = 1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!patch) {
+      post_range_case(c, field, spec_with(field, cases[i].v), cases[i].ok, nposted);
+      continue;
+    }
+    json_t *p = json_object();
+    json_object_set_new(p, field, cases[i].v);
+    char *body = json_dumps(p, JSON_COMPACT);
+    wagma_job_patch_t patch_out;
+    wagma_api_error_t err;
+    int rc = wagma_job_patch_from_json(body, strlen(body), &patch_out, &err);
+    if (cases[i].ok != (rc == 0) || (rc && strcmp(err.field, field) != 0))
+      fail_msg("patch %s: %s -> %d (%s: %s)", field, body, rc, err.field, err.message);
+    free(body);
+    json_decref(p);
+  }
+}
+
+/* A string with a documented maxLength: that length accepted, one more refused. */
+static void check_max_length(const coord_proc_t *c, const char *field, json_t *schema,
+                             int *nposted) {
+  json_int_t max = json_integer_value(json_object_get(schema, "maxLength"));
+  assert_true(max > 0 && max < 4096);
+  char buf[4096];
+  for (int extra = 0; extra <= 1; extra++) {
+    memset(buf, 'a', (size_t)max + (size_t)extra);
+    buf[max + extra] = '\0';
+    if (strcmp(field, "name") == 0) { /* the case's own name field is overwritten: ask directly */
+      json_t *spec = json_pack("{s:i,s:s}", "workers", 1, "name", buf);
+      char *body = json_dumps(spec, JSON_COMPACT), u[256];
+      snprintf(u, sizeof u, "%s/v1/jobs", c->base);
+      http_result_t r;
+      harness_http("POST", u, body, strlen(body), "application/json", NULL, &r);
+      if (r.status != (extra ? 422 : 201))
+        fail_msg("name of %d characters -> %ld: %s", (int)strlen(buf), r.status, r.body);
+      harness_http_free(&r);
+      free(body);
+      json_decref(spec);
+      continue;
+    }
+    post_range_case(c, field, spec_with(field, json_string(buf)), !extra, nposted);
+  }
+}
+
+/* Walks the properties of a spec schema (recursing into objects) and checks every numeric
+ * range and maxLength it documents against the live server. */
+static void walk_ranges(const coord_proc_t *c, json_t *schema, const char *prefix, int patch,
+                        int *nposted, int *nchecked) {
+  json_t *props = json_object_get(resolve(schema), "properties");
+  const char *key;
+  json_t *ps;
+  json_object_foreach(props, key, ps) {
+    char field[96];
+    snprintf(field, sizeof field, "%s%s%s", prefix, prefix[0] ? "." : "", key);
+    json_t *r = resolve(ps);
+    const char *type = json_string_value(json_object_get(r, "type"));
+    if (!type)
+      continue;
+    if (strcmp(type, "object") == 0) {
+      walk_ranges(c, r, field, patch, nposted, nchecked);
+    } else if (strcmp(type, "integer") == 0 || strcmp(type, "number") == 0) {
+      check_numeric_range(c, field, r, patch, nposted);
+      ++*nchecked;
+    } else if (strcmp(type, "string") == 0 && json_object_get(r, "maxLength") && !patch) {
+      check_max_length(c, field, r, nposted);
+      ++*nchecked;
+    }
+  }
+}
+
+/* Every range the spec validator enforces is in the document (every numeric field has a
+ * minimum and a maximum), and the server enforces exactly the documented bounds. */
+static void test_spec_ranges(void **state) {
+  env_t *e = *state;
+  coord_proc_t c;
+  int nposted = 0, nchecked = 0;
+  harness_coord_start(&c, etcd_fixture_endpoints(e->fx), "ranges", 3, NULL, NULL);
+  json_t *schemas = json_object_get(json_object_get(g_api, "components"), "schemas");
+  walk_ranges(&c, json_object_get(schemas, "JobSpecInput"), "", 0, &nposted, &nchecked);
+  /* workers, min/max_workers, group_size, staleness_bound, batch_size, iterations, epochs,
+   * eval_every, seed, optimizer.{lr,momentum,weight_decay,warmup}, checkpoint.every,
+   * name and checkpoint.path lengths. */
+  assert_int_equal(nchecked, 17);
+  int npatch = 0;
+  walk_ranges(&c, json_object_get(schemas, "JobPatch"), "", 1, &nposted, &npatch);
+  assert_int_equal(npatch, 4);
+  harness_coord_stop(&c, SIGTERM);
+}
+
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_router_matches_document),
       cmocka_unit_test(test_live_walk),
+      cmocka_unit_test(test_spec_ranges),
   };
   int rc = cmocka_run_group_tests(tests, setup, teardown);
   curl_global_cleanup();

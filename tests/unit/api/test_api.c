@@ -71,7 +71,7 @@ static void test_spec_round_trip(void **state) {
       "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.2,\"momentum\":0.5,\"nesterov\":true,"
       "\"weight_decay\":0.0001,\"warmup\":50},\"batch_size\":128,\"iterations\":777,"
       "\"eval_every\":0,\"seed\":42,\"device\":\"cuda\","
-      "\"checkpoint\":{\"every\":100,\"path\":\"/tmp/ck\"}}";
+      "\"checkpoint\":{\"every\":100,\"path\":\"fmnist/run-1\"}}";
   wagma_job_spec_t a, b;
   wagma_api_error_t err;
   char *json = NULL;
@@ -84,7 +84,7 @@ static void test_spec_round_trip(void **state) {
   assert_int_equal(a.optimizer.nesterov, 1);
   assert_int_equal(a.optimizer.warmup, 50);
   assert_int_equal(a.device, WAGMA_DEVICE_CUDA);
-  assert_string_equal(a.checkpoint.path, "/tmp/ck");
+  assert_string_equal(a.checkpoint.path, "fmnist/run-1");
   assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
   assert_int_equal(spec_parse(json, &b, &err), 0);
   char *json2 = NULL;
@@ -161,6 +161,43 @@ static void test_spec_bad_table(void **state) {
                bad_specs[i].field, err.message);
     assert_true(strlen(err.message) > 0);
   }
+}
+
+/* checkpoint.path is relative to the agent's checkpoint root: nothing that could leave it
+ * (absolute, "..") or hide in it (control characters, empty or "." components). */
+static void test_spec_checkpoint_path(void **state) {
+  (void)state;
+  static const char *const good[] = {"ck",      "ck/run-1",          "a b/c", "x.ckpt", "..a/b..",
+                                     ".hidden", "d\xc3\xa9j\xc3\xa0"};
+  static const char *const bad[] = {
+      "../../../../etc", "..",  "../x", "a/../b", "a/..",      ".",     "./ck",  "a/./b",    "/etc",
+      "/tmp/ck",         "//x", "a//b", "a/",     "a\\u0001b", "a\\nb", "a\\tb", "a\\u007fb"};
+  char json[512];
+  wagma_job_spec_t s;
+  wagma_api_error_t err;
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    snprintf(json, sizeof json, "{\"workers\":1,\"checkpoint\":{\"every\":5,\"path\":\"%s\"}}",
+             good[i]);
+    if (spec_parse(json, &s, &err) != 0)
+      fail_msg("%s refused: %s: %s", good[i], err.field, err.message);
+    assert_string_equal(s.checkpoint.path, good[i]);
+  }
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    snprintf(json, sizeof json, "{\"workers\":1,\"checkpoint\":{\"every\":5,\"path\":\"%s\"}}",
+             bad[i]);
+    if (spec_parse(json, &s, &err) != WAGMA_EINVAL)
+      fail_msg("%s accepted", bad[i]);
+    assert_string_equal(err.field, "checkpoint.path");
+    /* The rule holds without checkpoints too: a stored path is never one to escape with. */
+    snprintf(json, sizeof json, "{\"workers\":1,\"checkpoint\":{\"path\":\"%s\"}}", bad[i]);
+    assert_int_equal(spec_parse(json, &s, &err), WAGMA_EINVAL);
+    assert_string_equal(err.field, "checkpoint.path");
+  }
+  /* wagma_job_spec_validate on its own (a spec built in code) says the same. */
+  assert_int_equal(spec_parse("{\"workers\":1}", &s, &err), 0);
+  snprintf(s.checkpoint.path, sizeof s.checkpoint.path, "../../../../etc");
+  assert_int_equal(wagma_job_spec_validate(&s, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "checkpoint.path");
 }
 
 static void test_patch(void **state) {
@@ -641,6 +678,7 @@ int main(void) {
       cmocka_unit_test(test_spec_defaults),
       cmocka_unit_test(test_spec_round_trip),
       cmocka_unit_test(test_spec_bad_table),
+      cmocka_unit_test(test_spec_checkpoint_path),
       cmocka_unit_test(test_patch),
       cmocka_unit_test(test_status_codec),
       cmocka_unit_test(test_progress_codec),
