@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — verifies a GPU machine in one command: configures a CUDA build
+# (WAGMA_WITH_CUDA=ON: a machine without CUDA fails at configure), builds exactly the tests
+# labelled gpu and the GPU benchmark, runs the gpu tests (a skipped test is a FAILURE here: the
+# point is to run them on a GPU), then the benchmark: samples/s of the MLP and LeNet-5 at batch
+# 64, 512 and 4096 on the GPU against the CPU path in the same run, with the ratios.
+#
+# Environment (all optional):
+#   WAGMA_BUILD_DIR  build folder (default build-gpu)
+#   BATCHES          benchmark batch sizes (default 64,512,4096)
+#   MODELS           benchmark models (default "mlp lenet5")
+#   SECONDS_PER_POINT  minimum timed seconds per benchmark point (default 2)
+#   CPU_THREADS      BLAS threads of the CPU side (default: every online core)
+#   DATA             synthetic (default) or fashion
+# Exit status: 0 all gpu tests passed and the benchmark ran; 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${WAGMA_BUILD_DIR:-build-gpu}
+batches=${BATCHES:-64,512,4096}
+models=${MODELS:-mlp lenet5}
+
+echo "== GPU"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader || true
+else
+  echo "nvidia-smi not found"
+fi
+
+echo "== configure ($build, WAGMA_WITH_CUDA=ON)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWAGMA_WITH_CUDA=ON \
+  -DWAGMA_WERROR="${WAGMA_WERROR:-ON}" >/dev/null
+# The gpu-labelled tests; each test is the executable of the same name (wagma_add_test).
+mapfile -t tests < <(cd "$build" && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p')
+if [ "${#tests[@]}" -eq 0 ]; then
+  echo "no test is labelled gpu" >&2
+  exit 1
+fi
+echo "== build: ${tests[*]} bench_train_gpu"
+cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" bench_train_gpu
+
+echo "== tests labelled gpu"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+(cd "$build" && ctest -L gpu --no-tests=error --output-on-failure -V) 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+if [ "$status" -ne 0 ]; then
+  echo "gpu tests FAILED" >&2
+  exit 1
+fi
+if grep -qE '\(Skipped\)|^[0-9]+: SKIP' "$log"; then
+  echo "gpu tests were SKIPPED: this machine has no usable CUDA GPU (see the SKIP line)" >&2
+  exit 1
+fi
+
+echo "== benchmark: GPU vs CPU, batches $batches"
+margs=()
+for m in $models; do margs+=(--model "$m"); done
+extra=()
+[ -n "${CPU_THREADS:-}" ] && extra+=(--cpu-threads "$CPU_THREADS")
+"$build/bench/train/bench_train_gpu" "${margs[@]}" --batch "$batches" \
+  --seconds "${SECONDS_PER_POINT:-2}" --data "${DATA:-synthetic}" "${extra[@]}"
+echo "== gpu-check: all gpu tests passed"
