@@ -15,6 +15,11 @@ if(NOT WAGMA_WITH_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # One CUDA runtime for every target, the shared one (cuBLAS and NCCL are shared libraries
+    # too): executables that link a library with CUDA code must not add cudart_static.
+    if(NOT DEFINED CMAKE_CUDA_RUNTIME_LIBRARY)
+      set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    endif()
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       # "80" = sm_80 code + compute_80 PTX, "90" = sm_90 code + compute_90 PTX (JIT for newer GPUs)
       set(CMAKE_CUDA_ARCHITECTURES "80;90")
