@@ -41,8 +41,10 @@ typedef struct wg_agent_options {
   int capacity;
   int lease_ttl_s;
   int etcd_timeout_ms;
-  double slow_factor; /* >= 1: compute takes F x longer */
-  double sleep_prob;  /* transient imbalance: probability of a pause per iteration */
+  double etcd_startup_timeout_s; /* give up when etcd does not answer at startup; 0 = never */
+  double listen_timeout_s; /* retry a plan's communicator this long, then report unavailable */
+  double slow_factor;      /* >= 1: compute takes F x longer */
+  double sleep_prob;       /* transient imbalance: probability of a pause per iteration */
   double sleep_ms;
   char data_dir[256]; /* Fashion-MNIST directory, "" = the Debian package's */
   size_t synthetic_train, synthetic_test;
@@ -83,7 +85,9 @@ typedef struct wg_job_config {
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */
 
-enum { WG_STATE_RUNNING = 0, WG_STATE_DONE = 1, WG_STATE_FAILED = 2 };
+/* failed: the job cannot run (the job fails); unavailable: this agent cannot serve it (its
+ * data, its --listen address): the coordinator replans without it (docs/agent.md) */
+enum { WG_STATE_RUNNING = 0, WG_STATE_DONE = 1, WG_STATE_FAILED = 2, WG_STATE_UNAVAILABLE = 3 };
 
 typedef struct wg_progress_snap {
   char job[WAGMA_NAME_MAX];
@@ -143,9 +147,16 @@ int wg_shared_stopping(wg_shared_t *s);
 /* ---- control thread (registry.c) --------------------------------------------------------- */
 
 typedef struct wg_control wg_control_t;
-/* Opens etcd and starts the control thread (it registers, retrying while etcd is down).
- * Ownership: *out is the caller's (wg_control_stop). */
-int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out);
+/* Opens etcd, waits for it (up to opt->etcd_startup_timeout_s), registers and starts the
+ * control thread (which registers again whenever the lease is lost, retrying while etcd is
+ * down). The registration creates <prefix>/agents/<name> only if it is absent (one Txn): when
+ * another process holds the name, its lease is watched for one keepalive period; a lease that
+ * is kept alive is a live agent (WAGMA_EEXIST), one that is not (a crashed previous run of
+ * this name) is revoked and the name taken. Returns 0, WAGMA_EUNAVAIL (etcd did not answer
+ * in time), WAGMA_EEXIST, WAGMA_ECANCELED (SIGINT / SIGTERM came meanwhile) or another
+ * error; err (err_len bytes) says why. Ownership: *out is the caller's (wg_control_stop). */
+int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out,
+                     char *err, size_t err_len);
 /* Revokes the lease (the agent key goes at once), publishes the last progress if any, stops
  * the thread and frees. NULL is a no-op. */
 void wg_control_stop(wg_control_t *c);

@@ -49,9 +49,10 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   wagma_progress_t p;
   char *json = NULL;
   wagma_progress_init(&p);
-  p.state = s->state == WG_STATE_DONE     ? WAGMA_PROGRESS_DONE
-            : s->state == WG_STATE_FAILED ? WAGMA_PROGRESS_FAILED
-                                          : WAGMA_PROGRESS_RUNNING;
+  p.state = s->state == WG_STATE_DONE          ? WAGMA_PROGRESS_DONE
+            : s->state == WG_STATE_FAILED      ? WAGMA_PROGRESS_FAILED
+            : s->state == WG_STATE_UNAVAILABLE ? WAGMA_PROGRESS_UNAVAILABLE
+                                               : WAGMA_PROGRESS_RUNNING;
   p.epoch = s->epoch;
   p.iteration = s->iteration;
   p.loss = s->loss;

@@ -17,6 +17,7 @@
 
 #include "agent/agent.h"
 #include "agent/train/train.h"
+#include "wagma/etcd.h"
 #include "wagma/log_internal.h"
 
 int wg_agent_log_level = WAGMA_LOG_INFO;
@@ -96,6 +97,12 @@ static void usage(FILE *f) {
           "  --capacity N            workers this agent can host (default 1)\n"
           "  --lease-ttl SECONDS     TTL of the agent's lease (default 5)\n"
           "  --etcd-timeout-ms MS    deadline of each etcd call (default 3000)\n"
+          "  --etcd-startup-timeout S  give up (exit 4) when etcd does not answer at startup\n"
+          "                          within S seconds (default 30; 0 = wait for ever); once\n"
+          "                          running, etcd outages are survived\n"
+          "  --listen-timeout S      how long a plan's communicator is retried (binding\n"
+          "                          --listen) before the agent reports itself unavailable\n"
+          "                          for the job (default 10)\n"
           "  --data-dir DIR          Fashion-MNIST directory (default %s)\n"
           "  --synthetic-train N     samples of the synthetic training set (default 8192)\n"
           "  --synthetic-test N      samples of the synthetic test set (default 2048)\n"
@@ -113,7 +120,11 @@ static void usage(FILE *f) {
           "  --sleep-prob P          transient imbalance: pause with probability P per step\n"
           "  --sleep-ms D            ... for D milliseconds (default 0)\n"
           "  --log-level LEVEL       debug, info, warn or error (default info)\n"
-          "  --help                  this text\n",
+          "  --help                  this text\n"
+          "\n"
+          "Exit status: 0 stopped by SIGINT/SIGTERM; 1 failure; 2 usage error (bad flag or\n"
+          "address); 3 --device cuda unusable; 4 etcd did not answer within\n"
+          "--etcd-startup-timeout; 5 the --name is held by a live agent.\n",
           WAGMA_FASHION_MNIST_DIR);
 }
 
@@ -151,6 +162,8 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"capacity", required_argument, 0, 'c'},
                                         {"lease-ttl", required_argument, 0, 'L'},
                                         {"etcd-timeout-ms", required_argument, 0, 'E'},
+                                        {"etcd-startup-timeout", required_argument, 0, 'U'},
+                                        {"listen-timeout", required_argument, 0, 'B'},
                                         {"data-dir", required_argument, 0, 'd'},
                                         {"synthetic-train", required_argument, 0, 'S'},
                                         {"synthetic-test", required_argument, 0, 'T'},
@@ -174,6 +187,8 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->capacity = 1;
   o->lease_ttl_s = 5;
   o->etcd_timeout_ms = 3000;
+  o->etcd_startup_timeout_s = 30;
+  o->listen_timeout_s = 10;
   o->slow_factor = 1.0;
   o->synthetic_train = 8192;
   o->synthetic_test = 2048;
@@ -187,11 +202,15 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->log_level = WAGMA_LOG_INFO;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     switch (c) {
-    case 'e':
-      if (!optarg[0] || strlen(optarg) >= sizeof o->endpoints)
-        FAIL("bad --etcd");
+    case 'e': {
+      char why[256];
+      if (strlen(optarg) >= sizeof o->endpoints)
+        FAIL("--etcd is longer than %zu characters", sizeof o->endpoints - 1);
+      if (wagma_etcd_endpoints_check(optarg, why, sizeof why) != 0)
+        FAIL("bad --etcd '%s': %s", optarg, why);
       snprintf(o->endpoints, sizeof o->endpoints, "%s", optarg);
       break;
+    }
     case 'n':
       if (!optarg[0] || strlen(optarg) >= sizeof o->name || strpbrk(optarg, "/ \t"))
         FAIL("--name must be 1-63 characters of [A-Za-z0-9._-]");
@@ -229,6 +248,14 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       if (parse_double(optarg, 100, 600000, &v))
         FAIL("--etcd-timeout-ms must be 100..600000");
       o->etcd_timeout_ms = (int)v;
+      break;
+    case 'U':
+      if (parse_double(optarg, 0, 86400, &o->etcd_startup_timeout_s))
+        FAIL("--etcd-startup-timeout must be 0..86400 seconds");
+      break;
+    case 'B':
+      if (parse_double(optarg, 0, 3600, &o->listen_timeout_s))
+        FAIL("--listen-timeout must be 0..3600 seconds");
       break;
     case 'd':
       if (strlen(optarg) >= sizeof o->data_dir)
@@ -342,9 +369,17 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   wg_shared_init(&shared);
-  if (wg_control_start(&opt, &shared, &control) != 0) {
-    fprintf(stderr, "wagma-agent: cannot start (bad --etcd %s?)\n", opt.endpoints);
-    goto out;
+  {
+    char why[512];
+    int e = wg_control_start(&opt, &shared, &control, why, sizeof why);
+    if (e) {
+      /* exit status: docs/agent.md */
+      rc = e == WAGMA_EUNAVAIL || e == WAGMA_ETIMEDOUT ? 4 : e == WAGMA_EEXIST ? 5 : 1;
+      if (e == WAGMA_ECANCELED)
+        rc = 0;
+      fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
+      goto out;
+    }
   }
   if (wg_runner_start(&opt, &shared, &runner) != 0)
     goto out;

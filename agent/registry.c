@@ -2,9 +2,14 @@
  *
  * Owns the etcd handle, the lease and its keepalive, the watch on <prefix>/assignments/<me>
  * and the watch on the plan of the job assigned to me. It:
- *  - registers <prefix>/agents/<me> (address, device, capacity, version, started) under a
- *    lease kept alive by the etcd library; when the lease is lost (etcd was away longer than
- *    the TTL) it registers again, retrying every second while etcd is down;
+ *  - at startup (wg_control_start, on the main thread, before the control thread exists):
+ *    waits for etcd up to --etcd-startup-timeout, then registers: creates <prefix>/agents/<me>
+ *    (address, device, capacity, version, started) under a lease kept alive by the etcd
+ *    library, only if the key is absent (one Txn). A name held by another lease is watched
+ *    for one keepalive period: a refreshed lease is a live agent of that name (refused:
+ *    WAGMA_EEXIST), an unrefreshed one a crashed previous run (revoked, the name taken);
+ *  - when the lease is lost (etcd was away longer than the TTL) registers again the same way
+ *    (create only if absent; never over another process's key), retrying every second;
  *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
  *    record and starts watching the plan; every valid plan of a newer epoch is handed to the
  *    runner through wg_shared_t (with the checkpoint record read again), and the runner's
@@ -15,9 +20,11 @@
  * etcd being down never blocks training: only this thread waits on etcd (every call has the
  * handle's deadline), and the runner keeps training on the last plan meanwhile.
  *
- * Threads: the control thread; the etcd library's watch / keepalive threads run the callbacks
- * below, which only copy values under c->mu and wake the control thread. */
+ * Threads: the main thread runs wg_control_start (startup wait and first registration); then
+ * the control thread; the etcd library's watch / keepalive threads run the callbacks below,
+ * which only copy values under c->mu and wake the control thread. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +64,6 @@ struct wg_control {
   wagma_etcd_keepalive_t *keepalive;
   double next_register;
   int register_failures;
-  int old_lease_checked; /* the key of a previous run was looked at */
   wagma_etcd_watch_t *assign_watch;
   double next_assign_watch;
   wagma_etcd_watch_t *plan_watch;
@@ -121,10 +127,164 @@ static void on_plan(void *user, int status, const wagma_etcd_event_t *ev, size_t
 
 /* ---- registration ------------------------------------------------------------------------ */
 
-static void ensure_registered(wg_control_t *c) {
+/* Who holds the agent key when a registration found it taken. */
+typedef struct holder {
+  int64_t lease, mod;
+  char address[WAGMA_API_ADDR_MAX];
+  double started;
+} holder_t;
+
+/* One registration attempt: a new lease, and the agent key put under it only if the key does
+ * not exist (one Txn: CREATE(key) == 0), so two processes never share the name. Returns 0
+ * (c->lease set, its keepalive running), WAGMA_ECONFLICT with the key's holder in *h, or an
+ * etcd error. */
+static int try_register(wg_control_t *c, holder_t *h) {
   char key[256];
   char *info = NULL;
   int64_t lease = 0;
+  wagma_etcd_txn_result_t tr;
+  int e;
+  memset(&tr, 0, sizeof tr);
+  memset(h, 0, sizeof *h);
+  wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
+  if (!(info = wg_agent_info_json(c->opt, c->started)))
+    return WAGMA_ENOMEM;
+  if ((e = wagma_etcd_lease_grant(c->etcd, c->opt->lease_ttl_s, &lease)))
+    goto out;
+  wagma_etcd_cmp_t absent = {
+      .key = key, .target = WAGMA_ETCD_CMP_CREATE, .result = WAGMA_ETCD_EQUAL, .number = 0};
+  wagma_etcd_op_t put = {.type = WAGMA_ETCD_OP_PUT,
+                         .key = key,
+                         .value = info,
+                         .value_len = strlen(info),
+                         .lease = lease};
+  wagma_etcd_op_t get = {.type = WAGMA_ETCD_OP_RANGE, .key = key};
+  e = wagma_etcd_txn(c->etcd, &absent, 1, &put, 1, &get, 1, &tr);
+  if (e == WAGMA_ECONFLICT) {
+    if (tr.n == 1 && tr.results[0].range.n == 1) {
+      const wagma_etcd_kv_t *kv = &tr.results[0].range.kvs[0];
+      wagma_agent_info_t ai;
+      wagma_api_error_t aerr;
+      h->lease = kv->lease;
+      h->mod = kv->mod_revision;
+      if (wagma_agent_info_from_json(kv->value, kv->value_len, &ai, &aerr) == 0) {
+        snprintf(h->address, sizeof h->address, "%s", ai.address);
+        h->started = ai.started;
+      }
+    }
+    goto out; /* (deleted meanwhile: h->lease 0, h->mod 0; the caller tries again) */
+  }
+  if (e)
+    goto out;
+  if ((e = wagma_etcd_keepalive_start(c->etcd, lease, on_lease_lost, c, &c->keepalive)))
+    goto out;
+  c->lease = lease;
+  lease = 0;
+  LOG(c, WAGMA_LOG_INFO, "registered %s (address %s, lease %llx, ttl %d s)", key, c->opt->listen,
+      (unsigned long long)c->lease, c->opt->lease_ttl_s);
+out:
+  if (lease)
+    wagma_etcd_lease_revoke(c->etcd, lease);
+  wagma_etcd_txn_result_free(&tr);
+  free(info);
+  return e;
+}
+
+/* SIGINT or SIGTERM is waiting (the main thread takes them only once started). */
+static int stop_signalled(void) {
+  sigset_t pending;
+  return sigpending(&pending) == 0 &&
+         (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1);
+}
+
+/* Whether a lease is kept alive by some process: its TTL is watched for one keepalive period
+ * (wagma_etcd_keepalive refreshes every third of the granted TTL) plus 2 s for etcd's whole
+ * seconds and a slow refresh; a refresh shows as a TTL that grows. 1 = alive, 0 = expired or
+ * not refreshed, or a negative error. */
+static int lease_alive(wg_control_t *c, int64_t lease) {
+  int64_t remaining = 0, granted = 0, lowest = INT64_MAX;
+  double until = 0;
+  for (;;) {
+    int e = wagma_etcd_lease_ttl(c->etcd, lease, &remaining, &granted);
+    if (e == WAGMA_ENOTFOUND || (e == 0 && remaining <= 0))
+      return 0;
+    if (e)
+      return e;
+    if (until == 0)
+      until = wg_mono() + (double)granted / 3.0 + 2.0;
+    if (remaining > lowest)
+      return 1;
+    lowest = remaining < lowest ? remaining : lowest;
+    if (wg_mono() >= until)
+      return 0;
+    if (stop_signalled())
+      return WAGMA_ECANCELED;
+    wg_sleep_s(0.2);
+  }
+}
+
+/* The first registration (wg_control_start). A name held by a live agent is refused. */
+static int register_at_start(wg_control_t *c, char *err, size_t err_len) {
+  char key[256];
+  wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
+  for (int attempt = 0; attempt < 5; attempt++) {
+    holder_t h;
+    int e = try_register(c, &h);
+    if (e == 0)
+      return 0;
+    if (e != WAGMA_ECONFLICT) {
+      snprintf(err, err_len, "cannot register %s: %s (%s)", key, wagma_strerror(e),
+               wagma_etcd_errmsg(c->etcd));
+      return e;
+    }
+    if (h.mod == 0)
+      continue; /* deleted between the compare and the read: try again */
+    if (h.lease == 0) {
+      /* A key without a lease never expires: not an agent's registration (a leftover put by
+       * hand). Take it over. */
+      wagma_etcd_cmp_t same = {
+          .key = key, .target = WAGMA_ETCD_CMP_MOD, .result = WAGMA_ETCD_EQUAL, .number = h.mod};
+      wagma_etcd_op_t del = {.type = WAGMA_ETCD_OP_DELETE, .key = key};
+      LOG(c, WAGMA_LOG_WARN, "%s exists without a lease; replacing it", key);
+      wagma_etcd_txn(c->etcd, &same, 1, &del, 1, NULL, 0, NULL);
+      continue;
+    }
+    LOG(c, WAGMA_LOG_INFO,
+        "%s is held by lease %llx (address %s): checking whether that agent is alive", key,
+        (unsigned long long)h.lease, h.address[0] ? h.address : "?");
+    int alive = lease_alive(c, h.lease);
+    if (alive == WAGMA_ECANCELED) {
+      snprintf(err, err_len, "stopped while checking the holder of %s", key);
+      return alive;
+    }
+    if (alive < 0) {
+      snprintf(err, err_len, "cannot check the holder of %s: %s (%s)", key, wagma_strerror(alive),
+               wagma_etcd_errmsg(c->etcd));
+      return alive;
+    }
+    if (alive) {
+      snprintf(err, err_len,
+               "the name %s is in use by a live agent (address %s, started %.0f, lease %llx "
+               "kept alive): not starting a second one",
+               c->opt->name, h.address[0] ? h.address : "?", h.started,
+               (unsigned long long)h.lease);
+      return WAGMA_EEXIST;
+    }
+    /* A previous run of this name that died before its lease expired: revoke it, so that the
+     * coordinator sees the departure and this process joins as a joiner (docs/api.md). */
+    LOG(c, WAGMA_LOG_INFO, "revoking the lease %llx of a previous run of %s (not kept alive)",
+        (unsigned long long)h.lease, c->opt->name);
+    wagma_etcd_lease_revoke(c->etcd, h.lease);
+  }
+  snprintf(err, err_len, "cannot register %s: it keeps changing hands", key);
+  return WAGMA_ECONFLICT;
+}
+
+/* Registers again after the lease was lost, the same way (create only if absent), retrying
+ * every second; the key of another process (a live one, or one whose lease has not expired
+ * yet) is left alone. */
+static void ensure_registered(wg_control_t *c) {
+  holder_t h;
   int e;
   if (c->keepalive && !atomic_load(&c->lease_lost))
     return;
@@ -136,48 +296,55 @@ static void ensure_registered(wg_control_t *c) {
     c->lease = 0;
   }
   atomic_store(&c->lease_lost, 0);
-  wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
-  info = wg_agent_info_json(c->opt, c->started);
-  if (!info) {
-    e = WAGMA_ENOMEM;
-    goto out;
+  e = try_register(c, &h);
+  if (e == 0) {
+    c->register_failures = 0;
+    return;
   }
-  if (!c->old_lease_checked) {
-    /* A previous run of this name whose lease has not expired yet: revoke it, so that the
-     * coordinator sees the departure and this process joins as a joiner (docs/api.md). */
-    wagma_etcd_kv_t *old = NULL;
-    e = wagma_etcd_get(c->etcd, key, &old, NULL);
-    if (e && e != WAGMA_ENOTFOUND)
-      goto out;
-    if (e == 0 && old->lease) {
-      LOG(c, WAGMA_LOG_INFO, "revoking the lease %llx of a previous run of %s",
-          (unsigned long long)old->lease, c->opt->name);
-      wagma_etcd_lease_revoke(c->etcd, old->lease);
-    }
-    wagma_etcd_kv_free(old);
-    c->old_lease_checked = 1;
-  }
-  if ((e = wagma_etcd_lease_grant(c->etcd, c->opt->lease_ttl_s, &lease)))
-    goto out;
-  if ((e = wagma_etcd_put(c->etcd, key, info, strlen(info), lease, NULL)))
-    goto out;
-  if ((e = wagma_etcd_keepalive_start(c->etcd, lease, on_lease_lost, c, &c->keepalive)))
-    goto out;
-  c->lease = lease;
-  lease = 0;
-  LOG(c, WAGMA_LOG_INFO, "registered %s (address %s, lease %llx, ttl %d s)", key, c->opt->listen,
-      (unsigned long long)c->lease, c->opt->lease_ttl_s);
-  c->register_failures = 0;
-out:
-  if (e) {
-    if (c->register_failures++ % 30 == 0)
+  if (c->register_failures++ % 30 == 0) {
+    if (e == WAGMA_ECONFLICT)
+      LOG(c, WAGMA_LOG_ERROR,
+          "cannot register again: the name %s is held by another process (lease %llx, address "
+          "%s); retrying",
+          c->opt->name, (unsigned long long)h.lease, h.address[0] ? h.address : "?");
+    else
       LOG(c, WAGMA_LOG_WARN, "cannot register with etcd (%s: %s); retrying", wagma_strerror(e),
           wagma_etcd_errmsg(c->etcd));
-    if (lease)
-      wagma_etcd_lease_revoke(c->etcd, lease);
-    c->next_register = wg_mono() + 1.0;
   }
-  free(info);
+  c->next_register = wg_mono() + 1.0;
+}
+
+/* Waits until etcd answers, up to --etcd-startup-timeout (0 = for ever). */
+static int wait_for_etcd(wg_control_t *c, char *err, size_t err_len) {
+  double t0 = wg_mono(), limit = c->opt->etcd_startup_timeout_s, next_log = t0 + 5;
+  for (;;) {
+    int e = wagma_etcd_ping(c->etcd, NULL);
+    if (e == 0)
+      return 0;
+    double now = wg_mono();
+    if (e != WAGMA_EUNAVAIL && e != WAGMA_ETIMEDOUT) {
+      snprintf(err, err_len, "etcd %s refused us: %s (%s)", c->opt->endpoints, wagma_strerror(e),
+               wagma_etcd_errmsg(c->etcd));
+      return e;
+    }
+    if (limit > 0 && now - t0 >= limit) {
+      snprintf(err, err_len,
+               "etcd %s did not answer within %.0f s (--etcd-startup-timeout): %s; giving up",
+               c->opt->endpoints, limit, wagma_etcd_errmsg(c->etcd));
+      return WAGMA_EUNAVAIL;
+    }
+    if (stop_signalled()) {
+      snprintf(err, err_len, "stopped while waiting for etcd");
+      return WAGMA_ECANCELED;
+    }
+    if (now >= next_log) {
+      LOG(c, WAGMA_LOG_WARN, "waiting for etcd %s (%.0f s so far): %s", c->opt->endpoints, now - t0,
+          wagma_etcd_errmsg(c->etcd));
+      next_log = now + 5;
+    }
+    double left = limit > 0 ? t0 + limit - now : 0.5;
+    wg_sleep_s(left < 0.5 ? left : 0.5);
+  }
 }
 
 /* ---- assignment and plan ----------------------------------------------------------------- */
@@ -475,10 +642,12 @@ static void *control_main(void *arg) {
   return NULL;
 }
 
-int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out) {
+int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out,
+                     char *err, size_t err_len) {
   wg_control_t *c = calloc(1, sizeof *c);
   int e;
   *out = NULL;
+  snprintf(err, err_len, "out of memory");
   if (!c)
     return WAGMA_ENOMEM;
   c->opt = opt;
@@ -490,15 +659,22 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->cv, &ca);
   pthread_condattr_destroy(&ca);
-  if ((e = wagma_keys_init(&c->keys, opt->prefix)))
+  if ((e = wagma_keys_init(&c->keys, opt->prefix))) {
+    snprintf(err, err_len, "bad --prefix %s", opt->prefix);
     goto fail;
+  }
   wagma_etcd_options_t eo = {.endpoints = opt->endpoints,
                              .call_timeout_ms = opt->etcd_timeout_ms,
                              .log_fn = wg_agent_log,
                              .log_user = (void *)opt->name};
-  if ((e = wagma_etcd_open(&eo, &c->etcd)))
+  if ((e = wagma_etcd_open(&eo, &c->etcd))) {
+    snprintf(err, err_len, "cannot open etcd %s: %s", opt->endpoints, wagma_strerror(e));
+    goto fail;
+  }
+  if ((e = wait_for_etcd(c, err, err_len)) || (e = register_at_start(c, err, err_len)))
     goto fail;
   if (pthread_create(&c->thread, NULL, control_main, c) != 0) {
+    snprintf(err, err_len, "cannot start the control thread");
     e = WAGMA_EIO;
     goto fail;
   }
@@ -506,6 +682,10 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
   *out = c;
   return 0;
 fail:
+  if (c->keepalive)
+    wagma_etcd_keepalive_stop(c->keepalive);
+  if (c->lease)
+    wagma_etcd_lease_revoke(c->etcd, c->lease);
   wagma_etcd_close(c->etcd);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);

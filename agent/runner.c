@@ -20,6 +20,11 @@
  *    its communicator (its round thread answers peers) until released or linger_s passes.
  * Rank 0 writes checkpoints every checkpoint.every iterations (atomic file, then a record in
  * etcd through the control thread).
+ * An agent that cannot serve the job says so with the progress state "unavailable" and the
+ * reason, and the coordinator replans without it: when its data set cannot be loaded from its
+ * --data-dir, or when the communicator of a plan cannot be created (typically: --listen is
+ * taken) for --listen-timeout seconds (retried every second until then). Failures that would
+ * be the same on every agent (the model cannot be built) are "failed": the job fails.
  *
  * Invariants: only this thread touches the job state and calls the communicator's compute
  * functions; every wait is bounded (the communicator's deadlines, 200 ms waits on the shared
@@ -151,7 +156,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
 static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   wg_job_t *j = &r->job;
   char err[256] = "";
-  int e;
+  int e, mine = 0; /* mine: the failure is this agent's (its data), not the job's */
   double t0 = wg_mono();
   memset(j, 0, sizeof *j);
   j->cfg = *cfg;
@@ -166,6 +171,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
       goto out;
   } else if ((e = wagma_dataset_load_fashion_mnist(r->opt->data_dir[0] ? r->opt->data_dir : NULL,
                                                    &j->train, &j->test, err, sizeof err))) {
+    mine = 1; /* another agent's --data-dir may hold it */
     goto out;
   }
   /* the one place a spec's model kind becomes the training library's architecture */
@@ -213,7 +219,8 @@ out:
     job_teardown(r);
     j->cfg = keep;
     j->broken = 1;
-    share_progress(r, WG_STATE_FAILED, why, 1);
+    j->unavailable = mine;
+    share_progress(r, mine ? WG_STATE_UNAVAILABLE : WG_STATE_FAILED, why, 1);
   }
   return e;
 }
@@ -315,14 +322,41 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
   j->need_connect = j->rank >= 0;
   j->connect_at = 0;
   j->connect_failures = 0;
+  j->unavailable = 0;
   if (j->rank < 0)
     RLOG(r, WAGMA_LOG_INFO, "job %s: not a member of epoch %llu; idle", j->cfg.job,
          (unsigned long long)j->epoch);
 }
 
+/* The communicators' log: the agent's log, and the last error line kept for the progress
+ * record (any thread of a communicator may log). */
+static void comm_log(void *user, int level, const char *msg) {
+  wg_runner_ctx_t *r = user;
+  if (level >= WAGMA_LOG_ERROR) {
+    pthread_mutex_lock(&r->comm_log_mu);
+    snprintf(r->comm_error, sizeof r->comm_error, "%s", msg);
+    pthread_mutex_unlock(&r->comm_log_mu);
+  }
+  wg_agent_log((void *)r->opt->name, level, msg);
+}
+
+/* wagma_comm_options_t.cancelled: the epoch being set up is superseded (a newer plan, a
+ * release or a stop), so wagma_comm_create gives up at once instead of waiting out
+ * --connect-timeout for members of an old epoch. */
+static int epoch_superseded(void *user) {
+  wg_runner_ctx_t *r = user;
+  pthread_mutex_lock(&r->shared->mu);
+  int gone = r->shared->stop || !r->shared->assigned ||
+             (r->shared->have_plan && r->shared->plan.epoch > r->job.epoch);
+  pthread_mutex_unlock(&r->shared->mu);
+  return gone;
+}
+
 /* Creates the communicator of the adopted plan and runs the opening global sync. When the
- * communicator cannot be created (e.g. the listen port is briefly taken) it tries again a
- * second later, for as long as the plan is current. */
+ * communicator cannot be created (e.g. the listen port is taken) it tries again every second
+ * for --listen-timeout seconds, then gives up on the epoch and reports "unavailable" with the
+ * reason: the coordinator replans without this agent. A newer plan that lists it again tries
+ * afresh. */
 static void connect_epoch(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   wagma_comm_options_t co;
@@ -337,15 +371,45 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   co.connect_timeout_s = r->opt->connect_timeout_s;
   co.round_deadline_floor_s = r->opt->round_deadline_s;
   co.global_timeout_s = r->opt->collective_timeout_s;
-  co.log = wg_agent_log;
-  co.log_user = (void *)r->opt->name;
+  co.log = comm_log;
+  co.log_user = r;
+  co.cancelled = epoch_superseded;
+  co.cancel_user = r;
   double t0 = wg_mono();
+  pthread_mutex_lock(&r->comm_log_mu);
+  r->comm_error[0] = '\0';
+  pthread_mutex_unlock(&r->comm_log_mu);
   if ((e = wagma_comm_create(&co, &j->comm)) != 0) {
+    char cause[sizeof r->comm_error], why[300];
+    double now = wg_mono();
     j->comm = NULL;
-    j->connect_at = wg_mono() + 1.0;
-    if (j->connect_failures++ % 30 == 0)
-      RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: cannot create the communicator: %s; retrying",
-           j->cfg.job, (unsigned long long)j->epoch, wagma_strerror(e));
+    if (e == WAGMA_ECANCELED) { /* superseded: the runner loop takes the newer state */
+      RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: setup abandoned for a newer plan or a stop",
+           j->cfg.job, (unsigned long long)j->epoch);
+      j->need_connect = 0;
+      return;
+    }
+    pthread_mutex_lock(&r->comm_log_mu);
+    snprintf(cause, sizeof cause, "%s", r->comm_error[0] ? r->comm_error : wagma_strerror(e));
+    pthread_mutex_unlock(&r->comm_log_mu);
+    if (j->connect_failures++ == 0)
+      j->connect_first_failure = now;
+    double left = j->connect_first_failure + r->opt->listen_timeout_s - now;
+    if (left <= 0) {
+      snprintf(why, sizeof why, "cannot create the communicator of epoch %llu for %.0f s: %s",
+               (unsigned long long)j->epoch, now - j->connect_first_failure, cause);
+      RLOG(r, WAGMA_LOG_ERROR, "job %s: %s; reporting this agent unavailable for the job",
+           j->cfg.job, why);
+      j->need_connect = 0;
+      j->unavailable = 1;
+      share_progress(r, WG_STATE_UNAVAILABLE, why, 1);
+      return;
+    }
+    j->connect_at = now + (left < 1.0 ? left : 1.0);
+    if (j->connect_failures % 30 == 1)
+      RLOG(r, WAGMA_LOG_WARN,
+           "job %s epoch %llu: cannot create the communicator: %s; retrying for %.0f s", j->cfg.job,
+           (unsigned long long)j->epoch, cause, left);
     return;
   }
   j->need_connect = 0;
@@ -552,8 +616,8 @@ static void *runner_main(void *arg) {
     }
     train_once(r);
   }
-  if (j->active && !j->done)
-    share_progress(r, WG_STATE_RUNNING, NULL, 1);
+  if (j->active && !j->done && !j->unavailable && j->rank >= 0)
+    share_progress(r, WG_STATE_RUNNING, NULL, 1); /* (a non-member keeps its last report) */
   job_teardown(r);
   wagma_plan_free(&plan);
   pthread_mutex_lock(&self->mu);
@@ -570,6 +634,7 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
     return WAGMA_ENOMEM;
   r->ctx.opt = opt;
   r->ctx.shared = shared;
+  pthread_mutex_init(&r->ctx.comm_log_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* a wall-clock step must not stretch join */
@@ -577,6 +642,7 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
   pthread_cond_init(&r->cv, &ca);
   pthread_condattr_destroy(&ca);
   if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+    pthread_mutex_destroy(&r->ctx.comm_log_mu);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);
@@ -602,6 +668,7 @@ int wg_runner_join(wg_runner_t *r, double timeout_s) {
   if (!finished)
     return WAGMA_ETIMEDOUT;
   pthread_join(r->thread, NULL);
+  pthread_mutex_destroy(&r->ctx.comm_log_mu);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r);

@@ -29,6 +29,8 @@ typedef struct wg_job {
   int need_connect; /* a member of the adopted plan without its communicator yet */
   double connect_at;
   int connect_failures;
+  double connect_first_failure; /* when wagma_comm_create first failed in this epoch */
+  int unavailable; /* reported "unavailable" for this epoch: gave up creating the communicator */
   int have_ck;
   wg_checkpoint_rec_t ck; /* the job's checkpoint record when the plan was adopted */
   /* iterations completed = the next round; set to the plan's start_round at the start of
@@ -60,6 +62,10 @@ typedef struct wg_runner_ctx {
   const wg_agent_options_t *opt;
   wg_shared_t *shared;
   wg_job_t job;
+  /* the communicators' last error-level log line, under comm_log_mu (their threads log too):
+   * why wagma_comm_create failed, for the progress record */
+  pthread_mutex_t comm_log_mu;
+  char comm_error[200];
 } wg_runner_ctx_t;
 
 /* algorithms.c: one iteration of the job's algorithm (compute, straggler delay, averaging).

@@ -107,6 +107,12 @@ int wagma_key_job_progress(const wagma_keys_t *k, const char *job, const char *a
 int wagma_key_leader(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/coordinator/leader", k->prefix);
 }
+int wagma_key_quarantine(const wagma_keys_t *k, const char *agent, char *buf, size_t len) {
+  return dir_key(k, "quarantine", agent, buf, len);
+}
+int wagma_key_quarantine_prefix(const wagma_keys_t *k, char *buf, size_t len) {
+  return fmt(buf, len, "%s/quarantine/", k->prefix);
+}
 
 /* Copies the segment [s, s+n) into out (WAGMA_API_NAME_MAX bytes) if it is a valid name. */
 static int take_name(const char *s, size_t n, char *out) {
@@ -164,6 +170,8 @@ wagma_key_kind_t wagma_key_parse(const wagma_keys_t *k, const char *key, size_t 
     return take_name(segs[1], lens[1], agent) ? WAGMA_KEY_AGENT : WAGMA_KEY_UNKNOWN;
   if (nseg == 2 && seg_eq(segs[0], lens[0], "assignments"))
     return take_name(segs[1], lens[1], agent) ? WAGMA_KEY_ASSIGNMENT : WAGMA_KEY_UNKNOWN;
+  if (nseg == 2 && seg_eq(segs[0], lens[0], "quarantine"))
+    return take_name(segs[1], lens[1], agent) ? WAGMA_KEY_QUARANTINE : WAGMA_KEY_UNKNOWN;
   if (nseg == 2 && seg_eq(segs[0], lens[0], "coordinator") && seg_eq(segs[1], lens[1], "leader"))
     return WAGMA_KEY_LEADER;
   if (nseg >= 3 && seg_eq(segs[0], lens[0], "jobs")) {

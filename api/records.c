@@ -1,9 +1,10 @@
 /* api/records.c — codecs of the records kept in etcd besides the spec: job status
- * (coordinator), progress, checkpoint and agent registration (agents), assignment and plan
- * history entry (coordinator), and the REST error body. Decoders of agent-written records ignore
- * unknown fields (newer agents may add some); the status decoder is strict about types only. Pure
- * functions, thread-safe. */
+ * (coordinator), progress, checkpoint and agent registration (agents), assignment, plan
+ * history entry and quarantine record (coordinator), and the REST error body. Decoders of
+ * agent-written records ignore unknown fields (newer agents may add some); the status decoder is
+ * strict about types only. Pure functions, thread-safe. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +15,7 @@
 #define U64MAX_JSON ((uint64_t)INT64_MAX)
 
 static const char *const state_names[] = {"pending", "running", "succeeded", "failed", "stopped"};
-static const char *const progress_state_names[] = {"running", "done", "failed"};
+static const char *const progress_state_names[] = {"running", "done", "failed", "unavailable"};
 static const char *const device_names[] = {"cpu", "cuda"};
 
 const char *wagma_job_state_name(wagma_job_state_t s) {
@@ -618,6 +619,71 @@ int wagma_assignment_from_json(const char *json, size_t len, wagma_assignment_t 
       (e = wg_api_u64(v, "epoch", U64MAX_JSON, &a.epoch, err)))
     goto out;
   *out = a;
+out:
+  json_decref(root);
+  return e;
+}
+
+/* ---- quarantine record ---------------------------------------------------------------- */
+
+json_t *wagma_quarantine_to_value(const wagma_quarantine_t *q) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "reason", json_string(q->reason));
+  json_object_set_new(o, "job", json_string(q->job));
+  json_object_set_new(o, "since", json_real(q->since));
+  json_object_set_new(o, "until", json_real(q->until));
+  json_object_set_new(o, "registration", json_integer((json_int_t)q->registration));
+  json_object_set_new(o, "refusal", json_integer((json_int_t)q->refusal));
+  return o;
+}
+
+int wagma_quarantine_to_json(const wagma_quarantine_t *q, char **json) {
+  json_t *v = wagma_quarantine_to_value(q);
+  int e = wg_api_dump(v, json);
+  json_decref(v);
+  return e;
+}
+
+int wagma_quarantine_from_json(const char *json, size_t len, wagma_quarantine_t *out,
+                               wagma_api_error_t *err) {
+  wagma_quarantine_t q;
+  json_t *v;
+  int e = 0;
+  int64_t i64;
+  memset(&q, 0, sizeof q);
+  json_t *root = wg_api_parse_object(json, len, err);
+  if (!root)
+    return WAGMA_EINVAL;
+  if (!(v = json_object_get(root, "registration"))) {
+    e = wg_api_fail(err, "registration", "is required");
+    goto out;
+  }
+  if ((e = wg_api_int(v, "registration", 1, INT64_MAX, &i64, err)))
+    goto out;
+  q.registration = i64;
+  if ((v = json_object_get(root, "reason"))) {
+    if (!json_is_string(v)) {
+      e = wg_api_fail(err, "reason", "must be a string");
+      goto out;
+    }
+    snprintf(q.reason, sizeof q.reason, "%s", json_string_value(v)); /* truncates */
+  }
+  if ((v = json_object_get(root, "job")) && (e = wg_api_str(v, "job", q.job, sizeof q.job, err)))
+    goto out;
+  if ((v = json_object_get(root, "since")) &&
+      (e = wg_api_num(v, "since", 0, 0, 1e12, 0, &q.since, err)))
+    goto out;
+  if ((v = json_object_get(root, "until")) &&
+      (e = wg_api_num(v, "until", 0, 0, 1e12, 0, &q.until, err)))
+    goto out;
+  if ((v = json_object_get(root, "refusal"))) {
+    if ((e = wg_api_int(v, "refusal", 0, INT64_MAX, &i64, err)))
+      goto out;
+    q.refusal = i64;
+  }
+  *out = q;
 out:
   json_decref(root);
   return e;

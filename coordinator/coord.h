@@ -178,6 +178,7 @@ typedef struct wg_coord {
   size_t max_body;
   int lease_ttl_s;
   int threads;
+  int quarantine_s; /* how long an agent that cannot serve jobs is not assigned; 0 = never */
   wagma_keys_t keys;
   /* parts */
   wagma_etcd_t *etcd;
@@ -218,6 +219,7 @@ void wg_response_etcd_error(wg_coord_t *c, wg_response_t *res, int status);
 typedef struct wg_progress_entry {
   char agent[WAGMA_API_NAME_MAX];
   wagma_progress_t progress;
+  int64_t mod; /* mod revision of the progress key: which registration of the agent wrote it */
 } wg_progress_entry_t;
 
 typedef struct wg_job_record {

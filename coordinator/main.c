@@ -1,6 +1,8 @@
 /* coordinator/main.c — wagma-coordinator: options, logging, signals, start and stop order.
  *
- * Start: etcd handle -> metrics -> bind the REST socket (resolves port 0) -> election
+ * Start: etcd handle (the endpoints checked first: a malformed one is a usage error, exit 2)
+ * -> wait until etcd answers, at most --etcd-startup-timeout (else exit 4; once running, etcd
+ * outages are survived) -> metrics -> bind the REST socket (resolves port 0) -> election
  * (campaign thread) -> scheduler (reconcile thread) -> REST server. Stop (SIGINT / SIGTERM): REST
  * server -> scheduler -> election (revokes the lease so a follower takes over at once) -> etcd. The
  * main thread only waits for a signal. */
@@ -51,8 +53,16 @@ static void usage(FILE *f) {
              "  --max-body BYTES     request body limit (default 65536)\n"
              "  --threads N          HTTP worker threads (default 4)\n"
              "  --etcd-timeout-ms MS deadline of each etcd call (default 3000)\n"
+             "  --etcd-startup-timeout S  give up (exit 4) when etcd does not answer at\n"
+             "                       startup within S seconds (default 30; 0 = wait for ever)\n"
+             "  --quarantine S       an agent that reported it cannot serve a job that others\n"
+             "                       run is not assigned for S seconds, or until it registers\n"
+             "                       again (default 300; 0 = never quarantine)\n"
              "  --log-level LEVEL    debug, info, warn or error (default info)\n"
-             "  --help               this text\n");
+             "  --help               this text\n"
+             "\n"
+             "Exit status: 0 stopped by SIGINT/SIGTERM; 1 failure; 2 usage error (bad flag or\n"
+             "address); 4 etcd did not answer within --etcd-startup-timeout.\n");
 }
 
 static int parse_listen(const char *s, char *host, size_t hlen, int *port) {
@@ -86,6 +96,46 @@ static int read_token(const char *path, char *out, size_t len) {
   return 0;
 }
 
+/* Waits until etcd answers, at most limit_s seconds (0 = for ever; each try may take one
+ * --etcd-timeout-ms more). Returns 0, 4 (gave up, with a message on stderr) or -1 when SIGINT
+ * or SIGTERM came meanwhile (the exit status is then 0). */
+static int wait_for_etcd(wg_coord_t *c, const char *endpoints, int limit_s, const sigset_t *sigs) {
+  double t0 = wg_mono(), next_log = t0 + 5;
+  for (;;) {
+    int e = wagma_etcd_ping(c->etcd, NULL);
+    if (e == 0)
+      return 0;
+    double now = wg_mono();
+    if (e != WAGMA_EUNAVAIL && e != WAGMA_ETIMEDOUT) {
+      fprintf(stderr, "wagma-coordinator: etcd %s refused us: %s (%s)\n", endpoints,
+              wagma_strerror(e), wagma_etcd_errmsg(c->etcd));
+      return 4;
+    }
+    if (limit_s > 0 && now - t0 >= limit_s) {
+      fprintf(stderr,
+              "wagma-coordinator: etcd %s did not answer within %d s (--etcd-startup-timeout): "
+              "%s; giving up\n",
+              endpoints, limit_s, wagma_etcd_errmsg(c->etcd));
+      return 4;
+    }
+    sigset_t pending;
+    if (sigpending(&pending) == 0 &&
+        (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1)) {
+      int sig;
+      sigwait(sigs, &sig); /* consume it */
+      return -1;
+    }
+    if (now >= next_log) {
+      wg_logf(c->log, c->log_user, WAGMA_LOG_WARN, "waiting for etcd %s (%.0f s so far): %s",
+              endpoints, now - t0, wagma_etcd_errmsg(c->etcd));
+      next_log = now + 5;
+    }
+    double left = limit_s > 0 ? t0 + limit_s - now : 0.5;
+    struct timespec ts = {0, (long)((left < 0.5 ? left : 0.5) * 1e9)};
+    nanosleep(&ts, NULL);
+  }
+}
+
 int main(int argc, char **argv) {
   static struct option longopts[] = {{"listen", required_argument, 0, 'l'},
                                      {"etcd", required_argument, 0, 'e'},
@@ -97,18 +147,21 @@ int main(int argc, char **argv) {
                                      {"threads", required_argument, 0, 'T'},
                                      {"log-level", required_argument, 0, 'v'},
                                      {"etcd-timeout-ms", required_argument, 0, 'E'},
+                                     {"etcd-startup-timeout", required_argument, 0, 'U'},
+                                     {"quarantine", required_argument, 0, 'Q'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   wg_coord_t c;
   const char *listen = "127.0.0.1:8080", *endpoints = NULL, *prefix = "/wagma";
   const char *token_file = NULL;
-  int etcd_timeout = 3000, opt, rc = 1;
+  int etcd_timeout = 3000, etcd_startup_timeout = 30, opt, rc = 1;
   struct MHD_Daemon *http = NULL;
   sigset_t sigs;
   memset(&c, 0, sizeof c);
   c.max_body = 65536;
   c.lease_ttl_s = 5;
   c.threads = 4;
+  c.quarantine_s = 300;
   {
     char host[48] = "coordinator";
     gethostname(host, sizeof host - 1);
@@ -163,6 +216,20 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'U':
+      etcd_startup_timeout = (int)strtol(optarg, &end, 10);
+      if (!optarg[0] || *end || etcd_startup_timeout < 0 || etcd_startup_timeout > 86400) {
+        fprintf(stderr, "wagma-coordinator: --etcd-startup-timeout must be 0..86400 seconds\n");
+        return 2;
+      }
+      break;
+    case 'Q':
+      c.quarantine_s = (int)strtol(optarg, &end, 10);
+      if (!optarg[0] || *end || c.quarantine_s < 0 || c.quarantine_s > 86400 * 7) {
+        fprintf(stderr, "wagma-coordinator: --quarantine must be 0..604800 seconds\n");
+        return 2;
+      }
+      break;
     case 'v':
       if (strcmp(optarg, "debug") == 0)
         g_log_level = WAGMA_LOG_DEBUG;
@@ -190,6 +257,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "wagma-coordinator: --etcd is required\n");
     usage(stderr);
     return 2;
+  }
+  {
+    char why[256];
+    if (wagma_etcd_endpoints_check(endpoints, why, sizeof why) != 0) {
+      fprintf(stderr, "wagma-coordinator: bad --etcd '%s': %s\n", endpoints, why);
+      return 2;
+    }
   }
   if (parse_listen(listen, c.listen_host, sizeof c.listen_host, &c.listen_port)) {
     fprintf(stderr, "wagma-coordinator: --listen must be HOST:PORT\n");
@@ -225,6 +299,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "wagma-coordinator: bad --etcd %s\n", endpoints);
     return 2;
   }
+  if ((rc = wait_for_etcd(&c, endpoints, etcd_startup_timeout, &sigs)) != 0) {
+    wagma_etcd_close(c.etcd);
+    return rc < 0 ? 0 : rc;
+  }
+  rc = 1;
   if (wg_metrics_create(&c.metrics))
     goto out;
   int listen_fd = -1;

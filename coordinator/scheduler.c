@@ -1,20 +1,36 @@
 /* coordinator/scheduler.c — membership, assignment and job lifecycle (the reconcile loop).
  *
  * One thread. It watches everything under <prefix>/ and runs a reconcile pass after each
- * burst of changes (at most every 50 ms; progress reports count only when they say "done" or
- * "failed") and at least once a second. A pass reads the whole
+ * burst of changes (at most every 50 ms; progress reports count only when they say "done",
+ * "failed" or "unavailable") and at least once a second. A pass reads the whole
  * tree with ONE Range (a consistent snapshot at one revision) and, when this replica leads,
  * writes the differences; a follower only refreshes its metrics. Because every decision is
  * recomputed from etcd, a restarted or newly elected coordinator simply resumes.
  *
+ * Agents that cannot serve a job (docs/agent.md): an agent whose progress in job J says
+ * "unavailable" (its data set, its --listen address), written by its current registration
+ * (the progress key's mod revision is above the agent key's create revision), has REFUSED J:
+ * it is never a member of J again (it drops out like a dead member) until it registers anew.
+ * When another agent has run J (progress "running" or "done" of an epoch >= the refusal's),
+ * the fault is the agent's: the leader QUARANTINES it, <prefix>/quarantine/<agent> naming its
+ * registration, the refusal and an end --quarantine seconds on, and no job gets it until then
+ * or until it registers anew (records of an older registration, or expired ones of agents
+ * that are gone, are deleted; an expired one of a present agent stays, so that the same
+ * refusal does not quarantine it again). A job that
+ * nobody has run and that MAX_REFUSALS agents (or every registered agent of its device)
+ * refused fails: the fault is the job's, and no agent is quarantined for it.
+ *
  * Per job, oldest first (free agents go to the oldest jobs first):
  *   - terminal: nothing (its assignments are cleaned up below).
  *   - a current member reported progress state "failed" -> failed.
+ *   - refused as above by too many agents and run by none -> failed.
  *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
- *     i.e. lease expired - drop out), cut to spec.workers (highest ranks leave), then free
- *     agents (name order, same device as the job) appended as joiners up to
- *     spec.workers. A job without members starts only when min_workers agents are free.
+ *     i.e. lease expired - and those that refused the job drop out), cut to spec.workers
+ *     (highest ranks leave), then free agents (name order, same device as the job, neither
+ *     quarantined nor having refused the job) appended as joiners up to spec.workers. A job
+ *     without members starts only when min_workers agents are free. The status reason names
+ *     an agent that refused the job and why.
  *     If the membership changed: plan epoch + 1, start_round = the highest iteration an
  *     agent reported in the current epoch (never below the previous start_round), or on a
  *     fresh start with a checkpoint recorded the checkpoint's iteration; joiners marked (none
@@ -43,6 +59,9 @@
 #include "wagma/log_internal.h"
 
 #define CHUNK 60 /* keys per Txn: 2 compares each stays under etcd's default 128 ops */
+/* A job that this many agents refused ("unavailable") and none ran fails: it is the job that
+ * cannot run, not the agents (so a bad job does not quarantine the cluster). */
+#define MAX_REFUSALS 3
 
 struct wg_scheduler {
   wg_coord_t *c;
@@ -252,6 +271,168 @@ static int device_ok(const wg_job_record_t *j, const agent_rec_t *a) {
   return j->spec.device == a->info.device;
 }
 
+/* The refusal of job j by agent (its "unavailable" progress) when written by the agent's
+ * current registration, else NULL. */
+static const wg_progress_entry_t *refusal(const wg_job_record_t *j, const agent_rec_t *a) {
+  for (int i = 0; a && i < j->nprogress; i++) {
+    const wg_progress_entry_t *pe = &j->progress[i];
+    if (strcmp(pe->agent, a->name) == 0)
+      return pe->progress.state == WAGMA_PROGRESS_UNAVAILABLE && pe->mod > a->create_rev ? pe
+                                                                                         : NULL;
+  }
+  return NULL;
+}
+
+/* Some agent other than the one of pe ran job j in pe's epoch or later: the job runs, so a
+ * refusal is the refusing agent's fault. */
+static int ran_without(const wg_job_record_t *j, const wg_progress_entry_t *pe) {
+  for (int i = 0; i < j->nprogress; i++) {
+    const wg_progress_entry_t *o = &j->progress[i];
+    if (o != pe && o->progress.epoch >= pe->progress.epoch &&
+        (o->progress.state == WAGMA_PROGRESS_RUNNING || o->progress.state == WAGMA_PROGRESS_DONE))
+      return 1;
+  }
+  return 0;
+}
+
+/* Whether agent a may join job j: same device, not quarantined, has not refused j. */
+static int eligible(const wg_job_record_t *j, const agent_rec_t *a) {
+  return device_ok(j, a) && !a->quarantined && !refusal(j, a);
+}
+
+/* Appends "; agent <a> unavailable: <why>" for the first agent that refused j (current
+ * registrations only) to reason (len bytes). */
+static void append_refusal(snapshot_t *s, const wg_job_record_t *j, char *reason, size_t len) {
+  for (int i = 0; i < j->nprogress; i++) {
+    const wg_progress_entry_t *pe = &j->progress[i];
+    agent_rec_t *a = wg_snapshot_agent(s, pe->agent);
+    if (pe->progress.state != WAGMA_PROGRESS_UNAVAILABLE || !a || pe->mod <= a->create_rev)
+      continue;
+    size_t n = strlen(reason);
+    snprintf(reason + n, len - n, "%sagent %s unavailable: %s", n ? "; " : "", pe->agent,
+             pe->progress.error[0] ? pe->progress.error : "no detail");
+    return;
+  }
+}
+
+/* The quarantine record of agent name, NULL when none. */
+static quarantine_rec_t *find_quarantine(snapshot_t *s, const char *name) {
+  for (size_t i = 0; i < s->nquarantines; i++)
+    if (strcmp(s->quarantines[i].agent, name) == 0)
+      return &s->quarantines[i];
+  return NULL;
+}
+
+/* Puts <prefix>/quarantine/<agent>: refusal pe of job (its registration, the refusal's
+ * revision, until = now + c->quarantine_s), guarded by the agent's registration (create
+ * revision) and the record as read. */
+static void quarantine(pass_t *p, agent_rec_t *a, const char *job, const wg_progress_entry_t *pe) {
+  wg_coord_t *c = p->c;
+  char qkey[256], akey[256], *json = NULL;
+  quarantine_rec_t *old = find_quarantine(p->s, a->name);
+  const char *why = pe->progress.error[0] ? pe->progress.error : "no detail";
+  wagma_quarantine_t q = {.since = wg_wall(), .registration = a->create_rev, .refusal = pe->mod};
+  q.until = q.since + c->quarantine_s;
+  snprintf(q.job, sizeof q.job, "%s", job);
+  if (snprintf(q.reason, sizeof q.reason, "job %s: %s", job, why) >= (int)sizeof q.reason)
+    q.reason[sizeof q.reason - 1] = '\0'; /* truncated: fine */
+  if (wagma_key_quarantine(&c->keys, a->name, qkey, sizeof qkey) ||
+      wagma_key_agent(&c->keys, a->name, akey, sizeof akey) || wagma_quarantine_to_json(&q, &json))
+    goto out;
+  wagma_etcd_cmp_t cmps[3] = {
+      fence(p),
+      {.key = akey,
+       .target = WAGMA_ETCD_CMP_CREATE,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = a->create_rev},
+      {.key = qkey,
+       .target = old ? WAGMA_ETCD_CMP_MOD : WAGMA_ETCD_CMP_VERSION,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = old ? old->mod : 0},
+  };
+  wagma_etcd_op_t put = {
+      .type = WAGMA_ETCD_OP_PUT, .key = qkey, .value = json, .value_len = strlen(json)};
+  if (txn(p, cmps, 3, &put, 1, "quarantine agent") == 0) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_WARN,
+            "agent %s quarantined for %d s (or until it registers again): %s", a->name,
+            c->quarantine_s, q.reason);
+    a->quarantined = 1;
+  }
+out:
+  free(json);
+}
+
+/* Quarantines the agents whose refusal of a job another agent ran (leader only; once per
+ * refusal), and deletes the quarantine records that no longer apply. */
+static void reconcile_quarantine(pass_t *p) {
+  snapshot_t *s = p->s;
+  double now = wg_wall();
+  for (size_t i = 0; i < s->njobs && !p->abort && p->c->quarantine_s > 0; i++) {
+    const wg_job_record_t *j = &s->jobs[i];
+    for (int k = 0; k < j->nprogress; k++) {
+      const wg_progress_entry_t *pe = &j->progress[k];
+      agent_rec_t *a = wg_snapshot_agent(s, pe->agent);
+      if (!a || a->quarantined || refusal(j, a) != pe || !ran_without(j, pe))
+        continue;
+      quarantine_rec_t *q = find_quarantine(s, a->name);
+      if (q && q->q.registration == a->create_rev && q->q.refusal == pe->mod &&
+          strcmp(q->q.job, j->id) == 0)
+        continue; /* this refusal's quarantine is over */
+      quarantine(p, a, j->id, pe);
+    }
+  }
+  for (size_t i = 0; i < s->nquarantines && !p->abort; i++) {
+    quarantine_rec_t *q = &s->quarantines[i];
+    agent_rec_t *a = wg_snapshot_agent(s, q->agent);
+    char key[256];
+    if (q->q.registration && (a ? a->create_rev == q->q.registration : now < q->q.until))
+      continue; /* the agent's current registration, or an agent away whose quarantine runs */
+    if (wagma_key_quarantine(&p->c->keys, q->agent, key, sizeof key))
+      continue;
+    wagma_etcd_cmp_t cmps[2] = {
+        fence(p),
+        {.key = key, .target = WAGMA_ETCD_CMP_MOD, .result = WAGMA_ETCD_EQUAL, .number = q->mod}};
+    wagma_etcd_op_t del = {.type = WAGMA_ETCD_OP_DELETE, .key = key};
+    if (txn(p, cmps, 2, &del, 1, "drop quarantine record") == 0 && a)
+      wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
+              "agent %s registered again: its quarantine ends", q->agent);
+  }
+}
+
+/* The job fails when agents refused it and none ran it: MAX_REFUSALS of them, or every
+ * registered agent of its device (each refused it or is quarantined). 1 with reason set. */
+static int refused_by_all(snapshot_t *s, const wg_job_record_t *j, char *reason, size_t len) {
+  int refusals = 0, servable = 0;
+  for (int i = 0; i < j->nprogress; i++) {
+    const wagma_progress_t *pr = &j->progress[i].progress;
+    if (pr->state == WAGMA_PROGRESS_RUNNING || pr->state == WAGMA_PROGRESS_DONE)
+      return 0; /* it ran */
+    refusals += pr->state == WAGMA_PROGRESS_UNAVAILABLE;
+  }
+  if (refusals == 0)
+    return 0;
+  for (size_t i = 0; i < s->nagents; i++)
+    servable += eligible(j, &s->agents[i]);
+  if (refusals < MAX_REFUSALS && servable > 0)
+    return 0;
+  /* "3 agents cannot serve it and none ran it (a, b, c); a: <why>" */
+  const wg_progress_entry_t *first = NULL;
+  int n = snprintf(reason, len, "%d agent%s cannot serve it and none ran it (", refusals,
+                   refusals > 1 ? "s" : "");
+  for (int i = 0; i < j->nprogress && n > 0 && (size_t)n < len; i++) {
+    const wg_progress_entry_t *pe = &j->progress[i];
+    if (pe->progress.state != WAGMA_PROGRESS_UNAVAILABLE)
+      continue;
+    n += snprintf(reason + n, len - (size_t)n, "%s%s", first ? ", " : "", pe->agent);
+    first = first ? first : pe;
+  }
+  if (n > 0 && (size_t)n < len && first &&
+      snprintf(reason + n, len - (size_t)n, "); %s: %s", first->agent,
+               first->progress.error[0] ? first->progress.error : "no detail") < 0)
+    reason[n] = '\0';
+  return 1;
+}
+
 static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   snapshot_t *s = p->s;
   char(*names)[WAGMA_API_NAME_MAX] = NULL;
@@ -270,6 +451,11 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     ncur = 0; /* a pending job has no live membership, even if an old plan exists */
 
   /* Completion and failure, from the members' progress. */
+  if (refused_by_all(s, j, reason, sizeof reason)) {
+    if (p->leader)
+      finish_job(p, j, WAGMA_JOB_FAILED, reason);
+    goto out;
+  }
   int done = 0;
   for (int r = 0; r < ncur; r++) {
     const wagma_progress_t *pr = find_progress(j, names[r]);
@@ -301,7 +487,8 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   int n = 0, survivors = 0;
   for (int r = 0; r < ncur && n < target; r++) {
     agent_rec_t *a = wg_snapshot_agent(s, names[r]);
-    if (a && strcmp(a->info.address, addrs[r]) == 0) { /* same registration address */
+    /* same registration address, and it did not say it cannot serve the job */
+    if (a && strcmp(a->info.address, addrs[r]) == 0 && !refusal(j, a)) {
       next[n++] = a;
       a->busy = 1;
     }
@@ -309,12 +496,13 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   survivors = n;
   int nfree = 0;
   for (size_t i = 0; i < s->nagents; i++)
-    nfree += !s->agents[i].busy && device_ok(j, &s->agents[i]);
+    nfree += !s->agents[i].busy && eligible(j, &s->agents[i]);
   if (survivors == 0 && nfree < j->spec.min_workers) {
     /* Cannot start (or restart): stay or become pending. */
     /* Constant per job (no free count): pending jobs are not rewritten at every pass. */
     snprintf(reason, sizeof reason, "waiting for %d free %s agents", j->spec.min_workers,
              wagma_device_name(j->spec.device));
+    append_refusal(s, j, reason, sizeof reason);
     if (p->leader && (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
                       strcmp(j->status.reason, reason) != 0)) {
       wagma_job_status_t st = j->status;
@@ -329,7 +517,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   }
   for (size_t i = 0; i < s->nagents && n < target; i++) {
     agent_rec_t *a = &s->agents[i];
-    if (a->busy || !device_ok(j, a))
+    if (a->busy || !eligible(j, a))
       continue;
     a->busy = 1;
     joiner[n] = survivors > 0;
@@ -418,6 +606,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
              target);
   else
     st.reason[0] = '\0';
+  append_refusal(s, j, st.reason, sizeof st.reason);
   e = write_job(p, j, &st, plan_json, record_json, "publish plan");
   if (e == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
@@ -505,6 +694,8 @@ static void reconcile(wg_scheduler_t *sch) {
         a->busy = 1;
     }
   }
+  if (p.leader)
+    reconcile_quarantine(&p);
   qsort(s.jobs, s.njobs, sizeof *s.jobs, cmp_created);
   for (size_t i = 0; i < s.njobs && !p.abort; i++) {
     wg_job_record_t *j = &s.jobs[i];
@@ -538,14 +729,15 @@ static void reconcile(wg_scheduler_t *sch) {
 /* ---- thread and watch ---------------------------------------------------------------------- */
 
 /* Progress reports (about one per agent per second) only matter to the scheduler when they
- * signal completion or failure; the others wait for the periodic pass, so a large job does
- * not make the scheduler re-read the tree continuously. */
+ * signal completion, failure or an agent that cannot serve its job; the others wait for the
+ * periodic pass, so a large job does not make the scheduler re-read the tree continuously. */
 static int event_matters(wg_scheduler_t *s, const wagma_etcd_event_t *ev) {
   if (wagma_key_parse(&s->c->keys, ev->kv.key, ev->kv.key_len, NULL, NULL) !=
           WAGMA_KEY_JOB_PROGRESS ||
       ev->type != WAGMA_ETCD_EVENT_PUT)
     return 1;
-  return ev->kv.value && (strstr(ev->kv.value, "done") || strstr(ev->kv.value, "failed"));
+  return ev->kv.value && (strstr(ev->kv.value, "done") || strstr(ev->kv.value, "failed") ||
+                          strstr(ev->kv.value, "unavailable"));
 }
 
 static void on_watch(void *user, int status, const wagma_etcd_event_t *events, size_t n,

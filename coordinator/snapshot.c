@@ -1,6 +1,7 @@
 /* coordinator/snapshot.c — the scheduler's view of the cluster: one Range over <prefix>/
- * (a consistent snapshot at one revision) split into agents, assignments and job records,
- * plus the rendering of the cluster gauges for /metrics. No threads, no state. */
+ * (a consistent snapshot at one revision) split into agents, assignments, job records and
+ * quarantine records, plus the rendering of the cluster gauges for /metrics. No threads, no
+ * state. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@ void wg_snapshot_free(snapshot_t *s) {
   free(s->jobs);
   free(s->agents);
   free(s->assigns);
+  free(s->quarantines);
   memset(s, 0, sizeof *s);
 }
 
@@ -31,7 +33,8 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
   s->agents = calloc(range.n + 1, sizeof *s->agents);
   s->assigns = calloc(range.n + 1, sizeof *s->assigns);
   s->jobs = calloc(range.n + 1, sizeof *s->jobs);
-  if (!s->agents || !s->assigns || !s->jobs) {
+  s->quarantines = calloc(range.n + 1, sizeof *s->quarantines);
+  if (!s->agents || !s->assigns || !s->jobs || !s->quarantines) {
     e = WAGMA_ENOMEM;
     goto out;
   }
@@ -60,6 +63,13 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
       a->mod = kv->mod_revision;
       s->nassigns++;
       i++;
+    } else if (kind == WAGMA_KEY_QUARANTINE) {
+      quarantine_rec_t *q = &s->quarantines[s->nquarantines++];
+      if (wagma_quarantine_from_json(kv->value, kv->value_len, &q->q, &err) != 0)
+        memset(&q->q, 0, sizeof q->q); /* undecodable: stale, deleted */
+      snprintf(q->agent, sizeof q->agent, "%s", agent);
+      q->mod = kv->mod_revision;
+      i++;
     } else if (job[0]) {
       size_t j = i + 1;
       while (j < range.n) {
@@ -79,6 +89,12 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
     } else {
       i++;
     }
+  }
+  double now = wg_wall();
+  for (size_t k = 0; k < s->nquarantines; k++) {
+    agent_rec_t *a = wg_snapshot_agent(s, s->quarantines[k].agent);
+    if (a && s->quarantines[k].q.registration == a->create_rev && now < s->quarantines[k].q.until)
+      a->quarantined = 1;
   }
 out:
   wagma_etcd_range_free(&range);
@@ -131,14 +147,16 @@ char *wg_snapshot_render(const snapshot_t *s) {
   char *b = malloc(cap);
   size_t len = 0;
   int counts[5] = {0};
-  size_t busy = 0;
+  size_t busy = 0, quarantined = 0;
   if (!b)
     return NULL;
   for (size_t i = 0; i < s->njobs; i++)
     if ((int)s->jobs[i].status.state >= 0 && s->jobs[i].status.state <= WAGMA_JOB_STOPPED)
       counts[s->jobs[i].status.state]++;
-  for (size_t i = 0; i < s->nagents; i++)
+  for (size_t i = 0; i < s->nagents; i++) {
     busy += s->agents[i].busy != 0;
+    quarantined += s->agents[i].quarantined != 0;
+  }
 #define OUT(...)                                                                                   \
   do {                                                                                             \
     int w_ = snprintf(b + len, cap - len, __VA_ARGS__);                                            \
@@ -155,6 +173,9 @@ char *wg_snapshot_render(const snapshot_t *s) {
   OUT("# HELP wagma_agents_free Agents not in an active job\n# TYPE wagma_agents_free gauge\n"
       "wagma_agents_free %zu\n",
       s->nagents - busy);
+  OUT("# HELP wagma_agents_quarantined Agents the scheduler does not assign (quarantined)\n"
+      "# TYPE wagma_agents_quarantined gauge\nwagma_agents_quarantined %zu\n",
+      quarantined);
   OUT("# HELP wagma_plan_epoch Current plan epoch per job\n# TYPE wagma_plan_epoch gauge\n");
   for (size_t i = 0; i < s->njobs; i++)
     OUT("wagma_plan_epoch{job=\"%s\"} %llu\n", s->jobs[i].id,

@@ -1,5 +1,6 @@
 /* coordinator/snapshot.h — private to the scheduler: one consistent read of the whole key
- * tree (agents, assignments, jobs) at one etcd revision, and its rendering for /metrics. */
+ * tree (agents, assignments, jobs, quarantine records) at one etcd revision, and its
+ * rendering for /metrics. */
 #ifndef WAGMA_COORD_SNAPSHOT_H
 #define WAGMA_COORD_SNAPSHOT_H
 
@@ -9,8 +10,10 @@ typedef struct agent_rec {
   char name[WAGMA_API_NAME_MAX];
   wagma_agent_info_t info;
   int64_t create_rev;
-  int busy;    /* member of an active job (snapshot), or taken in this pass */
-  int touched; /* assignment written in this pass */
+  int busy;        /* member of an active job (snapshot), or taken in this pass */
+  int touched;     /* assignment written in this pass */
+  int quarantined; /* a quarantine record names this registration (create_rev) and its until
+                      has not passed: not assigned */
 } agent_rec_t;
 
 typedef struct assign_rec {
@@ -19,6 +22,12 @@ typedef struct assign_rec {
   int64_t mod;
 } assign_rec_t;
 
+typedef struct quarantine_rec {
+  char agent[WAGMA_API_NAME_MAX];
+  wagma_quarantine_t q; /* registration 0 when it did not decode */
+  int64_t mod;
+} quarantine_rec_t;
+
 typedef struct snapshot {
   agent_rec_t *agents;
   size_t nagents;
@@ -26,11 +35,14 @@ typedef struct snapshot {
   size_t nassigns;
   wg_job_record_t *jobs;
   size_t njobs;
+  quarantine_rec_t *quarantines;
+  size_t nquarantines;
   int64_t revision;
 } snapshot_t;
 
 /* Reads everything under <prefix>/ with one Range. Ownership: *s is the caller's
- * (wg_snapshot_free). Records that do not decode are skipped (assignments kept as stale). */
+ * (wg_snapshot_free). Records that do not decode are skipped (assignments and quarantine
+ * records kept as stale). Marks the agents whose current registration is quarantined. */
 int wg_snapshot_load(wg_coord_t *c, snapshot_t *s);
 void wg_snapshot_free(snapshot_t *s);
 /* Binary searches (etcd returns keys sorted); NULL when absent. */

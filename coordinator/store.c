@@ -82,6 +82,7 @@ int wg_job_record_from_kvs(wg_coord_t *c, const char *id, const wagma_etcd_kv_t 
       wg_progress_entry_t *pe = &rec->progress[rec->nprogress];
       if (wagma_progress_from_json(kv->value, kv->value_len, &pe->progress, &err) == 0) {
         snprintf(pe->agent, sizeof pe->agent, "%s", agent);
+        pe->mod = kv->mod_revision;
         rec->nprogress++;
       } else {
         wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "%s: bad progress (%s: %s)", kv->key,

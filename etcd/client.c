@@ -29,6 +29,7 @@
  * sets `failing`; the next success of any call or watch (wg_etcd_set_preferred) clears it
  * and kicks the handle's keepalives (lease.c) into an immediate refresh, so a lease is
  * refreshed as soon as etcd serves anyone again, not at the keepalive's next retry. */
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -195,11 +196,82 @@ void wg_etcd_note_failure(wagma_etcd_t *etcd) {
   pthread_mutex_unlock(&etcd->lock);
 }
 
-/* Splits "a,b,c" into trimmed host:port strings (scheme prefixes dropped). Allocates
- * etcd->endpoints. */
-static int parse_endpoints(wagma_etcd_t *etcd, const char *list) {
+/* ---- endpoints ---------------------------------------------------------------------- */
+
+/* Checks one endpoint, [p, p + len) with blanks, a trailing '/' and "http://" already cut:
+ * HOST:PORT with HOST a name or IPv4 address ([A-Za-z0-9._-]) or a bracketed IPv6 address,
+ * PORT 1..65535 in decimal. 0 or WAGMA_EINVAL with why in err. */
+static int check_endpoint(const char *p, size_t len, char *err, size_t err_len) {
+  const char *colon = NULL;
+  size_t hlen;
+  for (size_t i = 0; i + 3 <= len; i++)
+    if (memcmp(p + i, "://", 3) == 0) {
+      snprintf(err, err_len, "only plain http:// endpoints are supported");
+      return WAGMA_EINVAL;
+    }
+  for (size_t i = len; i-- > 0;)
+    if (p[i] == ':') {
+      colon = p + i;
+      break;
+    }
+  if (colon == NULL) {
+    snprintf(err, err_len, "must be HOST:PORT");
+    return WAGMA_EINVAL;
+  }
+  hlen = (size_t)(colon - p);
+  if (hlen == 0) {
+    snprintf(err, err_len, "empty host");
+    return WAGMA_EINVAL;
+  }
+  if (p[0] == '[') {
+    if (hlen < 3 || p[hlen - 1] != ']') {
+      snprintf(err, err_len, "bad IPv6 host (want [ADDRESS]:PORT)");
+      return WAGMA_EINVAL;
+    }
+    for (size_t i = 1; i + 1 < hlen; i++)
+      if (!isxdigit((unsigned char)p[i]) && p[i] != ':' && p[i] != '.') {
+        snprintf(err, err_len, "bad IPv6 host");
+        return WAGMA_EINVAL;
+      }
+  } else {
+    for (size_t i = 0; i < hlen; i++)
+      if (!isalnum((unsigned char)p[i]) && p[i] != '.' && p[i] != '-' && p[i] != '_') {
+        snprintf(err, err_len, "bad character in host (a name or an IPv4 address; IPv6 in [])");
+        return WAGMA_EINVAL;
+      }
+  }
+  const char *port = colon + 1;
+  size_t plen = len - hlen - 1;
+  long value = 0;
+  if (plen == 0 || plen > 5) {
+    snprintf(err, err_len, plen ? "port must be 1..65535" : "empty port");
+    return WAGMA_EINVAL;
+  }
+  for (size_t i = 0; i < plen; i++) {
+    if (!isdigit((unsigned char)port[i])) {
+      snprintf(err, err_len, "port must be a number in 1..65535");
+      return WAGMA_EINVAL;
+    }
+    value = value * 10 + (port[i] - '0');
+  }
+  if (value < 1 || value > 65535) {
+    snprintf(err, err_len, "port must be 1..65535");
+    return WAGMA_EINVAL;
+  }
+  return 0;
+}
+
+/* Walks "a,b,c": each entry trimmed of blanks and a trailing '/', "http://" dropped, empty
+ * entries skipped, every other one checked. With etcd non-NULL the entries are copied into
+ * etcd->endpoints. 0, WAGMA_EINVAL (err says which entry and why) or WAGMA_ENOMEM. */
+static int walk_endpoints(wagma_etcd_t *etcd, const char *list, char *err, size_t err_len) {
   const char *p = list;
-  size_t capacity = 0;
+  size_t capacity = 0, count = 0;
+  char why[128];
+  if (list == NULL) {
+    snprintf(err, err_len, "no endpoints");
+    return WAGMA_EINVAL;
+  }
   while (*p != '\0') {
     const char *end = strchr(p, ',');
     size_t len = end == NULL ? strlen(p) : (size_t)(end - p);
@@ -209,7 +281,12 @@ static int parse_endpoints(wagma_etcd_t *etcd, const char *list) {
       len--;
     if (len > 7 && strncmp(p, "http://", 7) == 0)
       p += 7, len -= 7;
-    if (len > 0) {
+    if (len > 0 && check_endpoint(p, len, why, sizeof why) != 0) {
+      snprintf(err, err_len, "endpoint '%.*s': %s", (int)(len > 96 ? 96 : len), p, why);
+      return WAGMA_EINVAL;
+    }
+    count += len > 0;
+    if (len > 0 && etcd != NULL) {
       if (etcd->n_endpoints == capacity) {
         size_t grow = capacity == 0 ? 4 : capacity * 2;
         char **bigger = realloc(etcd->endpoints, grow * sizeof *bigger);
@@ -227,7 +304,21 @@ static int parse_endpoints(wagma_etcd_t *etcd, const char *list) {
       break;
     p = end + 1;
   }
-  return etcd->n_endpoints > 0 ? 0 : WAGMA_EINVAL;
+  if (count == 0) {
+    snprintf(err, err_len, "no endpoints");
+    return WAGMA_EINVAL;
+  }
+  return 0;
+}
+
+int wagma_etcd_endpoints_check(const char *endpoints, char *err, size_t err_len) {
+  char scratch[1];
+  if (err == NULL || err_len == 0) {
+    err = scratch;
+    err_len = sizeof scratch;
+  }
+  err[0] = '\0';
+  return walk_endpoints(NULL, endpoints, err, err_len);
 }
 
 int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
@@ -257,7 +348,8 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
     goto out;
   }
   key_made = 1;
-  rc = parse_endpoints(etcd, options->endpoints);
+  char why[256];
+  rc = walk_endpoints(etcd, options->endpoints, why, sizeof why);
   if (rc != 0)
     goto out;
   etcd->channels = calloc(etcd->n_endpoints, sizeof *etcd->channels);

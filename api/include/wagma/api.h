@@ -16,8 +16,11 @@
  *   <prefix>/jobs/<job>/plan             the averaging plan (coordinator; collective.h codec)
  *   <prefix>/jobs/<job>/plans/<epoch>    what each epoch's plan was (coordinator; the last
  *                                        WAGMA_API_PLAN_HISTORY epochs; epoch zero-padded)
- *   <prefix>/jobs/<job>/progress/<agent> progress, state "running" | "done" | "failed" (agent)
+ *   <prefix>/jobs/<job>/progress/<agent> progress, state "running" | "done" | "failed" |
+ *                                        "unavailable" (agent)
  *   <prefix>/jobs/<job>/checkpoint       the last checkpoint (agent rank 0)
+ *   <prefix>/quarantine/<agent>          an agent the scheduler does not assign until a time
+ *                                        (coordinator)
  *   <prefix>/coordinator/leader          the leading coordinator, leased */
 #ifndef WAGMA_API_H
 #define WAGMA_API_H
@@ -212,6 +215,9 @@ typedef enum wagma_progress_state {
   WAGMA_PROGRESS_RUNNING = 0,
   WAGMA_PROGRESS_DONE,   /* reached the job's iterations (or epochs): completion signal */
   WAGMA_PROGRESS_FAILED, /* cannot continue (error holds why): the job fails */
+  /* this agent cannot serve the job (error holds why: its data set, its --listen address):
+   * the coordinator replans the job without it and may quarantine the agent */
+  WAGMA_PROGRESS_UNAVAILABLE,
 } wagma_progress_state_t;
 
 const char *wagma_progress_state_name(wagma_progress_state_t s);
@@ -238,7 +244,7 @@ typedef struct wagma_progress {
   uint64_t rounds_left_out;
   uint64_t rounds_skipped;
   double time;                      /* unix seconds of this report */
-  char error[WAGMA_API_REASON_MAX]; /* with state failed */
+  char error[WAGMA_API_REASON_MAX]; /* with state failed or unavailable */
 } wagma_progress_t;
 
 void wagma_progress_init(wagma_progress_t *p);
@@ -327,6 +333,30 @@ int wagma_assignment_from_json(const char *json, size_t len, wagma_assignment_t 
                                wagma_api_error_t *err);
 
 /* ------------------------------------------------------------------------------------------
+ * Quarantine record (written by the leading coordinator to <prefix>/quarantine/<agent>): the
+ * scheduler assigns no job to the agent while the record names the agent's current
+ * registration (the create revision of <prefix>/agents/<agent>) and its `until` has not
+ * passed; a new registration (the agent restarted) ends it at once. The record stays after
+ * `until` (so that the same refusal does not quarantine the agent again) until the agent
+ * registers anew, or, for an agent that is gone, until the scheduler deletes it.
+ * ---------------------------------------------------------------------------------------- */
+
+typedef struct wagma_quarantine {
+  char reason[WAGMA_API_REASON_MAX]; /* why, e.g. "job j: setup failed: ..." */
+  char job[WAGMA_API_NAME_MAX];      /* the job the agent could not serve, "" = none */
+  double since, until;               /* unix seconds, coordinator's clock */
+  int64_t registration;              /* create revision of the agent key it applies to (> 0) */
+  int64_t refusal; /* mod revision of the agent's "unavailable" progress in job (0 = none) */
+} wagma_quarantine_t;
+
+json_t *wagma_quarantine_to_value(const wagma_quarantine_t *q);
+/* Ownership: the caller frees *json. */
+int wagma_quarantine_to_json(const wagma_quarantine_t *q, char **json);
+/* Required: registration (> 0). Unknown fields are ignored. */
+int wagma_quarantine_from_json(const char *json, size_t len, wagma_quarantine_t *q,
+                               wagma_api_error_t *err);
+
+/* ------------------------------------------------------------------------------------------
  * REST error body: {"error":{"code":"...","message":"...","field":"..."}}
  * ---------------------------------------------------------------------------------------- */
 
@@ -365,6 +395,9 @@ int wagma_key_job_progress_prefix(const wagma_keys_t *k, const char *job, char *
 int wagma_key_job_progress(const wagma_keys_t *k, const char *job, const char *agent, char *buf,
                            size_t len);
 int wagma_key_leader(const wagma_keys_t *k, char *buf, size_t len);
+int wagma_key_quarantine(const wagma_keys_t *k, const char *agent, char *buf, size_t len);
+/* ".../quarantine/" */
+int wagma_key_quarantine_prefix(const wagma_keys_t *k, char *buf, size_t len);
 /* The whole tree: "<prefix>/". */
 int wagma_key_root(const wagma_keys_t *k, char *buf, size_t len);
 
@@ -379,6 +412,7 @@ typedef enum wagma_key_kind {
   WAGMA_KEY_JOB_CHECKPOINT,
   WAGMA_KEY_LEADER,
   WAGMA_KEY_JOB_PLAN_RECORD, /* .../jobs/<job>/plans/<20 digits> */
+  WAGMA_KEY_QUARANTINE,      /* .../quarantine/<agent> */
 } wagma_key_kind_t;
 
 /* Classifies a key (not NUL-terminated, len bytes). Fills job and agent (each

@@ -50,8 +50,16 @@ typedef struct wagma_etcd_options {
 } wagma_etcd_options_t;
 
 /* Creates a handle. Does not contact etcd (channels connect lazily); use
- * wagma_etcd_ping() to check reachability. Caller owns *out; free with wagma_etcd_close(). */
+ * wagma_etcd_ping() to check reachability. WAGMA_EINVAL when an endpoint is malformed (see
+ * wagma_etcd_endpoints_check). Caller owns *out; free with wagma_etcd_close(). */
 int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out);
+
+/* Checks an endpoint list without opening anything: comma separated HOST:PORT entries (an
+ * optional "http://" and a trailing '/' are ignored, blank entries skipped, at least one
+ * needed), HOST a name or IPv4 address of [A-Za-z0-9._-] or a bracketed IPv6 address, PORT
+ * decimal in 1..65535; other schemes are refused. Returns 0, or WAGMA_EINVAL with the entry
+ * and the reason in err (err_len bytes, may be 0). Pure; thread-safe. */
+int wagma_etcd_endpoints_check(const char *endpoints, char *err, size_t err_len);
 
 /* Frees the handle. Every watch, keepalive and election of the handle must have been
  * stopped / closed first. NULL is a no-op. */

@@ -34,6 +34,7 @@ static int start_agent(cluster_t *c, int i, const char *const *extra) {
     return -1;
   snprintf(c->agent_name[i], sizeof c->agent_name[i], "agent-%d", i);
   snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  c->agent_port[i] = port;
   snprintf(log, sizeof log, "%s/agent-%d.log", c->dir, i);
   argv[n++] = bin;
   argv[n++] = "--etcd";
@@ -52,6 +53,11 @@ static int start_agent(cluster_t *c, int i, const char *const *extra) {
 }
 
 int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
+  return cluster_start_with(c, nagents, agent_args, NULL);
+}
+
+int cluster_start_with(cluster_t *c, int nagents, const char *const *agent_args,
+                       const char *const *coordinator_args) {
   char log[320];
   memset(c, 0, sizeof *c);
   c->agent_args = agent_args;
@@ -67,8 +73,10 @@ int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
   if (etcd_fixture_start(1, &c->etcd) != 0)
     return -1;
   snprintf(log, sizeof log, "%s/coordinator.log", c->dir);
-  coordinator_options_t o = {
-      .endpoints = etcd_fixture_endpoints(c->etcd), .lease_ttl = 3, .log = log};
+  coordinator_options_t o = {.endpoints = etcd_fixture_endpoints(c->etcd),
+                             .lease_ttl = 3,
+                             .log = log,
+                             .extra = coordinator_args};
   if (coordinator_process_start(&o, &c->coordinator) != 0)
     return -1;
   snprintf(c->api, sizeof c->api, "%s", c->coordinator.base);
@@ -106,6 +114,36 @@ int cluster_add_agent(cluster_t *c, const char *const *extra) {
     return -1;
   c->nagents++;
   return i;
+}
+
+int cluster_restart_agent(cluster_t *c, int i, const char *const *extra) {
+  if (i < 0 || i >= c->nagents)
+    return -1;
+  if (c->agent[i] > 0)
+    stop_pid(c->agent[i]);
+  c->agent[i] = 0;
+  return start_agent(c, i, extra);
+}
+
+json_t *cluster_agent_get(const cluster_t *c, const char *name) {
+  long st = 0;
+  char *body = NULL;
+  json_t *found = NULL, *a;
+  size_t i;
+  if (cluster_http(c, "GET", "/v1/agents", NULL, &st, &body) != 0 || st != 200) {
+    free(body);
+    return NULL;
+  }
+  json_t *o = json_loads(body, 0, NULL);
+  free(body);
+  json_array_foreach(json_object_get(o, "agents"), i, a) {
+    if (strcmp(json_string_value(json_object_get(a, "name")) ?: "", name) == 0) {
+      found = json_incref(a);
+      break;
+    }
+  }
+  json_decref(o);
+  return found;
 }
 
 void cluster_stop(cluster_t *c) {
@@ -201,6 +239,8 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
   json_t *status = json_object_get(o, "status");
   snprintf(v->state, sizeof v->state, "%s",
            json_string_value(json_object_get(status, "state")) ?: "");
+  snprintf(v->reason, sizeof v->reason, "%s",
+           json_string_value(json_object_get(status, "reason")) ?: "");
   v->epoch = uint_of(status, "epoch");
   v->iteration = uint_of(status, "iteration");
   json_t *members = json_object_get(o, "members"), *m;
@@ -215,6 +255,8 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
       jm->has_progress = 1;
       snprintf(jm->state, sizeof jm->state, "%s",
                json_string_value(json_object_get(p, "state")) ?: "");
+      snprintf(jm->error, sizeof jm->error, "%s",
+               json_string_value(json_object_get(p, "error")) ?: "");
       jm->iteration = uint_of(p, "iteration");
       jm->epoch = uint_of(p, "epoch");
       jm->loss = num_of(p, "loss");

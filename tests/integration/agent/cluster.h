@@ -25,12 +25,16 @@ typedef struct cluster {
   int nagents;
   pid_t agent[CLUSTER_MAX_AGENTS];
   char agent_name[CLUSTER_MAX_AGENTS][32];
-  const char *const *agent_args; /* extra flags of every agent (NULL-terminated) */
+  int agent_port[CLUSTER_MAX_AGENTS]; /* the port of its --listen 127.0.0.1:<port> */
+  const char *const *agent_args;      /* extra flags of every agent (NULL-terminated) */
 } cluster_t;
 
 /* Starts etcd, the coordinator and nagents agents (agent-0 ...), each with agent_args (may be
  * NULL) plus its own extra[i] flags (extra may be NULL). Waits until all agents registered. */
 int cluster_start(cluster_t *c, int nagents, const char *const *agent_args);
+/* cluster_start with extra flags of the coordinator (NULL-terminated, may be NULL). */
+int cluster_start_with(cluster_t *c, int nagents, const char *const *agent_args,
+                       const char *const *coordinator_args);
 /* cmocka group setup / teardown: one static cluster of nagents agents with agent_args (logs
  * dumped when it fails to start); *state becomes the cluster. */
 int cluster_group_setup(void **state, int nagents, const char *const *agent_args);
@@ -38,6 +42,11 @@ int cluster_group_teardown(void **state);
 /* Starts one more agent (agent-<n>) with extra flags (NULL-terminated, may be NULL); returns
  * its index or -1. */
 int cluster_add_agent(cluster_t *c, const char *const *extra);
+/* Stops agent i (SIGTERM) if it runs and starts it again under the same name, on a new port,
+ * with extra flags (NULL-terminated, may be NULL); 0 or -1. */
+int cluster_restart_agent(cluster_t *c, int i, const char *const *extra);
+/* The entry of agent name in GET /v1/agents, or NULL. Ownership: the caller json_decref's it. */
+json_t *cluster_agent_get(const cluster_t *c, const char *name);
 /* Stops every process (SIGTERM, then SIGKILL after a grace period), removes the temp dir. */
 void cluster_stop(cluster_t *c);
 void cluster_dump_logs(const cluster_t *c);
@@ -66,10 +75,12 @@ typedef struct job_member {
   int group[JOB_MEMBER_GROUP_MAX];
   int nfingerprint; /* the final report's parameter fingerprint */
   double fingerprint[JOB_MEMBER_FINGERPRINT_MAX];
+  char error[256]; /* progress "error" */
 } job_member_t;
 
 typedef struct job_view {
   char state[16];
+  char reason[256];
   uint64_t epoch, iteration;
   int nmembers;
   job_member_t members[CLUSTER_MAX_AGENTS];
