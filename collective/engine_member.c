@@ -166,8 +166,17 @@ static void defer(wagma_comm_t *c, uint64_t round, uint32_t group, int leader, d
 }
 
 void wg_member_activated(wagma_comm_t *c, uint64_t round, uint32_t group, int leader) {
-  if (c->stopping || round < atomic_load(&c->cur_round) || wg_member_entry(c, round))
-    return; /* passed, or contributed already */
+  if (c->stopping)
+    return;
+  wg_entry_t *e = wg_member_entry(c, round);
+  if (e && e->leader == leader)
+    return; /* my contribution is with this leader already */
+  if (e || round < atomic_load(&c->cur_round)) {
+    /* Contributed elsewhere, or passed the round (maybe declined it before this leader
+     * opened it, and a DECLINE to a round not open yet is not kept): don't wait for me. */
+    wg_member_decline(c, round, group, leader);
+    return;
+  }
   int global = wg_engine_is_global(c, round);
   if (c->snap.front < 0) {
     /* Still computing my first round. A global round must not leave me out (I would have to
