@@ -147,16 +147,20 @@ int wg_shared_stopping(wg_shared_t *s);
 /* ---- control thread (registry.c) --------------------------------------------------------- */
 
 typedef struct wg_control wg_control_t;
-/* Opens etcd, waits for it (up to opt->etcd_startup_timeout_s), registers and starts the
- * control thread (which registers again whenever the lease is lost, retrying while etcd is
- * down). The registration creates <prefix>/agents/<name> only if it is absent (one Txn): when
- * another process holds the name, its lease is watched for one keepalive period; a lease that
- * is kept alive is a live agent (WAGMA_EEXIST), one that is not (a crashed previous run of
- * this name) is revoked and the name taken. Returns 0, WAGMA_EUNAVAIL (etcd did not answer
- * in time), WAGMA_EEXIST, WAGMA_ECANCELED (SIGINT / SIGTERM came meanwhile) or another
- * error; err (err_len bytes) says why. Ownership: *out is the caller's (wg_control_stop). */
+/* Opens the etcd handle and starts the control thread, which first waits for etcd (up to
+ * opt->etcd_startup_timeout_s) and registers, then follows assignments and plans (and
+ * registers again whenever the lease is lost, retrying while etcd is down). The registration
+ * creates <prefix>/agents/<name> only if it is absent (one Txn): when another process holds
+ * the name, its lease is watched for one keepalive period; a lease that is kept alive is a
+ * live agent (startup fails with WAGMA_EEXIST), one that is not (a crashed previous run of
+ * this name) is revoked and the name taken. Returns 0 or an error with err (err_len bytes)
+ * saying why. Ownership: *out is the caller's (wg_control_stop). */
 int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_control_t **out,
                      char *err, size_t err_len);
+/* The startup's outcome so far: 1 while waiting for etcd or registering, 0 once registered,
+ * or the error that ended it (WAGMA_EUNAVAIL: etcd did not answer in time; WAGMA_EEXIST: the
+ * name is held by a live agent; ...) with why in err. Any thread. */
+int wg_control_state(wg_control_t *c, char *err, size_t err_len);
 /* Revokes the lease (the agent key goes at once), publishes the last progress if any, stops
  * the thread and frees. NULL is a no-op. */
 void wg_control_stop(wg_control_t *c);

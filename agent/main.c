@@ -1,10 +1,12 @@
 /* agent/main.c — wagma-agent: options, logging, signals, start and stop order.
  *
- * Threads: the main thread only waits for SIGINT / SIGTERM (blocked in every thread, taken
- * with sigwait); the control thread (registry.c) talks to etcd; the runner thread (runner.c)
- * trains. On a signal: ask both to stop, revoke the lease first (the coordinator replans at
- * once), then join the runner within a deadline (it aborts its rounds: every wait in it is
- * bounded) and exit. */
+ * Threads: the main thread only waits for SIGINT / SIGTERM (blocked in every thread it
+ * starts, taken with sigtimedwait; a thread started before main, e.g. OpenBLAS's, may take
+ * one through a handler that only records it) and watches the control thread's startup; the
+ * control thread (registry.c) talks to etcd; the runner thread (runner.c) trains. On a
+ * signal: ask both to stop, revoke the lease first (the coordinator replans at once), then
+ * join the runner within a deadline (it aborts its rounds: every wait in it is bounded) and
+ * exit. */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -21,6 +23,13 @@
 #include "wagma/log_internal.h"
 
 int wg_agent_log_level = WAGMA_LOG_INFO;
+
+/* SIGINT / SIGTERM taken by a thread other than main's sigtimedwait (a library's thread
+ * created before main blocked them, e.g. OpenBLAS's pool): main sees it at its next tick. */
+static volatile sig_atomic_t g_stop_signal;
+static void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
 
 void wg_sleep_s(double s) {
   if (s <= 0)
@@ -365,21 +374,18 @@ int main(int argc, char **argv) {
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  struct sigaction sa = {.sa_handler = on_stop_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
   wg_shared_init(&shared);
-  {
-    char why[512];
-    int e = wg_control_start(&opt, &shared, &control, why, sizeof why);
-    if (e) {
-      /* exit status: docs/agent.md */
-      rc = e == WAGMA_EUNAVAIL || e == WAGMA_ETIMEDOUT ? 4 : e == WAGMA_EEXIST ? 5 : 1;
-      if (e == WAGMA_ECANCELED)
-        rc = 0;
-      fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
-      goto out;
-    }
+  char why[512];
+  if (wg_control_start(&opt, &shared, &control, why, sizeof why) != 0) {
+    fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
+    goto out;
   }
   if (wg_runner_start(&opt, &shared, &runner) != 0)
     goto out;
@@ -387,11 +393,26 @@ int main(int argc, char **argv) {
           "started: pid %d, listen %s, etcd %s, prefix %s, slow factor %.2f, sleep %.2f x %.0f ms",
           (int)getpid(), opt.listen, opt.endpoints, opt.prefix, opt.slow_factor, opt.sleep_prob,
           opt.sleep_ms);
+  /* The main thread stays in sigtimedwait (so that it, not a thread of a library that was
+   * started with signals unblocked, takes SIGINT / SIGTERM) and watches the startup: etcd
+   * unreachable for --etcd-startup-timeout, or the name held by a live agent, ends the
+   * process with its exit status (docs/agent.md). */
+  int starting = 1;
   for (;;) {
-    int sig = 0;
-    if (sigwait(&sigs, &sig) == 0 && (sig == SIGINT || sig == SIGTERM)) {
+    struct timespec tick = {0, 100 * 1000000L};
+    int sig = sigtimedwait(&sigs, NULL, &tick);
+    if (sig <= 0)
+      sig = g_stop_signal;
+    if (sig == SIGINT || sig == SIGTERM) {
       wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO, "signal %d: leaving", sig);
       break;
+    }
+    if (starting && (starting = wg_control_state(control, why, sizeof why)) < 0) {
+      rc = starting == WAGMA_EUNAVAIL || starting == WAGMA_ETIMEDOUT ? 4
+           : starting == WAGMA_EEXIST                                ? 5
+                                                                     : 1;
+      fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
+      goto out;
     }
   }
   rc = 0;

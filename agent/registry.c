@@ -2,7 +2,7 @@
  *
  * Owns the etcd handle, the lease and its keepalive, the watch on <prefix>/assignments/<me>
  * and the watch on the plan of the job assigned to me. It:
- *  - at startup (wg_control_start, on the main thread, before the control thread exists):
+ *  - at startup (the control thread's first task; the main thread polls wg_control_state):
  *    waits for etcd up to --etcd-startup-timeout, then registers: creates <prefix>/agents/<me>
  *    (address, device, capacity, version, started) under a lease kept alive by the etcd
  *    library, only if the key is absent (one Txn). A name held by another lease is watched
@@ -20,11 +20,10 @@
  * etcd being down never blocks training: only this thread waits on etcd (every call has the
  * handle's deadline), and the runner keeps training on the last plan meanwhile.
  *
- * Threads: the main thread runs wg_control_start (startup wait and first registration); then
- * the control thread; the etcd library's watch / keepalive threads run the callbacks below,
- * which only copy values under c->mu and wake the control thread. */
+ * Threads: the control thread; the etcd library's watch / keepalive threads run the callbacks
+ * below, which only copy values under c->mu and wake the control thread. The startup outcome
+ * (c->startup, c->startup_error) is read by the main thread under c->mu. */
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +52,11 @@ struct wg_control {
   int thread_started;
   double started; /* unix seconds, in the registration */
 
-  pthread_mutex_t mu; /* guards the fields written by callbacks and stop */
+  pthread_mutex_t mu; /* guards the fields written by callbacks, stop and the startup outcome */
   pthread_cond_t cv;
   int stop;
+  int startup; /* 1 while starting, 0 once registered, a negative error when startup failed */
+  char startup_error[512];
   watched_t assign, plan; /* the news of <prefix>/assignments/<me> and of the job's plan */
   atomic_int lease_lost;
 
@@ -190,11 +191,12 @@ out:
   return e;
 }
 
-/* SIGINT or SIGTERM is waiting (the main thread takes them only once started). */
-static int stop_signalled(void) {
-  sigset_t pending;
-  return sigpending(&pending) == 0 &&
-         (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1);
+/* wg_control_stop was called. */
+static int stopping(wg_control_t *c) {
+  pthread_mutex_lock(&c->mu);
+  int stop = c->stop;
+  pthread_mutex_unlock(&c->mu);
+  return stop;
 }
 
 /* Whether a lease is kept alive by some process: its TTL is watched for one keepalive period
@@ -217,13 +219,13 @@ static int lease_alive(wg_control_t *c, int64_t lease) {
     lowest = remaining < lowest ? remaining : lowest;
     if (wg_mono() >= until)
       return 0;
-    if (stop_signalled())
+    if (stopping(c))
       return WAGMA_ECANCELED;
     wg_sleep_s(0.2);
   }
 }
 
-/* The first registration (wg_control_start). A name held by a live agent is refused. */
+/* The first registration (startup). A name held by a live agent is refused. */
 static int register_at_start(wg_control_t *c, char *err, size_t err_len) {
   char key[256];
   wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
@@ -323,17 +325,17 @@ static int wait_for_etcd(wg_control_t *c, char *err, size_t err_len) {
       return 0;
     double now = wg_mono();
     if (e != WAGMA_EUNAVAIL && e != WAGMA_ETIMEDOUT) {
-      snprintf(err, err_len, "etcd %s refused us: %s (%s)", c->opt->endpoints, wagma_strerror(e),
-               wagma_etcd_errmsg(c->etcd));
+      snprintf(err, err_len, "etcd %.200s refused us: %s (%s)", c->opt->endpoints,
+               wagma_strerror(e), wagma_etcd_errmsg(c->etcd));
       return e;
     }
     if (limit > 0 && now - t0 >= limit) {
       snprintf(err, err_len,
-               "etcd %s did not answer within %.0f s (--etcd-startup-timeout): %s; giving up",
+               "etcd %.200s did not answer within %.0f s (--etcd-startup-timeout): %s; giving up",
                c->opt->endpoints, limit, wagma_etcd_errmsg(c->etcd));
       return WAGMA_EUNAVAIL;
     }
-    if (stop_signalled()) {
+    if (stopping(c)) {
       snprintf(err, err_len, "stopped while waiting for etcd");
       return WAGMA_ECANCELED;
     }
@@ -615,8 +617,23 @@ static void publish(wg_control_t *c, int force) {
 
 /* ---- thread ------------------------------------------------------------------------------ */
 
+/* Startup: wait for etcd, register; the outcome goes to c->startup for wg_control_state. */
+static int startup(wg_control_t *c) {
+  char err[sizeof c->startup_error] = "";
+  int e = wait_for_etcd(c, err, sizeof err);
+  if (e == 0)
+    e = register_at_start(c, err, sizeof err);
+  pthread_mutex_lock(&c->mu);
+  c->startup = e;
+  snprintf(c->startup_error, sizeof c->startup_error, "%s", err);
+  pthread_mutex_unlock(&c->mu);
+  return e;
+}
+
 static void *control_main(void *arg) {
   wg_control_t *c = arg;
+  if (startup(c) != 0)
+    return NULL;
   for (;;) {
     pthread_mutex_lock(&c->mu);
     int stop = c->stop;
@@ -671,8 +688,7 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
     snprintf(err, err_len, "cannot open etcd %s: %s", opt->endpoints, wagma_strerror(e));
     goto fail;
   }
-  if ((e = wait_for_etcd(c, err, err_len)) || (e = register_at_start(c, err, err_len)))
-    goto fail;
+  c->startup = 1;
   if (pthread_create(&c->thread, NULL, control_main, c) != 0) {
     snprintf(err, err_len, "cannot start the control thread");
     e = WAGMA_EIO;
@@ -682,15 +698,20 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
   *out = c;
   return 0;
 fail:
-  if (c->keepalive)
-    wagma_etcd_keepalive_stop(c->keepalive);
-  if (c->lease)
-    wagma_etcd_lease_revoke(c->etcd, c->lease);
   wagma_etcd_close(c->etcd);
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
   free(c);
   return e;
+}
+
+int wg_control_state(wg_control_t *c, char *err, size_t err_len) {
+  pthread_mutex_lock(&c->mu);
+  int state = c->startup;
+  if (state < 0)
+    snprintf(err, err_len, "%s", c->startup_error);
+  pthread_mutex_unlock(&c->mu);
+  return state;
 }
 
 void wg_control_stop(wg_control_t *c) {

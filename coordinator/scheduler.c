@@ -75,11 +75,26 @@ struct wg_scheduler {
   wagma_etcd_watch_t *watch; /* scheduler thread only */
 };
 
-static const wagma_progress_t *find_progress(const wg_job_record_t *j, const char *agent) {
-  for (int i = 0; i < j->nprogress; i++)
-    if (strcmp(j->progress[i].agent, agent) == 0)
-      return &j->progress[i].progress;
+/* The progress entry of agent in job j, NULL when none. The entries are in key order, i.e.
+ * sorted by agent name (wg_job_record_from_kvs keeps etcd's order): a binary search, so a
+ * pass stays O(n log n) in the members and agents of a large job. */
+static const wg_progress_entry_t *find_entry(const wg_job_record_t *j, const char *agent) {
+  int lo = 0, hi = j->nprogress;
+  while (lo < hi) {
+    int mid = lo + (hi - lo) / 2, d = strcmp(j->progress[mid].agent, agent);
+    if (d == 0)
+      return &j->progress[mid];
+    if (d < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   return NULL;
+}
+
+static const wagma_progress_t *find_progress(const wg_job_record_t *j, const char *agent) {
+  const wg_progress_entry_t *pe = find_entry(j, agent);
+  return pe ? &pe->progress : NULL;
 }
 
 static int cmp_created(const void *a, const void *b) {
@@ -274,13 +289,9 @@ static int device_ok(const wg_job_record_t *j, const agent_rec_t *a) {
 /* The refusal of job j by agent (its "unavailable" progress) when written by the agent's
  * current registration, else NULL. */
 static const wg_progress_entry_t *refusal(const wg_job_record_t *j, const agent_rec_t *a) {
-  for (int i = 0; a && i < j->nprogress; i++) {
-    const wg_progress_entry_t *pe = &j->progress[i];
-    if (strcmp(pe->agent, a->name) == 0)
-      return pe->progress.state == WAGMA_PROGRESS_UNAVAILABLE && pe->mod > a->create_rev ? pe
-                                                                                         : NULL;
-  }
-  return NULL;
+  const wg_progress_entry_t *pe = a ? find_entry(j, a->name) : NULL;
+  return pe && pe->progress.state == WAGMA_PROGRESS_UNAVAILABLE && pe->mod > a->create_rev ? pe
+                                                                                           : NULL;
 }
 
 /* Some agent other than the one of pe ran job j in pe's epoch or later: the job runs, so a
