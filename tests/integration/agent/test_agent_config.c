@@ -6,7 +6,7 @@
  *    what is wrong, for the agent and the coordinator alike;
  *  - an etcd that does not answer (nothing listens on its port): both give up after
  *    --etcd-startup-timeout (2 s here; each try may take one --etcd-timeout-ms more) with exit
- *    status 4 and a message;
+ *    status 4 and a message; SIGTERM while they wait ends them cleanly (status 0) at once;
  *  - a second agent with the --name of a live one exits with status 5, naming the conflict,
  *    within one keepalive period of the first's lease plus a margin; the first keeps its
  *    registration (same address);
@@ -153,6 +153,41 @@ static void test_unreachable_etcd_gives_up(void **state) {
   unlink(log);
 }
 
+/* SIGTERM while still waiting for etcd at startup: a clean exit (status 0) at once. */
+static void test_stop_while_waiting_for_etcd(void **state) {
+  (void)state;
+  char log[256], etcd[32];
+  snprintf(log, sizeof log, "%s/wagma-config-stop-%d.log", getenv("TMPDIR") ?: "/tmp",
+           (int)getpid());
+  snprintf(etcd, sizeof etcd, "127.0.0.1:%d", proc_free_port());
+  const char *const aargs[] = {
+      getenv("WAGMA_AGENT_BIN"), "--etcd", etcd, "--name", "a0", "--listen", "127.0.0.1:20999",
+      "--etcd-timeout-ms",       "500",    NULL};
+  const char *const cargs[] = {getenv("WAGMA_COORDINATOR_BIN"),
+                               "--etcd",
+                               etcd,
+                               "--listen",
+                               "127.0.0.1:0",
+                               "--etcd-timeout-ms",
+                               "500",
+                               NULL};
+  for (int which = 0; which < 2; which++) {
+    pid_t pid = proc_spawn(which ? cargs : aargs, log, NULL);
+    assert_true(pid > 0);
+    proc_sleep(1.5);
+    double t0 = proc_now();
+    kill(pid, SIGTERM);
+    int st = proc_wait(pid, 10);
+    double secs = proc_now() - t0;
+    fprintf(stderr, "  %-18s SIGTERM while waiting for etcd: status 0x%x in %.2f s\n",
+            which ? "wagma-coordinator" : "wagma-agent", st, secs);
+    assert_true(st >= 0 && WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_true(secs < 2.0); /* at most one etcd call deadline (0.5 s) and the shutdown */
+  }
+  unlink(log);
+}
+
 static const char *const agent_args[] = {"--lease-ttl", "4", NULL};
 
 static int setup(void **state) {
@@ -224,6 +259,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_etcd_address_is_a_usage_error),
       cmocka_unit_test(test_unreachable_etcd_gives_up),
+      cmocka_unit_test(test_stop_while_waiting_for_etcd),
       cmocka_unit_test(test_duplicate_name_refused),
       cmocka_unit_test(test_restart_after_a_crash_takes_the_name),
   };
