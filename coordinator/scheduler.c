@@ -484,6 +484,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   if (ncur > 0 && done == ncur) {
     snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", ncur,
              (unsigned long long)wg_job_record_iteration(j));
+    append_refusal(s, j, reason, sizeof reason); /* who could not serve it, if anyone */
     if (p->leader)
       finish_job(p, j, WAGMA_JOB_SUCCEEDED, reason);
     goto out;
