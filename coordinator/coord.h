@@ -2,7 +2,11 @@
  * coordinator process and the interfaces between its parts.
  *
  *   main.c        options, logging, signals, start / stop order
- *   http.c        libmicrohttpd glue: body accumulation and cap, auth header, responses
+ *   front.c       the connection front: accept, connection limits, request heads checked
+ *                 (http_head.c) before libmicrohttpd sees them, timeouts, bytes relayed
+ *   http.c        libmicrohttpd glue: body accumulation and cap, the worker pool that runs
+ *                 the etcd handlers off libmicrohttpd's threads, readiness probes, responses
+ *   pages.c       the pages of GET /v1/jobs: ids after a position, the continue token (pure)
  *   router.c      raw target check (400), (method, path) -> route, 404 / 405 (pure; fuzzed)
  *   handlers_*.c  one function per endpoint, on wg_request_t / wg_response_t
  *   store.c       etcd reads and writes of jobs for the handlers
@@ -11,8 +15,11 @@
  *   election.c    leader election on <prefix>/coordinator/leader (leased key)
  *   metrics.c     counters, histograms and the Prometheus text
  *
- * Threads: MHD's pool runs the handlers; the scheduler thread reconciles; the election
- * thread campaigns; the etcd library runs watch and keepalive threads. Shared mutable state
+ * Threads: the front thread relays every connection; MHD's pool (WG_HTTP_IO_THREADS) parses
+ * requests and answers those that need no etcd (/healthz, /metrics, refusals); the HTTP
+ * workers (--threads) run the etcd handlers; the readiness prober pings etcd for /readyz and
+ * its waiter answers within WG_HTTP_READY_WAIT_MS; the scheduler thread reconciles; the
+ * election thread campaigns; the etcd library runs watch and keepalive threads. Shared mutable state
  * is only in wg_metrics_t and wg_election_t (each with its own lock) and the atomics here. */
 #ifndef WAGMA_COORD_H
 #define WAGMA_COORD_H
@@ -48,6 +55,10 @@ typedef struct wg_request {
   int nquery;
   const char *query_key[WG_MAX_QUERY];
   const char *query_value[WG_MAX_QUERY]; /* NULL for "?flag" */
+  /* 1 when the client has left (its connection ended): a long handler asks between etcd
+   * calls and stops. NULL: never asked (tests, fuzzers). */
+  int (*gone)(void *gone_user);
+  void *gone_user;
 } wg_request_t;
 
 /* Returns the value of a query parameter, NULL when absent; *present (may be NULL) = 1 when
@@ -62,6 +73,7 @@ typedef struct wg_response {
   char location[192];       /* "" = none */
   char allow[64];           /* "" = none */
   int www_authenticate;     /* add WWW-Authenticate: Bearer */
+  int retry_after;          /* add Retry-After: <seconds> (503 busy); 0 = none */
 } wg_response_t;
 
 /* Sets an error response with the JSON error body. */
@@ -119,6 +131,13 @@ void wg_metrics_regrouping(wg_metrics_t *m);
 void wg_metrics_set_snapshot(wg_metrics_t *m, char *text);
 /* Renders the whole exposition; caller frees. */
 char *wg_metrics_render(wg_metrics_t *m, int leader);
+/* The REST server's own gauges and counters (atomics, no lock): open connections (delta),
+ * connections refused at accept, requests dropped because their client left, and the
+ * worker queue's depth. */
+void wg_metrics_conn_open(wg_metrics_t *m, int delta);
+void wg_metrics_conn_refused(wg_metrics_t *m);
+void wg_metrics_abandoned(wg_metrics_t *m);
+void wg_metrics_queue_depth(wg_metrics_t *m, long depth);
 
 /* ---- election ------------------------------------------------------------------------------ */
 
@@ -189,14 +208,122 @@ typedef struct wg_coord {
   void *log_user;
 } wg_coord_t;
 
-/* http.c: the MHD daemon (opaque here). */
+/* ---- the REST server's limits (front.c, http.c; docs/api.md "Limits") ---------------------- */
+
+#define WG_HTTP_MAX_CONNECTIONS 1024 /* open client connections; more: 503 busy at accept */
+#define WG_HTTP_MAX_PER_IP 128       /* open connections from one client address */
+#define WG_HTTP_MAX_LINE 8192        /* request line bytes; longer: 414 */
+#define WG_HTTP_MAX_HEAD 16384       /* request line + header fields; larger: 431 */
+#define WG_HTTP_MAX_FIELDS 100       /* header fields; more: 431 */
+#define WG_HTTP_CONTENT_LENGTH_MAX 1000000000000000ULL /* beyond: 413 at once */
+#define WG_HTTP_HEAD_TIMEOUT_S 10.0 /* a head (or a stalled body) within: else 408 */
+#define WG_HTTP_IDLE_TIMEOUT_S 30.0 /* a connection with no traffic either way is closed */
+#define WG_HTTP_SWEEP_S 0.25        /* how often the front checks its timeouts */
+#define WG_HTTP_IO_THREADS 2        /* MHD's pool: parsing, /healthz, /metrics */
+#define WG_HTTP_QUEUE_WAIT_S 10.0   /* a request queued longer for a worker: 503 busy */
+#define WG_HTTP_WORKER_NICE 10      /* the workers' nice value: probes and I/O go first */
+#define WG_HTTP_READY_WAIT_MS 80    /* /readyz waits this long for etcd's answer: else 503 */
+
+/* ---- request heads (http_head.c, pure; fuzzed) ------------------------------------------- */
+
+typedef struct wg_http_limits {
+  size_t max_line; /* request line without its end; longer: 414 */
+  size_t max_head; /* everything from the request line to the blank line; larger: 431 */
+  int max_fields;  /* header fields; more: 431 */
+} wg_http_limits_t;
+
+enum { WG_HEAD_MORE = 0, WG_HEAD_OK = 1, WG_HEAD_BAD = 2 };
+
+typedef struct wg_http_head {
+  size_t skip;             /* WG_HEAD_OK: empty lines before the request line (not forwarded) */
+  size_t len;              /* WG_HEAD_OK: the head after them, blank line included */
+  uint64_t content_length; /* WG_HEAD_OK: body bytes that follow (0 without Content-Length) */
+  char method[16];         /* the method when the request line got that far, else "" */
+  int status;              /* WG_HEAD_BAD: 400, 411, 413, 414, 431 or 505 */
+  const char *code;        /* WG_HEAD_BAD: the error code (docs/api.md) */
+  const char *why;         /* WG_HEAD_BAD: static text */
+} wg_http_head_t;
+
+/* Checks the n bytes of one request head at the start of buf (what arrived so far):
+ * WG_HEAD_MORE (nothing wrong yet, need more bytes), WG_HEAD_OK or WG_HEAD_BAD (*h says
+ * why). Pure. */
+int wg_http_head_parse(const char *buf, size_t n, const wg_http_limits_t *lim, wg_http_head_t *h);
+
+/* ---- the connection front (front.c) ------------------------------------------------------ */
+
 struct MHD_Daemon;
+typedef struct wg_front wg_front_t;
+/* Starts the front thread on a listening socket (taken over: closed by wg_front_stop, or
+ * left to the caller on failure), handing connections to mhd (MHD_USE_NO_LISTEN_SOCKET).
+ * Ownership: *out is the caller's (wg_front_stop). */
+int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_front_t **out);
+/* Stops the thread, closes every connection and the listening socket, frees. NULL: no-op. */
+void wg_front_stop(wg_front_t *f);
+/* The generation of the connection whose libmicrohttpd end is mhd_fd (0 = unknown), read
+ * while libmicrohttpd holds that end; then whether that connection's client has left: 1, 0,
+ * or -1 when the front cannot tell. Thread-safe (atomics per descriptor number). */
+unsigned wg_front_conn_gen(const wg_front_t *f, int mhd_fd);
+int wg_front_client_gone(const wg_front_t *f, int mhd_fd, unsigned gen);
+
+/* ---- pages of GET /v1/jobs (pages.c, pure) ------------------------------------------------ */
+
+#define WG_LIST_LIMIT_DEFAULT 100 /* jobs per page without ?limit */
+#define WG_LIST_LIMIT_MAX 500     /* the largest ?limit */
+#define WG_LIST_PROBE_KEYS 2048   /* keys per keys-only read of the walk */
+#define WG_LIST_ROUND_TRIPS 48    /* etcd round trips of the walk per request */
+#define WG_LIST_PROGRESS_MAX 256  /* progress records read per listed job (see docs/api.md) */
+#define WG_LIST_TOKEN_MAX 128     /* bytes of a continue token, NUL included */
+#define WG_WALK_START (-2)        /* wg_walk_pos_t.level: no position yet */
+
+/* Relative keys (after <prefix>/jobs/), sorted; more = 1 when the read was cut by its limit. */
+typedef struct wg_keylist {
+  char **keys;
+  size_t n;
+  int more;
+} wg_keylist_t;
+
+typedef struct wg_walk_io {
+  /* keys-only read of the first limit keys under <jobs prefix>prefix */
+  int (*keys)(void *user, const char *prefix, size_t limit, wg_keylist_t *out);
+  /* exists[i] = 1 when some key starts with <jobs prefix>prefixes[i]; one round trip */
+  int (*exists)(void *user, const char *const *prefixes, size_t n, int *exists);
+  void (*free_keys)(void *user, wg_keylist_t *kl);
+  void *user;
+} wg_walk_io_t;
+
+/* A position in the job ids: after last, going on at level (WG_WALK_START: before all). */
+typedef struct wg_walk_pos {
+  char last[WAGMA_API_NAME_MAX];
+  int level;
+} wg_walk_pos_t;
+
+/* Compares job ids in key order ("a/" against "b/" bytewise). */
+int wg_job_key_cmp(const char *a, const char *b);
+/* Puts up to want ids after *pos into ids (n of them, in key order) with at most
+ * *round_trips etcd calls through io (counted down), and moves *pos past them. *done = 1 when no id is left after *pos.
+ * Returns 0 or the first error of io (then *n ids were still found). */
+int wg_jobs_walk(const wg_walk_io_t *io, wg_walk_pos_t *pos, size_t want, int *round_trips,
+                 size_t probe_keys, char (*ids)[WAGMA_API_NAME_MAX], size_t *n, int *done);
+/* The opaque continue token of a position (base64url), and back: -1 when token is not one
+ * this server wrote (any other string, a position that cannot be). */
+int wg_list_token_encode(const wg_walk_pos_t *pos, char *out, size_t len);
+int wg_list_token_decode(const char *token, wg_walk_pos_t *pos);
+
+/* http.c: the MHD daemon (opaque here). */
 int wg_http_bind(wg_coord_t *c, int *fd);
 int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out);
 void wg_http_stop(struct MHD_Daemon *d);
 
 /* Handles one request (router + auth + handler). Fills *res. */
 void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
+/* wg_handle in two steps, for http.c: every check before the endpoint (target, route, token,
+ * body size, content type) fills *r and returns 0 when the endpoint is to run, or answers in
+ * *res and returns 1; wg_handle_route then runs the endpoint r names. */
+int wg_handle_prepare(wg_coord_t *c, const wg_request_t *req, wg_route_t *r, wg_response_t *res);
+void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r,
+                     wg_response_t *res);
+/* 1 when the endpoint calls etcd (it then runs on an HTTP worker, never on MHD's threads). */
+int wg_route_uses_etcd(wg_route_id_t id);
 
 /* Handlers (handlers_jobs.c, handlers_misc.c). */
 void wg_h_jobs_list(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
@@ -209,6 +336,8 @@ void wg_h_job_plan(wg_coord_t *c, const char *job, wg_response_t *res);
 void wg_h_agents(wg_coord_t *c, wg_response_t *res);
 void wg_h_healthz(wg_coord_t *c, wg_response_t *res);
 void wg_h_readyz(wg_coord_t *c, wg_response_t *res);
+/* The /readyz answer for a ping that returned e (0: revision rev; else detail says why). */
+void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail, wg_response_t *res);
 void wg_h_metrics(wg_coord_t *c, wg_response_t *res);
 
 /* Maps an etcd failure onto a response (503 unavailable, 500 otherwise). */

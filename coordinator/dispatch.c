@@ -1,6 +1,7 @@
 /* coordinator/dispatch.c — one request from router to handler: request target, route,
  * content type, bearer token, then the endpoint. Also the response helpers. Independent of
- * libmicrohttpd so tests and fuzzers can drive it. Thread-safe (runs on MHD's pool threads). */
+ * libmicrohttpd so tests and fuzzers can drive it. Thread-safe: the checks run on MHD's
+ * threads, the endpoints that call etcd on the HTTP workers (http.c). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,54 +84,70 @@ static int content_type_json(const char *ct) {
          (n == 28 && strncasecmp(ct, "application/merge-patch+json", 28) == 0);
 }
 
-void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) {
+int wg_handle_prepare(wg_coord_t *c, const wg_request_t *req, wg_route_t *r, wg_response_t *res) {
   const char *why = NULL;
   if (wg_route_target_check(req->target, req->target_len, &why) != 0) {
     /* The decoded path is not what the client sent (cut at a NUL, an encoded '/', ...):
      * neither route it nor echo it. */
+    memset(r, 0, sizeof *r);
+    r->label = "other";
     wg_response_error(res, 400, "bad_request", NULL, "bad request target: %s", why);
-    return;
+    return 1;
   }
-  wg_route_t r;
-  wg_route(req->method, req->path, &r);
-  if (r.status == 404) {
+  wg_route(req->method, req->path, r);
+  if (r->status == 404) {
     wg_response_error(res, 404, "not_found", NULL, "no such path: %s", req->path);
-    return;
+    return 1;
   }
-  if (r.status == 405) {
+  if (r->status == 405) {
     wg_response_error(res, 405, "method_not_allowed", NULL, "%s is not allowed on %s (allowed: %s)",
-                      req->method, req->path, r.allow);
-    snprintf(res->allow, sizeof res->allow, "%s", r.allow);
-    return;
+                      req->method, req->path, r->allow);
+    snprintf(res->allow, sizeof res->allow, "%s", r->allow);
+    return 1;
   }
-  if (r.mutation && c->token[0] && !token_ok(c->token, req->authorization)) {
+  if (r->mutation && c->token[0] && !token_ok(c->token, req->authorization)) {
     wg_response_error(res, 401, "unauthorized", NULL, "missing or wrong bearer token");
     res->www_authenticate = 1;
-    return;
+    return 1;
   }
   if (req->body_too_large) {
     wg_response_error(res, 413, "too_large", NULL, "the body exceeds %zu bytes", req->max_body);
-    return;
+    return 1;
   }
-  if ((r.id == WG_ROUTE_JOBS_SUBMIT || r.id == WG_ROUTE_JOB_PATCH) &&
+  if ((r->id == WG_ROUTE_JOBS_SUBMIT || r->id == WG_ROUTE_JOB_PATCH) &&
       !content_type_json(req->content_type)) {
     wg_response_error(res, 415, "unsupported_media_type", NULL,
                       "the body must be application/json (got %s)",
                       req->content_type ? req->content_type : "none");
-    return;
+    return 1;
   }
-  switch (r.id) {
+  return 0;
+}
+
+int wg_route_uses_etcd(wg_route_id_t id) {
+  return id != WG_ROUTE_HEALTHZ && id != WG_ROUTE_METRICS && id != WG_ROUTE_NONE;
+}
+
+void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r,
+                     wg_response_t *res) {
+  switch (r->id) {
   case WG_ROUTE_JOBS_LIST: wg_h_jobs_list(c, req, res); break;
   case WG_ROUTE_JOBS_SUBMIT: wg_h_jobs_submit(c, req, res); break;
-  case WG_ROUTE_JOB_GET: wg_h_job_get(c, r.job, res); break;
-  case WG_ROUTE_JOB_PATCH: wg_h_job_patch(c, r.job, req, res); break;
-  case WG_ROUTE_JOB_DELETE: wg_h_job_delete(c, r.job, req, res); break;
-  case WG_ROUTE_JOB_GROUPS: wg_h_job_groups(c, r.job, req, res); break;
-  case WG_ROUTE_JOB_PLAN: wg_h_job_plan(c, r.job, res); break;
+  case WG_ROUTE_JOB_GET: wg_h_job_get(c, r->job, res); break;
+  case WG_ROUTE_JOB_PATCH: wg_h_job_patch(c, r->job, req, res); break;
+  case WG_ROUTE_JOB_DELETE: wg_h_job_delete(c, r->job, req, res); break;
+  case WG_ROUTE_JOB_GROUPS: wg_h_job_groups(c, r->job, req, res); break;
+  case WG_ROUTE_JOB_PLAN: wg_h_job_plan(c, r->job, res); break;
   case WG_ROUTE_AGENTS: wg_h_agents(c, res); break;
   case WG_ROUTE_HEALTHZ: wg_h_healthz(c, res); break;
   case WG_ROUTE_READYZ: wg_h_readyz(c, res); break;
   case WG_ROUTE_METRICS: wg_h_metrics(c, res); break;
   default: wg_response_error(res, 500, "internal", NULL, "unrouted"); break;
   }
+}
+
+void wg_handle(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) {
+  wg_route_t r;
+  if (!wg_handle_prepare(c, req, &r, res))
+    wg_handle_route(c, req, &r, res);
 }

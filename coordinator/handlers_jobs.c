@@ -2,10 +2,12 @@
  *
  * Every handler reads etcd directly (linearizable reads, so a replica that does not lead
  * still answers with the truth) and writes with Txns guarded by the mod revision it read:
+ * the list reads one page (pages.c finds the ids, then spec, status and progress of each);
  * submit creates spec + status only if the spec key does not exist; patch and delete retry a
  * few times when the scheduler wrote in between, then answer 409 conflict. The scheduler
- * does the rest (assignment, plans, release of agents). Runs on MHD's pool threads. */
+ * does the rest (assignment, plans, release of agents). Runs on the HTTP workers (http.c). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,46 +71,254 @@ void wg_h_job_get(wg_coord_t *c, const char *job, wg_response_t *res) {
   respond_job(c, job, 200, res);
 }
 
+/* ---- GET /v1/jobs: pages ---------------------------------------------------------------- */
+
+/* The walk's etcd access (pages.c): keys-only prefix reads and one-Txn existence checks
+ * under <prefix>/jobs/. Each first asks whether the client is still there. */
+typedef struct list_io {
+  wg_coord_t *c;
+  const wg_request_t *req;
+  char jobs[256];
+  size_t jobs_len;
+} list_io_t;
+
+static int list_gone(const list_io_t *io) {
+  return io->req->gone && io->req->gone(io->req->gone_user);
+}
+
+static void io_free_keys(void *user, wg_keylist_t *kl) {
+  (void)user;
+  for (size_t i = 0; i < kl->n; i++)
+    free(kl->keys[i]);
+  free(kl->keys);
+  memset(kl, 0, sizeof *kl);
+}
+
+static int io_keys(void *user, const char *prefix, size_t limit, wg_keylist_t *out) {
+  list_io_t *io = user;
+  char key[512];
+  wagma_etcd_range_t r = {0};
+  wagma_etcd_range_options_t opt = {.prefix = 1, .limit = (int64_t)limit, .keys_only = 1};
+  if (list_gone(io))
+    return WAGMA_ECANCELED;
+  snprintf(key, sizeof key, "%s%s", io->jobs, prefix);
+  int e = wagma_etcd_range(io->c->etcd, key, &opt, &r);
+  if (e)
+    return e;
+  out->keys = calloc(r.n ? r.n : 1, sizeof *out->keys);
+  for (size_t i = 0; out->keys && i < r.n; i++) {
+    out->keys[i] = strdup(r.kvs[i].key_len >= io->jobs_len ? r.kvs[i].key + io->jobs_len : "");
+    if (!out->keys[i])
+      e = WAGMA_ENOMEM;
+    out->n = i + 1;
+  }
+  if (!out->keys)
+    e = WAGMA_ENOMEM;
+  out->more = r.more;
+  wagma_etcd_range_free(&r);
+  if (e)
+    io_free_keys(user, out);
+  return e;
+}
+
+static int io_exists(void *user, const char *const *prefixes, size_t n, int *exists) {
+  list_io_t *io = user;
+  wagma_etcd_op_t ops[80];
+  char keys[80][320];
+  wagma_etcd_txn_result_t tr = {0};
+  if (n > 80)
+    return WAGMA_EINVAL;
+  if (list_gone(io))
+    return WAGMA_ECANCELED;
+  for (size_t i = 0; i < n; i++) {
+    snprintf(keys[i], sizeof keys[i], "%s%s", io->jobs, prefixes[i]);
+    ops[i] =
+        (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_RANGE, .key = keys[i], .prefix = 1, .limit = 1};
+  }
+  int e = wagma_etcd_txn(io->c->etcd, NULL, 0, ops, n, NULL, 0, &tr);
+  if (!e && tr.n != n)
+    e = WAGMA_EPROTO;
+  for (size_t i = 0; !e && i < n; i++)
+    exists[i] = tr.results[i].range.n > 0;
+  wagma_etcd_txn_result_free(&tr);
+  return e;
+}
+
+#define LIST_TXN_JOBS 100 /* jobs per Txn (one op each): under etcd's 128 ops per Txn */
+
+/* 1 when the status among these kvs names a terminal state (its iteration is final: the
+ * scheduler stored it when the job finished, so its progress need not be read). */
+static int kvs_terminal(wg_coord_t *c, const wagma_etcd_range_t *r) {
+  for (size_t j = 0; j < r->n; j++) {
+    const wagma_etcd_kv_t *kv = &r->kvs[j];
+    wagma_job_status_t st;
+    wagma_api_error_t err;
+    if (wagma_key_parse(&c->keys, kv->key, kv->key_len, NULL, NULL) != WAGMA_KEY_JOB_STATUS ||
+        wagma_job_status_from_json(kv->value, kv->value_len, &st, &err) != 0)
+      continue;
+    int t = wagma_job_state_terminal(st.state);
+    wagma_job_status_free(&st);
+    return t;
+  }
+  return 0;
+}
+
+/* Reads the jobs of n ids, LIST_TXN_JOBS at a time: one Txn of spec and status (one prefix
+ * op per job: "<id>/s" holds exactly those two keys), then one Txn of the progress records
+ * (at most WG_LIST_PROGRESS_MAX each) of the jobs that are not finished, whose iteration is
+ * live. Appends the REST view of the jobs that still exist (and are in state want when
+ * filter) to jobs, up to max entries; *taken = how many ids were looked at (all n, or fewer
+ * when max was reached: the rest is for the next page). */
+static int read_page(list_io_t *io, char (*ids)[WAGMA_API_NAME_MAX], size_t n, int filter,
+                     wagma_job_state_t want, json_t *jobs, size_t max, size_t *taken) {
+  wg_coord_t *c = io->c;
+  char(*keys)[320] = malloc(2 * LIST_TXN_JOBS * sizeof *keys);
+  wagma_etcd_op_t *ops = malloc(2 * LIST_TXN_JOBS * sizeof *ops);
+  size_t *prog_of = malloc(LIST_TXN_JOBS * sizeof *prog_of);
+  int e = keys && ops && prog_of ? 0 : WAGMA_ENOMEM;
+  *taken = 0;
+  for (size_t base = 0; !e && base < n && json_array_size(jobs) < max; base += LIST_TXN_JOBS) {
+    size_t k = n - base < LIST_TXN_JOBS ? n - base : LIST_TXN_JOBS, np = 0;
+    wagma_etcd_txn_result_t tr = {0}, tp = {0};
+    if (list_gone(io)) {
+      e = WAGMA_ECANCELED;
+      break;
+    }
+    for (size_t i = 0; i < k; i++) {
+      snprintf(keys[i], sizeof keys[0], "%s%s/s", io->jobs, ids[base + i]);
+      ops[i] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_RANGE, .key = keys[i], .prefix = 1};
+    }
+    if ((e = wagma_etcd_txn(c->etcd, NULL, 0, ops, k, NULL, 0, &tr)) == 0 && tr.n != k)
+      e = WAGMA_EPROTO;
+    for (size_t i = 0; !e && i < k; i++) {
+      prog_of[i] = SIZE_MAX;
+      if (tr.results[i].range.n == 0 || kvs_terminal(c, &tr.results[i].range))
+        continue;
+      wagma_key_job_progress_prefix(&c->keys, ids[base + i], keys[k + np], sizeof keys[0]);
+      ops[np] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_RANGE,
+                                  .key = keys[k + np],
+                                  .prefix = 1,
+                                  .limit = WG_LIST_PROGRESS_MAX};
+      prog_of[i] = np++;
+    }
+    if (!e && np && (e = wagma_etcd_txn(c->etcd, NULL, 0, ops, np, NULL, 0, &tp)) == 0 &&
+        tp.n != np)
+      e = WAGMA_EPROTO;
+    for (size_t i = 0; !e && i < k && json_array_size(jobs) < max; i++) {
+      const wagma_etcd_range_t *sr = &tr.results[i].range;
+      const wagma_etcd_range_t *pr = prog_of[i] != SIZE_MAX ? &tp.results[prog_of[i]].range : NULL;
+      size_t nkv = sr->n + (pr ? pr->n : 0), at = 0;
+      wagma_etcd_kv_t *kvs = malloc((nkv ? nkv : 1) * sizeof *kvs);
+      if (!kvs) {
+        e = WAGMA_ENOMEM;
+        break;
+      }
+      for (size_t j = 0; j < sr->n; j++) /* shallow copies: the Txn results keep the strings */
+        kvs[at++] = sr->kvs[j];
+      for (size_t j = 0; pr && j < pr->n; j++)
+        kvs[at++] = pr->kvs[j];
+      wg_job_record_t rec;
+      if (wg_job_record_from_kvs(c, ids[base + i], kvs, nkv, &rec) == 0) {
+        if (rec.has_spec && (!filter || rec.status.state == want))
+          json_array_append_new(jobs, wg_job_record_to_value(&rec, 0));
+        wg_job_record_free(&rec);
+      }
+      free(kvs);
+      ++*taken;
+    }
+    wagma_etcd_txn_result_free(&tr);
+    wagma_etcd_txn_result_free(&tp);
+  }
+  free(keys);
+  free(ops);
+  free(prog_of);
+  return e;
+}
+
+static int parse_limit(const char *s, int *out) {
+  if (!s || !*s || strlen(s) > 6)
+    return -1;
+  int v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return -1;
+    v = v * 10 + (*p - '0');
+  }
+  if (v < 1 || v > WG_LIST_LIMIT_MAX)
+    return -1;
+  *out = v;
+  return 0;
+}
+
+/* GET /v1/jobs[?state=S][&limit=N][&continue=T]: one page of jobs in key order (pages.c).
+ * Work per request is bounded: WG_LIST_ROUND_TRIPS round trips to find ids, at most
+ * WG_LIST_LIMIT_MAX jobs read (in Txns of LIST_TXN_JOBS), each with at most
+ * WG_LIST_PROGRESS_MAX progress records. With a state filter a page may hold fewer than
+ * limit jobs (even none) while more remain: "continue" says so. */
 void wg_h_jobs_list(wg_coord_t *c, const wg_request_t *req, wg_response_t *res) {
-  char key[256];
-  wagma_etcd_range_t range = {0};
-  wagma_etcd_range_options_t opt = {.prefix = 1};
-  wagma_job_state_t want = WAGMA_JOB_PENDING;
-  int filter = 0, e;
+  wagma_job_state_t want_state = WAGMA_JOB_PENDING;
+  int filter = 0, has_limit = 0, has_token = 0, limit = WG_LIST_LIMIT_DEFAULT, done = 0, e = 0;
   const char *state = wg_request_query(req, "state", &filter);
-  if (filter && wagma_job_state_from_name(state, &want) != 0) {
+  const char *lim = wg_request_query(req, "limit", &has_limit);
+  const char *token = wg_request_query(req, "continue", &has_token);
+  wg_walk_pos_t pos = {.level = WG_WALK_START};
+  if (filter && wagma_job_state_from_name(state, &want_state) != 0) {
     wg_response_error(res, 400, "bad_request", "state",
                       "state must be pending, running, succeeded, failed or stopped");
     return;
   }
-  wagma_key_jobs_prefix(&c->keys, key, sizeof key);
-  if ((e = wagma_etcd_range(c->etcd, key, &opt, &range))) {
-    wg_response_etcd_error(c, res, e);
+  if (has_limit && parse_limit(lim, &limit) != 0) {
+    wg_response_error(res, 400, "bad_request", "limit", "limit must be an integer in [1, %d]",
+                      WG_LIST_LIMIT_MAX);
     return;
   }
-  json_t *jobs = json_array();
-  size_t i = 0;
-  while (i < range.n) {
-    char id[WAGMA_API_NAME_MAX] = "";
-    wagma_key_parse(&c->keys, range.kvs[i].key, range.kvs[i].key_len, id, NULL);
-    size_t j = i + 1;
-    while (j < range.n) {
-      char other[WAGMA_API_NAME_MAX] = "";
-      wagma_key_parse(&c->keys, range.kvs[j].key, range.kvs[j].key_len, other, NULL);
-      if (strcmp(other, id) != 0)
-        break;
-      j++;
-    }
-    wg_job_record_t rec;
-    if (id[0] && wg_job_record_from_kvs(c, id, range.kvs + i, j - i, &rec) == 0) {
-      if (rec.has_spec && (!filter || rec.status.state == want))
-        json_array_append_new(jobs, wg_job_record_to_value(&rec, 0));
-      wg_job_record_free(&rec);
-    }
-    i = j;
+  if (has_token && token && *token && wg_list_token_decode(token, &pos) != 0) {
+    wg_response_error(res, 400, "bad_request", "continue",
+                      "continue must be the token a previous page returned");
+    return;
   }
-  wagma_etcd_range_free(&range);
+  list_io_t io = {.c = c, .req = req};
+  wagma_key_jobs_prefix(&c->keys, io.jobs, sizeof io.jobs);
+  io.jobs_len = strlen(io.jobs);
+  wg_walk_io_t wio = {.keys = io_keys, .exists = io_exists, .free_keys = io_free_keys, .user = &io};
+  /* The ids of the page in one walk: limit + 1 without a filter (the one after the page says
+   * whether more remain), up to WG_LIST_LIMIT_MAX to look at with one. */
+  size_t want = filter ? WG_LIST_LIMIT_MAX : (size_t)limit + 1, n = 0, taken = 0;
+  char(*ids)[WAGMA_API_NAME_MAX] = malloc(want * sizeof *ids);
+  json_t *jobs = json_array();
+  int budget = WG_LIST_ROUND_TRIPS;
+  wg_walk_pos_t next = pos;
+  if (!ids || !jobs)
+    e = WAGMA_ENOMEM;
+  if (!e)
+    e = wg_jobs_walk(&wio, &next, want, &budget, WG_LIST_PROBE_KEYS, ids, &n, &done);
+  if (!e && n > 0) /* without a filter the id after the page is not read, only counted */
+    e = read_page(&io, ids, filter || n <= (size_t)limit ? n : (size_t)limit, filter, want_state,
+                  jobs, (size_t)limit, &taken);
+  if (!e && taken < n) { /* the page is full before the last id: go on after the last taken */
+    snprintf(next.last, sizeof next.last, "%s", ids[taken - 1]);
+    next.level = (int)strlen(next.last);
+    done = 0;
+  }
+  free(ids);
+  if (e == WAGMA_ECANCELED) { /* the client left: nobody reads this */
+    json_decref(jobs);
+    wg_response_error(res, 503, "unavailable", NULL, "the client left");
+    return;
+  }
+  if (e) {
+    json_decref(jobs);
+    if (e == WAGMA_ENOMEM)
+      wg_response_error(res, 500, "internal", NULL, "out of memory");
+    else
+      wg_response_etcd_error(c, res, e);
+    return;
+  }
   json_t *o = json_pack("{s:o}", "jobs", jobs);
+  char tok[WG_LIST_TOKEN_MAX];
+  if (o && !done && next.level != WG_WALK_START &&
+      wg_list_token_encode(&next, tok, sizeof tok) == 0)
+    json_object_set_new(o, "continue", json_string(tok));
   wg_response_json(res, 200, o ? json_dumps(o, WG_JSON_FLAGS) : NULL);
   json_decref(o);
 }

@@ -104,9 +104,14 @@ void wg_h_healthz(wg_coord_t *c, wg_response_t *res) {
 void wg_h_readyz(wg_coord_t *c, wg_response_t *res) {
   int64_t rev = 0;
   int e = wagma_etcd_ping(c->etcd, &rev);
+  wg_h_readyz_answer(c, e, rev, e ? wagma_etcd_errmsg(c->etcd) : "", res);
+}
+
+/* http.c pings from its readiness prober and answers through this. */
+void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail,
+                        wg_response_t *res) {
   if (e) {
-    wg_response_error(res, 503, "unavailable", NULL, "etcd does not answer: %s",
-                      wagma_etcd_errmsg(c->etcd));
+    wg_response_error(res, 503, "unavailable", NULL, "etcd does not answer: %s", detail);
     return;
   }
   json_t *o = json_pack("{s:b,s:s,s:b,s:I}", "ready", 1, "id", c->id, "leader",

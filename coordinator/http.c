@@ -1,45 +1,108 @@
-/* coordinator/http.c — the libmicrohttpd glue.
+/* coordinator/http.c — the libmicrohttpd glue: which thread answers what.
  *
- * Owns the MHD daemon (an epoll thread pool of c->threads threads). Per request it keeps a copy
- * of the raw request target (MHD's URI log callback runs before MHD decodes anything; the copy
- * lives in the request's conn_ctx_t, which the callback allocates), accumulates the body up to
- * c->max_body bytes (beyond that the rest is read and discarded and the request is answered
- * 413), collects headers and query arguments into a wg_request_t, calls wg_handle and queues
- * the response. Handlers run on the pool threads.
+ * Owns, per server (one per wg_http_start): the MHD daemon, the connection front (front.c,
+ * which owns the sockets), the HTTP worker pool and the readiness prober. Threads:
  *
- * Why the raw target: MHD hands the handler the percent-decoded path as a C string, so a %00
- * or a raw NUL byte cuts it short ("/v1/jobs/x%00/../y" would reach job x). wg_handle checks
- * the raw bytes (wg_route_target_check) before routing. */
+ *   MHD's pool (WG_HTTP_IO_THREADS, epoll): parses requests (the front relays them over a
+ *     socketpair per connection), accumulates bodies up to c->max_body (beyond: read and
+ *     discarded, answered 413), runs every check before an endpoint (wg_handle_prepare) and
+ *     answers what needs no etcd: /healthz, /metrics, every refusal. It never calls etcd, so
+ *     /healthz answers whatever etcd and the other requests do.
+ *   HTTP workers (c->threads): run the endpoints that call etcd. The request's connection is
+ *     suspended (MHD_suspend_connection) and queued; a worker takes it, checks first that
+ *     the client is still there (the front passes a client's departure on as the end of
+ *     MHD's input), skips the work when not, or when it waited more than
+ *     WG_HTTP_QUEUE_WAIT_S (503 busy), runs the endpoint, and resumes the connection, whose
+ *     MHD thread sends the answer. Each connection has at most one request in flight, so
+ *     the queue holds at most WG_HTTP_MAX_CONNECTIONS.
+ *   Readiness prober and waiter: /readyz is suspended too; the prober pings etcd (one ping
+ *     at a time, shared by every /readyz that arrived before it finished) and the waiter
+ *     answers each with the first ping that finished after it arrived, or 503 after
+ *     WG_HTTP_READY_WAIT_MS: /readyz answers within that even when etcd hangs.
+ *
+ * Per request, the URI log callback keeps a copy of the raw request target (MHD decodes the
+ * path in place; wg_handle_prepare checks the raw bytes, see router.c). The request context
+ * (conn_ctx_t) is MHD's per-request pointer: created by the URI callback, freed by the
+ * completion callback; while a worker or the waiter holds it the connection is suspended, so
+ * MHD neither completes nor frees it until the holder resumes it (and lets go of it then). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 
 #include <errno.h>
 #include <microhttpd.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "coord.h"
 #include "wagma/log_internal.h"
 
+enum { CTX_NEW = 0, CTX_WAITING, CTX_ANSWERED, CTX_GONE };
+
 typedef struct conn_ctx {
-  char *target;        /* the raw request target, copied by on_uri before MHD decodes it in place */
+  char *target;        /* the raw request target, copied by on_uri before MHD decodes it */
   int started_handler; /* on_request has seen this request once */
   char *body;
   size_t len, cap;
   int too_large;
   double started;
   wg_request_t req;
+  /* what happens to it */
+  struct MHD_Connection *conn;
+  int fd;       /* MHD's end of the front's socketpair */
+  unsigned gen; /* the front's generation of that connection */
+  int state;
+  wg_route_t route;
+  wg_response_t res;
+  double queued;         /* when it was suspended and handed over */
+  struct conn_ctx *next; /* in the worker queue or the readiness waiters */
+  struct wg_server *srv;
 } conn_ctx_t;
 
+typedef struct ready_result {
+  double done; /* wg_mono() when the ping returned; 0 = none yet */
+  int e;
+  int64_t rev;
+  char detail[256];
+} ready_result_t;
+
+typedef struct wg_server {
+  wg_coord_t *c;
+  struct MHD_Daemon *mhd;
+  wg_front_t *front;
+  pthread_mutex_t mu; /* the queue, the waiters, the ping result, stop */
+  pthread_cond_t work_cv, ping_cv, ready_cv;
+  conn_ctx_t *qhead, *qtail;
+  long qlen;
+  conn_ctx_t *waiters;
+  int ping_wanted;
+  ready_result_t ping;
+  int stop;
+  pthread_t *workers;
+  int nworkers;
+  pthread_t prober, waiter;
+  int prober_up, waiter_up;
+  struct wg_server *next_server;
+} wg_server_t;
+
+/* wg_http_stop gets only the daemon (main.c keeps that): the servers by daemon. */
+static pthread_mutex_t servers_mu = PTHREAD_MUTEX_INITIALIZER;
+static wg_server_t *servers;
+
+/* ---- MHD callbacks: request context -------------------------------------------------------- */
+
 /* MHD's URI log callback: called once per request with the raw target (path and query, not
- * yet decoded; a raw NUL byte on the wire ends the string early). Its result becomes the
- * request's *con_cls. NULL (out of memory) makes on_request refuse the request. */
+ * yet decoded). Its result becomes the request's *con_cls. NULL (out of memory) makes
+ * on_request refuse the request. */
 static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
-  (void)cls;
   (void)conn;
   conn_ctx_t *ctx = calloc(1, sizeof *ctx);
   if (!ctx)
@@ -49,26 +112,9 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn) {
     free(ctx);
     return NULL;
   }
+  ctx->srv = cls;
+  ctx->fd = -1;
   return ctx;
-}
-
-/* 1 when a raw NUL byte sat inside the target on the request line. MHD before 1.0 parses
- * the request line in place: the handler's url starts where the target started, and the
- * version ("HTTP/1.1") follows the target after one byte that MHD set to NUL; when the span
- * between them is longer than the copy on_uri took, the copy was cut short by a raw NUL.
- * MHD 1.0 and later close such connections themselves, before any callback. */
-static int raw_nul_in_target(const char *target, const char *url, const char *version) {
-#if MHD_VERSION < 0x01000000
-  uintptr_t u = (uintptr_t)url, v = (uintptr_t)version;
-  if (!url || !version || v <= u || v - u > ((size_t)1 << 20) || strncmp(version, "HTTP/", 5) != 0)
-    return 0;
-  return version[-1] == '\0' && v - u - 1 > strlen(target);
-#else
-  (void)target;
-  (void)url;
-  (void)version;
-  return 0;
-#endif
 }
 
 static enum MHD_Result collect_query(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -84,13 +130,8 @@ static enum MHD_Result collect_query(void *cls, enum MHD_ValueKind kind, const c
 }
 
 static void add_body(conn_ctx_t *ctx, const char *data, size_t n, size_t max) {
-  if (ctx->too_large)
-    return;
-  if (ctx->len + n > max) {
-    ctx->too_large = 1;
-    free(ctx->body);
-    ctx->body = NULL;
-    ctx->len = ctx->cap = 0;
+  if (ctx->too_large || ctx->len + n > max) {
+    ctx->too_large = 1; /* keep reading, discard */
     return;
   }
   if (ctx->len + n + 1 > ctx->cap) {
@@ -113,24 +154,243 @@ static void add_body(conn_ctx_t *ctx, const char *data, size_t n, size_t max) {
   ctx->body[ctx->len] = '\0';
 }
 
+/* 1 when the client is gone, as the front saw it (its input ended or failed). The end of
+ * MHD's input alone does not say so: the front also ends it after a refused head, when the
+ * requests before it are still to be answered. When the front cannot tell, MHD's end is
+ * peeked (only peeked: MHD does not read a suspended connection). */
+static int client_gone(void *user) {
+  const conn_ctx_t *ctx = user;
+  int g = wg_front_client_gone(ctx->srv->front, ctx->fd, ctx->gen);
+  if (g >= 0 || ctx->fd < 0)
+    return g > 0;
+  char b;
+  ssize_t n = recv(ctx->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Queues ctx's answer on its connection (MHD's thread). */
+static enum MHD_Result send_answer(wg_server_t *srv, struct MHD_Connection *conn, conn_ctx_t *ctx,
+                                   const char *method) {
+  wg_response_t *res = &ctx->res;
+  wg_metrics_http(srv->c->metrics, method, ctx->route.label ? ctx->route.label : "other",
+                  res->status, wg_mono() - ctx->started);
+  struct MHD_Response *mr =
+      MHD_create_response_from_buffer(res->body_len, res->body ? res->body : (void *)"",
+                                      res->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+  if (!mr) {
+    wg_response_free(res);
+    return MHD_NO;
+  }
+  res->body = NULL; /* owned by MHD now */
+  if (res->content_type && res->status != 204)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, res->content_type);
+  if (res->location[0])
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_LOCATION, res->location);
+  if (res->allow[0])
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, res->allow);
+  if (res->www_authenticate)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"wagma\"");
+  if (res->status == 413)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
+  if (res->retry_after > 0) {
+    char ra[16];
+    snprintf(ra, sizeof ra, "%d", res->retry_after);
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_RETRY_AFTER, ra);
+  }
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)res->status, mr);
+  MHD_destroy_response(mr);
+  return ret;
+}
+
+/* MHD's diagnostics, into the coordinator's log. Those about TCP socket options are dropped:
+ * MHD's ends are socketpair ends (the front holds the TCP sockets), where TCP_NODELAY and
+ * TCP_CORK do not exist and nothing is delayed. */
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+  wg_server_t *srv = cls;
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  if (strstr(msg, "TCP_CORK") || strstr(msg, "TCP_NODELAY") ||
+      strstr(msg, "push the data from buffers"))
+    return;
+  size_t n = strlen(msg);
+  while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+    msg[--n] = '\0';
+  wg_logf(srv->c->log, srv->c->log_user, WAGMA_LOG_DEBUG, "libmicrohttpd: %s", msg);
+}
+
+/* ---- the worker pool ------------------------------------------------------------------------ */
+
+/* Hands a suspended request to the workers. Caller: MHD's thread, after suspending. */
+static void enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
+  pthread_mutex_lock(&srv->mu);
+  ctx->next = NULL;
+  if (srv->qtail)
+    srv->qtail->next = ctx;
+  else
+    srv->qhead = ctx;
+  srv->qtail = ctx;
+  srv->qlen++;
+  wg_metrics_queue_depth(srv->c->metrics, srv->qlen);
+  pthread_cond_signal(&srv->work_cv);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+/* Runs one request off the queue, then gives the connection back to MHD. After
+ * MHD_resume_connection the context belongs to MHD again (it may be freed at once). */
+static void run_one(wg_server_t *srv, conn_ctx_t *ctx) {
+  if (client_gone(ctx)) {
+    ctx->state = CTX_GONE;
+  } else if (wg_mono() - ctx->queued > WG_HTTP_QUEUE_WAIT_S) {
+    wg_response_error(&ctx->res, 503, "busy", NULL,
+                      "the server is busy: the request waited %.0f s for a worker; retry later",
+                      WG_HTTP_QUEUE_WAIT_S);
+    ctx->res.retry_after = 1;
+    ctx->state = CTX_ANSWERED;
+  } else {
+    ctx->req.gone = client_gone;
+    ctx->req.gone_user = ctx;
+    wg_handle_route(srv->c, &ctx->req, &ctx->route, &ctx->res);
+    ctx->state = client_gone(ctx) ? CTX_GONE : CTX_ANSWERED;
+  }
+  MHD_resume_connection(ctx->conn);
+}
+
+static void *worker_main(void *arg) {
+  wg_server_t *srv = arg;
+  /* Bulk work (etcd reads, JSON of whole pages) yields the CPU to the front and MHD's threads,
+   * so probes and refusals are answered while the workers are saturated: a nicer thread
+   * (Linux sets the nice value per thread). Best effort. */
+  (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), WG_HTTP_WORKER_NICE);
+  pthread_mutex_lock(&srv->mu);
+  for (;;) {
+    while (!srv->qhead && !srv->stop)
+      pthread_cond_wait(&srv->work_cv, &srv->mu);
+    if (srv->stop)
+      break;
+    conn_ctx_t *ctx = srv->qhead;
+    srv->qhead = ctx->next;
+    if (!srv->qhead)
+      srv->qtail = NULL;
+    srv->qlen--;
+    wg_metrics_queue_depth(srv->c->metrics, srv->qlen);
+    pthread_mutex_unlock(&srv->mu);
+    run_one(srv, ctx);
+    pthread_mutex_lock(&srv->mu);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return NULL;
+}
+
+/* ---- readiness ------------------------------------------------------------------------------ */
+
+static void *prober_main(void *arg) {
+  wg_server_t *srv = arg;
+  pthread_mutex_lock(&srv->mu);
+  for (;;) {
+    while (!srv->ping_wanted && !srv->stop)
+      pthread_cond_wait(&srv->ping_cv, &srv->mu);
+    if (srv->stop)
+      break;
+    srv->ping_wanted = 0;
+    pthread_mutex_unlock(&srv->mu);
+    int64_t rev = 0;
+    int e = wagma_etcd_ping(srv->c->etcd, &rev);
+    ready_result_t r = {.done = wg_mono(), .e = e, .rev = rev};
+    if (e) /* the detail is this thread's: copy it here */
+      snprintf(r.detail, sizeof r.detail, "%s", wagma_etcd_errmsg(srv->c->etcd));
+    pthread_mutex_lock(&srv->mu);
+    srv->ping = r;
+    pthread_cond_signal(&srv->ready_cv);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return NULL;
+}
+
+/* Answers the /readyz waiters: each with the first ping that returned after it came, or 503
+ * once it waited WG_HTTP_READY_WAIT_MS. */
+static void *waiter_main(void *arg) {
+  wg_server_t *srv = arg;
+  const double wait_s = WG_HTTP_READY_WAIT_MS / 1000.0;
+  pthread_mutex_lock(&srv->mu);
+  while (!srv->stop) {
+    double now = wg_mono(), next = now + 1.0;
+    conn_ctx_t *done = NULL, **pp = &srv->waiters;
+    while (*pp) {
+      conn_ctx_t *w = *pp;
+      if (srv->ping.done >= w->queued) {
+        wg_h_readyz_answer(srv->c, srv->ping.e, srv->ping.rev, srv->ping.detail, &w->res);
+      } else if (now - w->queued >= wait_s) {
+        wg_response_error(&w->res, 503, "unavailable", NULL, "etcd did not answer within %d ms",
+                          WG_HTTP_READY_WAIT_MS);
+      } else {
+        if (w->queued + wait_s < next)
+          next = w->queued + wait_s;
+        pp = &w->next;
+        continue;
+      }
+      *pp = w->next;
+      w->state = CTX_ANSWERED;
+      w->next = done;
+      done = w;
+    }
+    if (done) { /* resumed outside the lock: MHD takes its own */
+      pthread_mutex_unlock(&srv->mu);
+      while (done) {
+        conn_ctx_t *w = done;
+        done = w->next;
+        MHD_resume_connection(w->conn);
+      }
+      pthread_mutex_lock(&srv->mu);
+      continue;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double delay = next - wg_mono();
+    if (delay < 0.0005)
+      delay = 0.0005;
+    long ns = ts.tv_nsec + (long)(delay * 1e9);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(&srv->ready_cv, &srv->mu, &ts);
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return NULL;
+}
+
+static void ready_enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
+  pthread_mutex_lock(&srv->mu);
+  ctx->next = srv->waiters;
+  srv->waiters = ctx;
+  srv->ping_wanted = 1;
+  pthread_cond_signal(&srv->ping_cv);
+  pthread_cond_signal(&srv->ready_cv);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- the access handler ------------------------------------------------------------------- */
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls) {
-  wg_coord_t *c = cls;
+  wg_server_t *srv = cls;
+  wg_coord_t *c = srv->c;
   conn_ctx_t *ctx = *con_cls;
+  (void)version;
   if (!ctx)
     return MHD_NO; /* on_uri ran out of memory: without the raw target, refuse */
   if (!ctx->started_handler) {
     ctx->started_handler = 1;
     ctx->started = wg_mono();
+    ctx->conn = conn;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    ctx->fd = ci ? ci->connect_fd : -1;
+    ctx->gen = wg_front_conn_gen(srv->front, ctx->fd);
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > c->max_body)
       ctx->too_large = 1;
-    /* With a raw NUL inside the target, pass the bytes up to and including it (the copy's
-     * own terminator), so wg_handle sees the NUL. */
     ctx->req.target = ctx->target;
-    ctx->req.target_len =
-        strlen(ctx->target) + (raw_nul_in_target(ctx->target, url, version) ? 1 : 0);
+    ctx->req.target_len = strlen(ctx->target);
     return MHD_YES;
   }
   if (*upload_data_size) {
@@ -138,6 +398,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *upload_data_size = 0;
     return MHD_YES;
   }
+  if (ctx->state == CTX_ANSWERED)
+    return send_answer(srv, conn, ctx, method);
+  if (ctx->state == CTX_GONE) {
+    wg_metrics_abandoned(c->metrics);
+    return MHD_NO; /* nobody to answer: close */
+  }
+  if (ctx->state == CTX_WAITING)
+    return MHD_YES; /* not resumed yet (MHD should not call then) */
   wg_request_t *req = &ctx->req;
   req->method = method;
   req->path = url;
@@ -149,35 +417,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   req->max_body = c->max_body;
   MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collect_query, req);
 
-  wg_response_t res = {0};
-  wg_handle(c, req, &res);
-  wg_route_t r;
-  wg_route(method, url, &r);
-  if (wg_route_target_check(req->target, req->target_len, NULL) != 0)
-    r.label = "other"; /* refused before routing: the decoded path may name a real route */
-  wg_metrics_http(c->metrics, method, r.label, res.status, wg_mono() - ctx->started);
-
-  struct MHD_Response *mr =
-      MHD_create_response_from_buffer(res.body_len, res.body ? res.body : (void *)"",
-                                      res.body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-  if (!mr) {
-    wg_response_free(&res);
-    return MHD_NO;
+  if (wg_handle_prepare(c, req, &ctx->route, &ctx->res) || !wg_route_uses_etcd(ctx->route.id)) {
+    if (ctx->res.status == 0) /* /healthz, /metrics: no etcd, answered here */
+      wg_handle_route(c, req, &ctx->route, &ctx->res);
+    return send_answer(srv, conn, ctx, method);
   }
-  res.body = NULL; /* owned by MHD now */
-  if (res.content_type && res.status != 204)
-    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, res.content_type);
-  if (res.location[0])
-    MHD_add_response_header(mr, MHD_HTTP_HEADER_LOCATION, res.location);
-  if (res.allow[0])
-    MHD_add_response_header(mr, MHD_HTTP_HEADER_ALLOW, res.allow);
-  if (res.www_authenticate)
-    MHD_add_response_header(mr, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer realm=\"wagma\"");
-  if (res.status == 413)
-    MHD_add_response_header(mr, MHD_HTTP_HEADER_CONNECTION, "close");
-  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)res.status, mr);
-  MHD_destroy_response(mr);
-  return ret;
+  /* An etcd endpoint: off MHD's thread. */
+  ctx->state = CTX_WAITING;
+  ctx->queued = wg_mono();
+  MHD_suspend_connection(conn);
+  if (ctx->route.id == WG_ROUTE_READYZ)
+    ready_enqueue(srv, ctx);
+  else
+    enqueue(srv, ctx);
+  return MHD_YES;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -187,6 +440,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   (void)toe;
   conn_ctx_t *ctx = *con_cls;
   if (ctx) {
+    wg_response_free(&ctx->res);
     free(ctx->target);
     free(ctx->body);
     free(ctx);
@@ -210,7 +464,7 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
   }
   fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 512) != 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0 ||
       getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot listen on %s:%d: %s", c->listen_host,
             c->listen_port, strerror(errno));
@@ -223,24 +477,122 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
   return 0;
 }
 
-/* Starts the daemon on a socket from wg_http_bind (taken over: closed by wg_http_stop, or
- * here on failure). Ownership: the caller stops the daemon with wg_http_stop. */
+/* Stops what srv started, in the order that leaves no request half-held: the front (no new
+ * requests; every client connection closed, so MHD's ends read their end of input), the
+ * workers and readiness threads (the queued and waiting requests are resumed as gone), then
+ * MHD. */
+static void server_stop(wg_server_t *srv) {
+  wg_front_stop(srv->front);
+  pthread_mutex_lock(&srv->mu);
+  srv->stop = 1;
+  pthread_cond_broadcast(&srv->work_cv);
+  pthread_cond_broadcast(&srv->ping_cv);
+  pthread_cond_broadcast(&srv->ready_cv);
+  pthread_mutex_unlock(&srv->mu);
+  for (int i = 0; i < srv->nworkers; i++)
+    pthread_join(srv->workers[i], NULL);
+  if (srv->prober_up)
+    pthread_join(srv->prober, NULL);
+  if (srv->waiter_up)
+    pthread_join(srv->waiter, NULL);
+  conn_ctx_t *lists[2] = {srv->qhead, srv->waiters};
+  srv->qhead = srv->qtail = srv->waiters = NULL;
+  for (int l = 0; l < 2; l++) {
+    while (lists[l]) {
+      conn_ctx_t *ctx = lists[l];
+      lists[l] = ctx->next;
+      ctx->state = CTX_GONE;
+      MHD_resume_connection(ctx->conn);
+    }
+  }
+  if (srv->mhd)
+    MHD_stop_daemon(srv->mhd);
+  pthread_cond_destroy(&srv->work_cv);
+  pthread_cond_destroy(&srv->ping_cv);
+  pthread_cond_destroy(&srv->ready_cv);
+  pthread_mutex_destroy(&srv->mu);
+  free(srv->workers);
+  free(srv);
+}
+
+/* Starts the server on a socket from wg_http_bind (taken over: closed by wg_http_stop, or
+ * here on failure). Ownership: the caller stops it with wg_http_stop(*out). */
 int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out) {
-  struct MHD_Daemon *d = MHD_start_daemon(
-      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, c,
-      MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->threads,
-      MHD_OPTION_URI_LOG_CALLBACK, on_uri, c, MHD_OPTION_NOTIFY_COMPLETED, on_completed, c,
-      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30, MHD_OPTION_END);
-  if (!d) {
-    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the HTTP server");
+  wg_server_t *srv = calloc(1, sizeof *srv);
+  if (!srv) {
     close(fd);
+    return WAGMA_ENOMEM;
+  }
+  srv->c = c;
+  pthread_mutex_init(&srv->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&srv->work_cv, NULL);
+  pthread_cond_init(&srv->ping_cv, NULL);
+  pthread_cond_init(&srv->ready_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  srv->mhd = MHD_start_daemon(
+      MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME |
+          MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ITC,
+      0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, srv,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)WG_HTTP_IO_THREADS, MHD_OPTION_URI_LOG_CALLBACK,
+      on_uri, srv, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      /* The front enforces the limits and timeouts; these are MHD's backstops. */
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)(2 * WG_HTTP_MAX_CONNECTIONS),
+      MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)(2 * WG_HTTP_MAX_PER_IP),
+      MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)(2 * WG_HTTP_IDLE_TIMEOUT_S),
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(4 * WG_HTTP_MAX_HEAD), MHD_OPTION_END);
+  int e = srv->mhd ? 0 : WAGMA_EIO;
+  srv->nworkers = c->threads > 0 ? c->threads : 4;
+  srv->workers = e ? NULL : calloc((size_t)srv->nworkers, sizeof *srv->workers);
+  if (!e && !srv->workers)
+    e = WAGMA_ENOMEM;
+  for (int i = 0; !e && i < srv->nworkers; i++)
+    if (pthread_create(&srv->workers[i], NULL, worker_main, srv) != 0) {
+      srv->nworkers = i;
+      e = WAGMA_EIO;
+    }
+  if (!e && pthread_create(&srv->prober, NULL, prober_main, srv) != 0)
+    e = WAGMA_EIO;
+  srv->prober_up = !e;
+  if (!e && pthread_create(&srv->waiter, NULL, waiter_main, srv) != 0)
+    e = WAGMA_EIO;
+  srv->waiter_up = !e;
+  if (!e && (e = wg_front_start(c, fd, srv->mhd, &srv->front)) == 0)
+    fd = -1; /* the front's now */
+  if (e) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the HTTP server: %s",
+            wagma_strerror(e));
+    if (!srv->workers)
+      srv->nworkers = 0;
+    if (fd >= 0)
+      close(fd);
+    server_stop(srv);
     return WAGMA_EIO;
   }
-  *out = d;
+  pthread_mutex_lock(&servers_mu);
+  srv->next_server = servers;
+  servers = srv;
+  pthread_mutex_unlock(&servers_mu);
+  *out = srv->mhd;
   return 0;
 }
 
 void wg_http_stop(struct MHD_Daemon *d) {
-  if (d)
+  if (!d)
+    return;
+  wg_server_t *srv = NULL;
+  pthread_mutex_lock(&servers_mu);
+  for (wg_server_t **pp = &servers; *pp; pp = &(*pp)->next_server)
+    if ((*pp)->mhd == d) {
+      srv = *pp;
+      *pp = srv->next_server;
+      break;
+    }
+  pthread_mutex_unlock(&servers_mu);
+  if (srv)
+    server_stop(srv);
+  else
     MHD_stop_daemon(d);
 }

@@ -3,9 +3,12 @@
  * Owns: REST request counters by (method, route, code) and a latency histogram, a plan
  * computation histogram, the regroupings counter, and the latest cluster snapshot text that
  * the scheduler renders after each reconcile pass (jobs by state, agents, per-job epoch,
- * iteration and loss). One mutex guards everything; rendering copies under it. */
+ * iteration and loss). One mutex guards everything; rendering copies under it. The REST
+ * server's connection gauges and counters are atomics (the front thread updates them per
+ * connection and must not wait on the mutex). */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,7 +43,31 @@ struct wg_metrics {
   histogram_t plan;
   uint64_t regroupings;
   char *snapshot;
+  atomic_long conns_open;
+  atomic_ullong conns_refused;
+  atomic_ullong abandoned;
+  atomic_long queue_depth;
 };
+
+void wg_metrics_conn_open(wg_metrics_t *m, int delta) {
+  if (m)
+    atomic_fetch_add(&m->conns_open, delta);
+}
+
+void wg_metrics_conn_refused(wg_metrics_t *m) {
+  if (m)
+    atomic_fetch_add(&m->conns_refused, 1);
+}
+
+void wg_metrics_abandoned(wg_metrics_t *m) {
+  if (m)
+    atomic_fetch_add(&m->abandoned, 1);
+}
+
+void wg_metrics_queue_depth(wg_metrics_t *m, long depth) {
+  if (m)
+    atomic_store(&m->queue_depth, depth);
+}
 
 int wg_metrics_create(wg_metrics_t **out) {
   wg_metrics_t *m = calloc(1, sizeof *m);
@@ -189,6 +216,18 @@ char *wg_metrics_render(wg_metrics_t *m, int leader) {
               (unsigned long long)m->series[i].count);
   render_histogram(&b, "wagma_http_request_duration_seconds", "REST request handling time",
                    &m->http, http_buckets);
+  sb_printf(&b,
+            "# HELP wagma_http_connections Open client connections\n"
+            "# TYPE wagma_http_connections gauge\nwagma_http_connections %ld\n"
+            "# HELP wagma_http_connections_refused_total Connections refused at accept (limits)\n"
+            "# TYPE wagma_http_connections_refused_total counter\n"
+            "wagma_http_connections_refused_total %llu\n"
+            "# HELP wagma_http_abandoned_total Requests dropped because their client left\n"
+            "# TYPE wagma_http_abandoned_total counter\nwagma_http_abandoned_total %llu\n"
+            "# HELP wagma_http_queue_depth Requests waiting for an HTTP worker\n"
+            "# TYPE wagma_http_queue_depth gauge\nwagma_http_queue_depth %ld\n",
+            atomic_load(&m->conns_open), (unsigned long long)atomic_load(&m->conns_refused),
+            (unsigned long long)atomic_load(&m->abandoned), atomic_load(&m->queue_depth));
   render_histogram(&b, "wagma_plan_compute_seconds", "Time to build and encode a plan", &m->plan,
                    plan_buckets);
   if (m->snapshot)

@@ -1,7 +1,8 @@
 /* commands.c — each wagmactl command as one request and its output.
  *
  * A command builds (method, path, body) from the parsed arguments (ids are validated job
- * names, so they are safe in a path), sends it with the deadline of --timeout and maps the
+ * names, so they are safe in a path), sends it with the deadline of --timeout (list: as many
+ * requests as pages, within one deadline for all) and maps the
  * outcome to an exit code: no answer -> 3, 404 -> 4, other non-2xx -> 1 (the server's error
  * code, message and field on stderr), 2xx -> 0 with the body printed unchanged (--json) or
  * rendered. Single-threaded; no globals. */
@@ -9,6 +10,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctl.h"
 
@@ -189,16 +191,85 @@ static int cmd_stop(const wg_ctl_args_t *a, FILE *out, FILE *err) {
   return code;
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* list: GET /v1/jobs page by page (?limit=WG_CTL_LIST_PAGE, then ?continue=<token> until the
+ * answer has none), every page's jobs into one array, printed as one answer. --timeout is the
+ * deadline of the whole command: each request gets what is left of it. */
+static int cmd_list(const wg_ctl_args_t *a, FILE *out, FILE *err) {
+  json_t *all = json_array();
+  char path[1024], token[512] = "";
+  double deadline = now_s() + a->timeout_s;
+  int code = WG_CTL_EXIT_OK;
+  for (int page = 0; code == WG_CTL_EXIT_OK; page++) {
+    wg_ctl_args_t pa = *a;
+    pa.timeout_s = deadline - now_s();
+    if (pa.timeout_s <= 0) {
+      fprintf(err, "wagmactl: cannot reach %s (timed out): %d pages read within --timeout\n",
+              a->server, page);
+      code = WG_CTL_EXIT_UNREACHABLE;
+      break;
+    }
+    snprintf(path, sizeof path, "/v1/jobs?limit=%d%s%s%s%s", WG_CTL_LIST_PAGE,
+             a->state ? "&state=" : "", a->state ? a->state : "", token[0] ? "&continue=" : "",
+             token);
+    wg_ctl_response_t res;
+    if ((code = exchange(&pa, "GET", path, NULL, 0, &res, err)) != WG_CTL_EXIT_OK)
+      break;
+    json_t *root = parse_body(&res, err);
+    json_t *jobs = json_object_get(root, "jobs");
+    json_t *next = json_object_get(root, "continue");
+    if (!json_is_array(jobs) || (next && !json_is_string(next))) {
+      if (root)
+        fprintf(err, "wagmactl: the server's answer does not have the expected shape\n");
+      code = WG_CTL_EXIT_SERVER;
+    } else {
+      json_array_extend(all, jobs);
+      const char *t = next ? json_string_value(next) : "";
+      /* A token that does not fit a path, or the same one again, would never end. */
+      if (strlen(t) >= sizeof token ||
+          strspn(t, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuv"
+                    "wxyz0123456789-_") != strlen(t) ||
+          (t[0] && strcmp(t, token) == 0)) {
+        fprintf(err, "wagmactl: the server's continue token is not usable\n");
+        code = WG_CTL_EXIT_SERVER;
+      } else {
+        snprintf(token, sizeof token, "%s", t);
+      }
+    }
+    json_decref(root);
+    wg_ctl_response_free(&res);
+    if (!token[0])
+      break;
+  }
+  if (code == WG_CTL_EXIT_OK) {
+    json_t *o = json_pack("{s:O}", "jobs", all);
+    if (a->json) {
+      char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+      if (text)
+        fprintf(out, "%s\n", text);
+      free(text);
+    } else if (!o || wg_ctl_render_jobs(o, out) != 0) {
+      fprintf(err, "wagmactl: the server's answer does not have the expected shape\n");
+      code = WG_CTL_EXIT_SERVER;
+    }
+    json_decref(o);
+  }
+  json_decref(all);
+  return code;
+}
+
 int wg_ctl_run(const wg_ctl_args_t *a, FILE *out, FILE *err) {
   char path[192];
   switch (a->cmd) {
   case WG_CTL_CMD_SUBMIT: return cmd_submit(a, out, err);
   case WG_CTL_CMD_SCALE: return cmd_scale(a, out, err);
   case WG_CTL_CMD_STOP: return cmd_stop(a, out, err);
-  case WG_CTL_CMD_LIST:
-    snprintf(path, sizeof path, "/v1/jobs%s%s", a->state ? "?state=" : "",
-             a->state ? a->state : "");
-    return show(a, "GET", path, wg_ctl_render_jobs, out, err);
+  case WG_CTL_CMD_LIST: return cmd_list(a, out, err);
   case WG_CTL_CMD_GET:
     snprintf(path, sizeof path, "/v1/jobs/%s", a->id);
     return show(a, "GET", path, wg_ctl_render_job, out, err);

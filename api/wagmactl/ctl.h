@@ -27,6 +27,7 @@
 
 #define WG_CTL_DEFAULT_SERVER "http://127.0.0.1:8080"
 #define WG_CTL_DEFAULT_TIMEOUT_S 10.0
+#define WG_CTL_LIST_PAGE 500 /* list asks for pages of this many jobs (the server's maximum) */
 #define WG_CTL_SERVER_MAX 512
 #define WG_CTL_TOKEN_MAX 4096
 

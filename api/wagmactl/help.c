@@ -50,8 +50,10 @@ static const cmd_help_t helps[WG_CTL_CMD_COUNT] = {
                            "is; the server validates it and names a wrong field. Prints the\n"
                            "created job. Needs the token when the coordinator has one.\n"},
     [WG_CTL_CMD_LIST] = {"list [--state pending|running|succeeded|failed|stopped]",
-                         "GET /v1/jobs. One row per job: ID STATE WORKERS (members/target)\n"
-                         "EPOCH ITERATION ALGORITHM MODEL REASON.\n"},
+                         "GET /v1/jobs, page after page (following the server's continue\n"
+                         "tokens, within one --timeout). One row per job: ID STATE WORKERS\n"
+                         "(members/target) EPOCH ITERATION ALGORITHM MODEL REASON. With\n"
+                         "--json: {\"jobs\":[...]} with the jobs of every page.\n"},
     [WG_CTL_CMD_GET] = {"get ID",
                         "GET /v1/jobs/ID. The job's spec and status, then one row per member\n"
                         "of the current plan: RANK NAME ADDRESS [ALIVE] STATE ITERATION LOSS\n"

@@ -1,0 +1,570 @@
+/* coordinator/front.c — the connection front of the REST server: every client connection
+ * passes through it on its way to libmicrohttpd.
+ *
+ * Owns the listening socket, the client sockets and one end of a socketpair per client (the
+ * other end is handed to libmicrohttpd with MHD_add_connection, with the client's address, so
+ * libmicrohttpd parses and answers as if the client were there). One thread, the front
+ * thread, runs an epoll loop over all of them and never blocks:
+ *
+ *   - accepts, and refuses with a JSON 503 `busy` beyond WG_HTTP_MAX_CONNECTIONS connections
+ *     in all or WG_HTTP_MAX_PER_IP from one address;
+ *   - checks every request head with wg_http_head_parse before forwarding a byte of it, and
+ *     answers a head that libmicrohttpd would refuse with its own HTML (414, 431, 505, a bad
+ *     Content-Length, a Transfer-Encoding, folding, garbage) with the documented JSON error,
+ *     exactly once, then closes: earlier requests on the connection are answered first (the
+ *     front half-closes libmicrohttpd's side and relays until libmicrohttpd has closed it);
+ *   - forwards exactly Content-Length body bytes, then checks the next head (keep-alive and
+ *     pipelining keep working);
+ *   - times out a head that does not complete within WG_HTTP_HEAD_TIMEOUT_S and a body that
+ *     stalls for as long (408 `request_timeout`), and closes connections with no traffic for
+ *     WG_HTTP_IDLE_TIMEOUT_S;
+ *   - passes a client's departure on: when the client closes, libmicrohttpd's side sees the
+ *     end of its input, which http.c uses to drop queued work of clients that left.
+ *
+ * Responses are relayed unchanged. The front is the only reader of the client sockets and the
+ * only writer of its socketpair ends; libmicrohttpd's threads touch only their own ends. */
+#define _GNU_SOURCE /* accept4 */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord.h"
+#include "wagma/log_internal.h"
+
+#define IN_CAP (WG_HTTP_MAX_LINE + WG_HTTP_MAX_HEAD + 64)
+#define OUT_CAP 16384
+#define LINGER_S 2.0 /* after a refusal: how long unread input is drained before closing */
+
+typedef struct front_conn {
+  int cfd;      /* the client */
+  int mfd;      /* our end of the socketpair */
+  int mhd_peer; /* libmicrohttpd's end (its number indexes wg_front.gen and .gone) */
+  unsigned gen; /* this connection's generation of that number */
+  struct sockaddr_storage addr;
+  socklen_t addrlen;
+  /* client -> libmicrohttpd: in[0, approved) is checked and goes out; the rest is a head
+   * still arriving */
+  char *in;
+  size_t in_len, approved;
+  uint64_t body_left;  /* body bytes of the current request still to forward */
+  double head_started; /* when the first byte of the pending head came; 0 = none pending */
+  double last_client;  /* last byte from the client */
+  /* libmicrohttpd -> client */
+  char *out;
+  size_t out_off, out_len;
+  int client_eof, mhd_eof, mfd_shut, cfd_shut, dead, closed;
+  /* refusal: 1 = waiting for libmicrohttpd to finish earlier answers, 2 = queued / lingering */
+  int refusing;
+  int refuse_status;
+  const char *refuse_code, *refuse_why;
+  char refuse_method[16];
+  double refuse_at, linger_until;
+  double last_activity;
+  struct front_conn *prev, *next;
+} front_conn_t;
+
+struct wg_front {
+  wg_coord_t *c;
+  struct MHD_Daemon *mhd;
+  int lfd, epfd, stopfd;
+  int accept_paused;
+  double accept_resume;
+  pthread_t thread;
+  front_conn_t *conns;
+  front_conn_t *graveyard; /* closed during an epoll batch; freed after it */
+  int nconns;
+  wg_http_limits_t limits;
+  char stop_tag, listen_tag;
+  /* Whether a connection's client has left, by the number of libmicrohttpd's end: gen[fd]
+   * is the generation of the connection that holds the number (a new one per socketpair),
+   * gone[fd] the generation whose client left (its input ended or failed, or the front
+   * closed the connection). Written by the front thread only, read by the HTTP workers.
+   * libmicrohttpd may close its end, and the number come back with a new connection, before
+   * the front has closed the old one: the generation keeps the old one's departure off the
+   * new one. */
+  atomic_uint *gen, *gone;
+  unsigned next_gen;
+  size_t nfd;
+};
+
+static void mark_gone(wg_front_t *f, const front_conn_t *k) {
+  if (k->mhd_peer >= 0 && (size_t)k->mhd_peer < f->nfd &&
+      atomic_load(&f->gen[k->mhd_peer]) == k->gen)
+    atomic_store(&f->gone[k->mhd_peer], k->gen);
+}
+
+unsigned wg_front_conn_gen(const wg_front_t *f, int mhd_fd) {
+  if (!f || mhd_fd < 0 || (size_t)mhd_fd >= f->nfd)
+    return 0;
+  return atomic_load(&f->gen[mhd_fd]);
+}
+
+int wg_front_client_gone(const wg_front_t *f, int mhd_fd, unsigned gen) {
+  if (!f || gen == 0 || mhd_fd < 0 || (size_t)mhd_fd >= f->nfd)
+    return -1;
+  return atomic_load(&f->gone[mhd_fd]) == gen;
+}
+
+/* ---- the JSON answers the front gives itself ------------------------------------------ */
+
+/* Formats a whole HTTP/1.1 response with the JSON error body into buf; returns its length
+ * (0 when it does not fit). */
+static size_t error_response(int status, const char *code, const char *why, char *buf, size_t cap) {
+  char *body = wagma_api_error_body(code, why, NULL);
+  const char *reason = status == 400   ? "Bad Request"
+                       : status == 408 ? "Request Timeout"
+                       : status == 411 ? "Length Required"
+                       : status == 413 ? "Content Too Large"
+                       : status == 414 ? "URI Too Long"
+                       : status == 431 ? "Request Header Fields Too Large"
+                       : status == 503 ? "Service Unavailable"
+                       : status == 505 ? "HTTP Version Not Supported"
+                                       : "Error";
+  int n =
+      body ? snprintf(buf, cap,
+                      "HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: "
+                      "application/json\r\n%sContent-Length: %zu\r\n\r\n%s",
+                      status, reason, status == 503 ? "Retry-After: 1\r\n" : "", strlen(body), body)
+           : -1;
+  free(body);
+  return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+/* A connection refused at accept: the answer goes out at once (a fresh socket has room for
+ * it), then the socket is closed. */
+static void refuse_now(wg_front_t *f, int fd, const char *why) {
+  char buf[1024];
+  size_t n = error_response(503, "busy", why, buf, sizeof buf);
+  if (n)
+    (void)!send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+  shutdown(fd, SHUT_WR);
+  close(fd);
+  wg_metrics_conn_refused(f->c->metrics);
+  wg_metrics_http(f->c->metrics, NULL, "other", 503, 0);
+}
+
+/* ---- connections ---------------------------------------------------------------------- */
+
+static int same_address(const struct sockaddr_storage *a, const struct sockaddr_storage *b) {
+  if (a->ss_family != b->ss_family)
+    return 0;
+  if (a->ss_family == AF_INET)
+    return ((const struct sockaddr_in *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)b)->sin_addr.s_addr;
+  if (a->ss_family == AF_INET6)
+    return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+                  &((const struct sockaddr_in6 *)b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+  return 0;
+}
+
+/* Closes both sockets and unlists k; the memory stays until free_graveyard, since events of
+ * the current epoll batch may still point at it (they see k->closed). */
+static void conn_close(wg_front_t *f, front_conn_t *k) {
+  mark_gone(f, k);
+  epoll_ctl(f->epfd, EPOLL_CTL_DEL, k->cfd, NULL);
+  epoll_ctl(f->epfd, EPOLL_CTL_DEL, k->mfd, NULL);
+  close(k->cfd);
+  close(k->mfd); /* libmicrohttpd's end reads the end of input and closes its side */
+  if (k->prev)
+    k->prev->next = k->next;
+  else
+    f->conns = k->next;
+  if (k->next)
+    k->next->prev = k->prev;
+  f->nconns--;
+  wg_metrics_conn_open(f->c->metrics, -1);
+  k->closed = 1;
+  k->prev = NULL;
+  k->next = f->graveyard;
+  f->graveyard = k;
+}
+
+static void free_graveyard(wg_front_t *f) {
+  while (f->graveyard) {
+    front_conn_t *k = f->graveyard;
+    f->graveyard = k->next;
+    free(k->in);
+    free(k->out);
+    free(k);
+  }
+}
+
+/* Starts refusing: nothing more from the client goes to libmicrohttpd; once its earlier
+ * answers are out, the JSON error follows and the connection closes. */
+static void refuse(front_conn_t *k, int status, const char *code, const char *why,
+                   const char *method) {
+  if (k->refusing)
+    return;
+  k->refusing = 1;
+  k->refuse_status = status;
+  k->refuse_code = code;
+  k->refuse_why = why;
+  k->refuse_at = wg_mono();
+  snprintf(k->refuse_method, sizeof k->refuse_method, "%s", method ? method : "");
+  k->in_len = k->approved; /* drop the refused head and whatever followed it */
+  k->body_left = 0;
+  k->head_started = 0;
+}
+
+/* Checks what arrived after the approved bytes: body bytes pass, heads are parsed. */
+static void classify(wg_front_t *f, front_conn_t *k, double now) {
+  while (k->approved < k->in_len && !k->refusing) {
+    if (k->body_left > 0) {
+      size_t avail = k->in_len - k->approved;
+      size_t take = k->body_left < avail ? (size_t)k->body_left : avail;
+      k->approved += take;
+      k->body_left -= take;
+      continue;
+    }
+    wg_http_head_t h;
+    int r = wg_http_head_parse(k->in + k->approved, k->in_len - k->approved, &f->limits, &h);
+    if (r == WG_HEAD_MORE) {
+      if (k->head_started == 0)
+        k->head_started = now;
+      return;
+    }
+    if (r == WG_HEAD_BAD) {
+      refuse(k, h.status, h.code, h.why, h.method);
+      return;
+    }
+    if (h.skip) { /* empty lines before the request line: not forwarded */
+      memmove(k->in + k->approved, k->in + k->approved + h.skip, k->in_len - k->approved - h.skip);
+      k->in_len -= h.skip;
+    }
+    k->approved += h.len;
+    k->body_left = h.content_length;
+    k->head_started = 0;
+  }
+}
+
+static int would_block(void) {
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* Moves bytes every way they can go until nothing moves, then closes a finished
+ * connection. Edge-triggered: every read and write goes on until EAGAIN or a full buffer,
+ * and a full buffer empties only here, so this loop is where reading resumes. */
+static void pump(wg_front_t *f, front_conn_t *k) {
+  double now = wg_mono();
+  for (int moved = 1; moved && !k->dead;) {
+    moved = 0;
+    /* client -> in (discarded while lingering after a refusal) */
+    if (!k->client_eof && (k->refusing == 2 ? k->cfd_shut : !k->refusing) && k->in_len < IN_CAP) {
+      char sink[4096];
+      char *dst = k->refusing ? sink : k->in + k->in_len;
+      size_t room = k->refusing ? sizeof sink : IN_CAP - k->in_len;
+      ssize_t n = recv(k->cfd, dst, room, 0);
+      if (n > 0) {
+        moved = 1;
+        k->last_client = k->last_activity = now;
+        if (!k->refusing) {
+          k->in_len += (size_t)n;
+          classify(f, k, now);
+        }
+      } else if (n == 0) {
+        moved = 1;
+        k->client_eof = 1;
+        mark_gone(f, k);
+        k->in_len = k->approved; /* a head cut short is dropped */
+        k->body_left = 0;
+        k->head_started = 0;
+      } else if (!would_block()) {
+        k->dead = 1;
+        break;
+      }
+    }
+    /* in -> libmicrohttpd */
+    if (k->approved > 0 && !k->mfd_shut) {
+      ssize_t n = send(k->mfd, k->in, k->approved, MSG_NOSIGNAL);
+      if (n > 0) {
+        moved = 1;
+        k->last_activity = now;
+        memmove(k->in, k->in + n, k->in_len - (size_t)n);
+        k->in_len -= (size_t)n;
+        k->approved -= (size_t)n;
+      } else if (n < 0 && !would_block()) {
+        /* libmicrohttpd closed its side: what it wrote before is still read below. */
+        moved = 1;
+        k->approved = k->in_len = 0;
+        k->body_left = 0;
+        k->mfd_shut = 1;
+      }
+    }
+    /* Nothing more will come for libmicrohttpd: let it see the end of its input. */
+    if (k->approved == 0 && (k->client_eof || k->refusing) && !k->mfd_shut) {
+      shutdown(k->mfd, SHUT_WR);
+      k->mfd_shut = 1;
+      moved = 1;
+    }
+    /* libmicrohttpd -> out */
+    if (k->out_off == k->out_len)
+      k->out_off = k->out_len = 0;
+    if (!k->mhd_eof && k->out_len < OUT_CAP) {
+      ssize_t n = recv(k->mfd, k->out + k->out_len, OUT_CAP - k->out_len, 0);
+      if (n > 0) {
+        moved = 1;
+        k->out_len += (size_t)n;
+        k->last_activity = now;
+      } else if (n == 0 || !would_block()) {
+        moved = 1;
+        k->mhd_eof = 1;
+      }
+    }
+    /* out -> client */
+    if (k->out_off < k->out_len && !k->cfd_shut) {
+      ssize_t n = send(k->cfd, k->out + k->out_off, k->out_len - k->out_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        moved = 1;
+        k->out_off += (size_t)n;
+        k->last_activity = now;
+      } else if (n < 0 && !would_block()) {
+        k->dead = 1;
+        break;
+      }
+    }
+    /* The refusal goes out once libmicrohttpd has answered what came before and closed. */
+    if (k->refusing == 1 && k->mhd_eof && k->out_off == k->out_len) {
+      k->out_off = 0;
+      k->out_len = error_response(k->refuse_status, k->refuse_code, k->refuse_why, k->out, OUT_CAP);
+      k->refusing = 2;
+      moved = 1;
+      wg_metrics_http(f->c->metrics, k->refuse_method[0] ? k->refuse_method : NULL, "other",
+                      k->refuse_status, now - k->refuse_at);
+    }
+    if (k->refusing == 2 && k->out_off == k->out_len && !k->cfd_shut) {
+      shutdown(k->cfd, SHUT_WR);
+      k->cfd_shut = 1;
+      k->linger_until = now + LINGER_S;
+      moved = 1;
+    }
+  }
+  if (k->refusing == 2 && k->cfd_shut && k->client_eof)
+    k->dead = 1; /* refused, answered, and the client is done */
+  if (!k->refusing && k->mhd_eof && k->out_off == k->out_len)
+    k->dead = 1; /* libmicrohttpd closed (Connection: close, its timeout, client gone) */
+  if (k->dead)
+    conn_close(f, k);
+}
+
+static void accept_all(wg_front_t *f) {
+  for (;;) {
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    int fd = accept4(f->lfd, (struct sockaddr *)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        /* No descriptor for it: stop accepting for a moment (the backlog keeps it). */
+        wg_logf(f->c->log, f->c->log_user, WAGMA_LOG_WARN, "accept: %s: pausing 100 ms",
+                strerror(errno));
+        struct epoll_event ev = {.events = 0, .data.ptr = &f->listen_tag};
+        epoll_ctl(f->epfd, EPOLL_CTL_MOD, f->lfd, &ev);
+        f->accept_paused = 1;
+        f->accept_resume = wg_mono() + 0.1;
+      }
+      return;
+    }
+    if (f->nconns >= WG_HTTP_MAX_CONNECTIONS) {
+      refuse_now(f, fd, "too many connections: retry later");
+      continue;
+    }
+    int from_peer = 0;
+    for (front_conn_t *k = f->conns; k; k = k->next)
+      from_peer += same_address(&k->addr, &sa);
+    if (from_peer >= WG_HTTP_MAX_PER_IP) {
+      refuse_now(f, fd, "too many connections from your address: retry later");
+      continue;
+    }
+    int one = 1, sv[2];
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    front_conn_t *k = calloc(1, sizeof *k);
+    char *in = malloc(IN_CAP), *out = malloc(OUT_CAP);
+    if (!k || !in || !out ||
+        socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
+      free(k);
+      free(in);
+      free(out);
+      refuse_now(f, fd, "out of resources: retry later");
+      continue;
+    }
+    unsigned gen = ++f->next_gen ? f->next_gen : ++f->next_gen; /* 0 = unknown */
+    if ((size_t)sv[1] < f->nfd)
+      atomic_store(&f->gen[sv[1]], gen);
+    /* libmicrohttpd owns sv[1] from here, also on failure (it closes it then). */
+    if (MHD_add_connection(f->mhd, sv[1], (struct sockaddr *)&sa, len) != MHD_YES) {
+      close(sv[0]);
+      free(k);
+      free(in);
+      free(out);
+      refuse_now(f, fd, "connection limit of the HTTP server: retry later");
+      continue;
+    }
+    k->cfd = fd;
+    k->mfd = sv[0];
+    k->mhd_peer = sv[1];
+    k->gen = gen;
+    k->addr = sa;
+    k->addrlen = len;
+    k->in = in;
+    k->out = out;
+    k->last_activity = k->last_client = wg_mono();
+    k->next = f->conns;
+    if (f->conns)
+      f->conns->prev = k;
+    f->conns = k;
+    f->nconns++;
+    wg_metrics_conn_open(f->c->metrics, +1);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.ptr = k};
+    if (epoll_ctl(f->epfd, EPOLL_CTL_ADD, k->cfd, &ev) != 0 ||
+        epoll_ctl(f->epfd, EPOLL_CTL_ADD, k->mfd, &ev) != 0) {
+      conn_close(f, k);
+      continue;
+    }
+    pump(f, k);
+  }
+}
+
+/* Timeouts, every WG_HTTP_SWEEP_S. */
+static void sweep(wg_front_t *f) {
+  double now = wg_mono();
+  if (f->accept_paused && now >= f->accept_resume) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &f->listen_tag};
+    epoll_ctl(f->epfd, EPOLL_CTL_MOD, f->lfd, &ev);
+    f->accept_paused = 0;
+  }
+  front_conn_t *next;
+  for (front_conn_t *k = f->conns; k; k = next) {
+    next = k->next;
+    if (k->refusing == 2 && k->cfd_shut && now >= k->linger_until) {
+      conn_close(f, k);
+      continue;
+    }
+    if (!k->refusing && k->head_started > 0 && now - k->head_started > WG_HTTP_HEAD_TIMEOUT_S) {
+      refuse(k, 408, "request_timeout", "the request head did not complete in time", NULL);
+      pump(f, k);
+      continue;
+    }
+    if (!k->refusing && k->body_left > 0 && now - k->last_client > WG_HTTP_HEAD_TIMEOUT_S) {
+      refuse(k, 408, "request_timeout", "the request body stalled", NULL);
+      pump(f, k);
+      continue;
+    }
+    if (now - k->last_activity > WG_HTTP_IDLE_TIMEOUT_S)
+      conn_close(f, k); /* nothing moved either way: idle keep-alive, or a client gone mute */
+  }
+}
+
+static int fcntl_nonblock(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0 ? -1 : 0;
+}
+
+static void *front_main(void *arg) {
+  wg_front_t *f = arg;
+  struct epoll_event evs[256];
+  double next_sweep = wg_mono() + WG_HTTP_SWEEP_S;
+  for (;;) {
+    int timeout_ms = (int)((next_sweep - wg_mono()) * 1000) + 1;
+    int n = epoll_wait(f->epfd, evs, 256, timeout_ms < 1 ? 1 : timeout_ms);
+    for (int i = 0; i < n; i++) {
+      void *p = evs[i].data.ptr;
+      if (p == &f->stop_tag)
+        return NULL;
+      if (p == &f->listen_tag)
+        accept_all(f);
+    }
+    for (int i = 0; i < n; i++) {
+      void *p = evs[i].data.ptr;
+      if (p == &f->stop_tag || p == &f->listen_tag)
+        continue;
+      front_conn_t *k = p;
+      if (!k->closed) /* closed by an earlier event of this batch */
+        pump(f, k);
+    }
+    free_graveyard(f);
+    if (wg_mono() >= next_sweep) {
+      sweep(f);
+      free_graveyard(f);
+      next_sweep = wg_mono() + WG_HTTP_SWEEP_S;
+    }
+  }
+}
+
+int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_front_t **out) {
+  wg_front_t *f = calloc(1, sizeof *f);
+  if (!f)
+    return WAGMA_ENOMEM;
+  f->c = c;
+  f->mhd = mhd;
+  f->lfd = listen_fd;
+  f->limits = (wg_http_limits_t){
+      .max_line = WG_HTTP_MAX_LINE, .max_head = WG_HTTP_MAX_HEAD, .max_fields = WG_HTTP_MAX_FIELDS};
+  /* Three descriptors per connection (client, two socketpair ends) plus etcd's: ask for
+   * the hard limit when the soft one is lower than that needs. */
+  struct rlimit rl;
+  rlim_t want = (rlim_t)WG_HTTP_MAX_CONNECTIONS * 3 + 512;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < want) {
+    rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  f->nfd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? rl.rlim_cur : 1u << 20;
+  f->gen = calloc(f->nfd, sizeof *f->gen);
+  f->gone = calloc(f->nfd, sizeof *f->gone);
+  if (!f->gen || !f->gone) {
+    free(f->gen);
+    free(f->gone);
+    free(f);
+    return WAGMA_ENOMEM;
+  }
+  f->epfd = epoll_create1(EPOLL_CLOEXEC);
+  f->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &f->listen_tag};
+  struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &f->stop_tag};
+  if (f->epfd < 0 || f->stopfd < 0 || fcntl_nonblock(listen_fd) != 0 ||
+      epoll_ctl(f->epfd, EPOLL_CTL_ADD, listen_fd, &lev) != 0 ||
+      epoll_ctl(f->epfd, EPOLL_CTL_ADD, f->stopfd, &sev) != 0 ||
+      pthread_create(&f->thread, NULL, front_main, f) != 0) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the connection front: %s",
+            strerror(errno));
+    if (f->epfd >= 0)
+      close(f->epfd);
+    if (f->stopfd >= 0)
+      close(f->stopfd);
+    free(f->gen);
+    free(f->gone);
+    free(f);
+    return WAGMA_EIO;
+  }
+  *out = f;
+  return 0;
+}
+
+void wg_front_stop(wg_front_t *f) {
+  if (!f)
+    return;
+  uint64_t one = 1;
+  (void)!write(f->stopfd, &one, sizeof one);
+  pthread_join(f->thread, NULL);
+  while (f->conns)
+    conn_close(f, f->conns);
+  free_graveyard(f);
+  close(f->lfd);
+  close(f->epfd);
+  close(f->stopfd);
+  free(f->gen);
+  free(f->gone);
+  free(f);
+}
