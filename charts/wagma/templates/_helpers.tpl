@@ -1,0 +1,119 @@
+{{/*
+Names. The full name prefixes every object; it is cut to 40 characters so that the agents' pod
+names (<full name>-agent-gpu-<ordinal>), which are the agents' names, stay within 63.
+*/}}
+{{- define "wagma.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "wagma.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "wagma.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object; "wagma.labels" with (dict "ctx" $ "component" "etcd"). */}}
+{{- define "wagma.labels" -}}
+helm.sh/chart: {{ include "wagma.chart" .ctx }}
+{{ include "wagma.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: wagma
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "wagma.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "wagma.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "wagma.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "wagma.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The token Secret: the existing one or the chart's. */}}
+{{- define "wagma.tokenSecret" -}}
+{{- default (printf "%s-token" (include "wagma.fullname" .)) .Values.auth.existingSecret }}
+{{- end }}
+
+{{- define "wagma.etcdName" -}}
+{{- printf "%s-etcd" (include "wagma.fullname" .) }}
+{{- end }}
+
+{{- define "wagma.etcdHeadless" -}}
+{{- printf "%s-etcd-headless" (include "wagma.fullname" .) }}
+{{- end }}
+
+{{/* DNS name of etcd member i: (dict "ctx" $ "i" 0) */}}
+{{- define "wagma.etcdMemberHost" -}}
+{{- printf "%s-%d.%s.%s.svc.%s" (include "wagma.etcdName" .ctx) (int .i) (include "wagma.etcdHeadless" .ctx) .ctx.Release.Namespace .ctx.Values.clusterDomain }}
+{{- end }}
+
+{{/*
+The etcd endpoints the coordinators and agents get (--etcd): every member by its stable DNS
+name, so the client fails over between them, or the external endpoints.
+*/}}
+{{- define "wagma.etcdEndpoints" -}}
+{{- if .Values.etcd.enabled }}
+{{- $eps := list }}
+{{- range $i := until (int .Values.etcd.replicas) }}
+{{- $eps = append $eps (printf "%s:%d" (include "wagma.etcdMemberHost" (dict "ctx" $ "i" $i)) (int $.Values.etcd.clientPort)) }}
+{{- end }}
+{{- join "," $eps }}
+{{- else }}
+{{- join "," .Values.etcd.external.endpoints }}
+{{- end }}
+{{- end }}
+
+{{/* image reference: (dict "image" .Values.x.image "default" "tag") */}}
+{{- define "wagma.image" -}}
+{{- printf "%s:%s" .image.repository (default .default .image.tag) }}
+{{- end }}
+
+{{- define "wagma.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets -}}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Soft or hard pod anti-affinity over nodes: (dict "ctx" $ "component" "coordinator" "mode" "soft") */}}
+{{- define "wagma.antiAffinity" -}}
+{{- if eq .mode "hard" -}}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "wagma.selectorLabels" . | nindent 10 }}
+{{- else if eq .mode "soft" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "wagma.selectorLabels" . | nindent 12 }}
+{{- end }}
+{{- end }}
