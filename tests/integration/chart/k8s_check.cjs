@@ -24,7 +24,7 @@ const path = require('path');
 
 const root = path.resolve(__dirname, '../../..');
 const mods = process.env.WAGMA_TOOLS_DIR
-  ? path.join(process.env.WAGMA_TOOLS_DIR, 'node_modules')
+  ? path.resolve(process.env.WAGMA_TOOLS_DIR, 'node_modules')
   : path.join(root, '.tools', 'node_modules');
 const YAML = require(path.join(mods, 'yaml'));
 
