@@ -102,8 +102,14 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
   if (global && round + 1 > s->acc_global)
     s->acc_global = round + 1;
   if (s->front == s->pinned) {
-    /* The snapshot is still the contribution: it becomes the mean exactly. */
-    memcpy(s->buf[s->front], mean, s->count * sizeof(float));
+    /* The snapshot is still the contribution: it becomes the mean exactly. The mean goes into
+     * a buffer that is neither pinned (a flush may still be reading it for the CONTRIB's
+     * send) nor being written by publish; with three buffers one is always free. */
+    int w = 0;
+    while (w == s->pinned || w == s->writing)
+      w++;
+    memcpy(s->buf[w], mean, s->count * sizeof(float));
+    s->front = w;
     if (round > s->version)
       s->version = round;
     s->seq++;
