@@ -7,8 +7,10 @@
 #             GET /v1/jobs/{id}     (one etcd Range + JSON of spec, status, 8 members)
 #             POST /v1/jobs         (one etcd Txn + one Range; unique names)
 # and prints each one's throughput and latency with the ratio to the baseline; then the
-# scheduling latency at P = 100, 1000, 5000 agents (bench_schedule; SCHED_SIZES overrides) and
-# the plan computation time (bench_plan).
+# scheduling latency at P = 100, 1000, 5000 agents (bench_schedule; SCHED_SIZES overrides),
+# the plan computation time (bench_plan), and GET /healthz latency while LOAD_CONNS (default
+# 1000) connections list jobs (at least 1070 jobs in etcd by then), against the unloaded
+# baseline (bench_healthz_load; LOAD_S seconds, default DURATION_S).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-coord}
@@ -81,3 +83,13 @@ echo "$sched"
 echo
 echo "plan computation (bench_plan):"
 "$build/bench/coordinator/bench_plan"
+# The issue's setting: over 1,070 jobs (the POST run above made thousands; top up if not).
+njobs=$($E get --prefix /wagma/jobs/ --keys-only | grep -c '/spec$' || true)
+for ((i = njobs; i < 1070; i++)); do
+  curl -sf -XPOST -H 'Content-Type: application/json' \
+    -d "{\"name\":\"fill-$i\",\"workers\":2}" "$base/v1/jobs" >/dev/null
+done
+echo
+echo "healthz under list load (bench_healthz_load, $(($($E get --prefix /wagma/jobs/ --keys-only | grep -c '/spec$'))) jobs):"
+"$build/bench/coordinator/bench_healthz_load" "$hport" "${LOAD_S:-$dur}" "${LOAD_CONNS:-1000}" \
+  "${LOAD_LEAVERS:-0}"

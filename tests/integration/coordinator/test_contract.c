@@ -22,6 +22,7 @@
 #include "coord.h"
 #include "etcd_fixture.h"
 #include "harness.h"
+#include "raw_http.h"
 
 #ifndef WAGMA_OPENAPI_PATH
 #error "WAGMA_OPENAPI_PATH must be defined"
@@ -293,6 +294,9 @@ static void test_live_walk(void **state) {
   check(&c, "GET", "/v1/jobs", "/v1/jobs", NULL);
   check(&c, "GET", "/v1/jobs", "/v1/jobs?state=running", NULL);
   check(&c, "GET", "/v1/jobs", "/v1/jobs?state=nope", NULL); /* 400 */
+  check(&c, "GET", "/v1/jobs", "/v1/jobs?limit=1", NULL);    /* a page with "continue" */
+  check(&c, "GET", "/v1/jobs", "/v1/jobs?limit=0", NULL);    /* 400 */
+  check(&c, "GET", "/v1/jobs", "/v1/jobs?continue=x", NULL); /* 400 */
   check(&c, "GET", "/v1/jobs/{id}", "/v1/jobs/ct", NULL);
   check(&c, "GET", "/v1/jobs/{id}", "/v1/jobs/pend", NULL);
   check(&c, "GET", "/v1/jobs/{id}", "/v1/jobs/none", NULL); /* 404 */
@@ -315,6 +319,26 @@ static void test_live_walk(void **state) {
   check(&c, "DELETE", "/v1/jobs/{id}", "/v1/jobs/pend", NULL); /* 409 finished */
   check(&c, "DELETE", "/v1/jobs/{id}", "/v1/jobs/pend?purge=true", NULL);
   check(&c, "DELETE", "/v1/jobs/{id}", "/v1/jobs/none", NULL); /* 404 */
+
+  /* What the server refuses before routing (HTTP framing, on raw sockets) has the documented
+   * error body with a documented code. */
+  static const char *const refused[] = {
+      "GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n",
+      "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: x\r\n\r\n",
+      "POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+      "GET /healthz HTTP/1.1\r\nBad header\r\n\r\n",
+  };
+  json_t *error_schema =
+      json_object_get(json_object_get(json_object_get(g_api, "components"), "schemas"), "Error");
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    raw_answer_t a;
+    assert_int_equal(raw_exchange(NULL, c.port, refused[i], strlen(refused[i]), &a, 1, NULL, 5), 1);
+    json_t *v = json_loads(a.body, 0, NULL);
+    if (!v)
+      fail_msg("refusal %zu: not JSON: %s", i, a.body);
+    validate(error_schema, v, "refusal");
+    json_decref(v);
+  }
 
   /* Every documented operation was exercised. */
   json_t *paths = json_object_get(g_api, "paths");
