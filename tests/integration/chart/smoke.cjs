@@ -269,6 +269,9 @@ function makePod(docs, owner, name, ordinal) {
   return pod;
 }
 
+// a pod's environment is its container's env only; a sanitizer build's options (scripts/test.sh
+// exports them) are the test harness's, passed through
+const sanitizerEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => /^(ASAN|LSAN|UBSAN|TSAN)_OPTIONS$/.test(k)));
 function startPod(pod) {
   for (const c of pod.containers) {
     if (!(c.uid > 0)) throw new Error(`pod ${pod.name}: ${c.name} would run as root`);
@@ -276,7 +279,7 @@ function startPod(pod) {
     const argv = ['netns', 'exec', pod.ns, 'setpriv', `--reuid=${c.uid}`, `--regid=${c.gid}`,
       c.groups ? `--groups=${c.groups}` : '--clear-groups', '--', c.bin, ...c.args];
     const child = cp.spawn('ip', argv, {
-      cwd: c.cwd, env: { PATH: '/usr/bin:/bin', HOSTNAME: pod.name, ...c.env }, stdio: ['ignore', out, out],
+      cwd: c.cwd, env: { PATH: '/usr/bin:/bin', HOSTNAME: pod.name, ...sanitizerEnv, ...c.env }, stdio: ['ignore', out, out],
     });
     fs.closeSync(out);
     const p = { pod: pod.name, container: c.name, child, exited: false, code: null, signal: null };
