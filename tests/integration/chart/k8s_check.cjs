@@ -268,6 +268,29 @@ function scenario(name, docs, byKind, find) {
     case 'servicemonitor-no-crd':
       expect(sm.length === 0, 'no ServiceMonitor without the CRD');
       break;
+    case 'options': {
+      const cspec = coord.spec.template.spec;
+      expect(!flag(cargs, '--token-file') && !(cspec.volumes || []).length && secret.length === 0, 'no token: no Secret, no --token-file');
+      expect(etcd && !etcd.spec.volumeClaimTemplates && etcd.spec.template.spec.volumes.some((v) => v.name === 'data' && v.emptyDir), 'etcd on an emptyDir');
+      expect(argsOf(etcd, 'etcd').includes('--snapshot-count=10000'), 'etcd extraArgs');
+      expect(cspec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution, 'hard anti-affinity');
+      expect(cargs.includes('--max-body=131072'), 'coordinator extraArgs');
+      const svc = find('Service', coord.metadata.name);
+      expect(svc.spec.type === 'NodePort' && svc.spec.ports[0].nodePort === 30080, 'NodePort 30080');
+      const a = agents[0];
+      const aspec = a.spec.template.spec;
+      expect(a.spec.updateStrategy.type === 'OnDelete', 'OnDelete agents');
+      expect(aspec.volumes.some((v) => v.name === 'data' && v.persistentVolumeClaim.claimName === 'fashion-data' && v.persistentVolumeClaim.readOnly), 'the data claim, read-only');
+      expect(aspec.volumes.some((v) => v.name === 'checkpoints' && v.persistentVolumeClaim.claimName === 'wagma-checkpoints'), 'the checkpoint claim');
+      expect(aspec.containers[0].volumeMounts.some((m) => m.name === 'data' && m.mountPath === '/usr/share/datasets/fashion-mnist'), 'data mounted at dataDir');
+      expect(aspec.imagePullSecrets[0].name === 'regcred', 'pull secrets');
+      expect(docs.every((d) => d.metadata.labels.team === 'research'), 'common labels on every object');
+      expect(docs.every((d) => d.metadata.name.startsWith('ml-wagma')), 'fullnameOverride');
+      break;
+    }
+    case 'no-agents':
+      expect(agents.length === 0 && !byKind('Service').some((s) => s.metadata.labels['app.kubernetes.io/component'] === 'agent'), 'no agent StatefulSet, no agent Service');
+      break;
     case 'smoke':
       break;
     default:

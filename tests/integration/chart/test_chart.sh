@@ -39,6 +39,8 @@ scenarios=(
   "existing-secret|values/existing-secret.yaml|"
   "servicemonitor-on|values/servicemonitor.yaml|--api-versions monitoring.coreos.com/v1/ServiceMonitor"
   "servicemonitor-no-crd|values/servicemonitor.yaml|"
+  "options|values/options.yaml|"
+  "no-agents||--set agents.cpu.enabled=false"
 )
 
 # ---- 1. lint (each values file once; lint takes no --api-versions) --------------------------------
