@@ -453,7 +453,11 @@ async function main() {
       throw new Error('containers exited (a flag the binary does not know? see their logs below)');
 
     // the coordinators: one leader, both answering through their pod IPs
-    const health = coords.map((p) => json(httpGet(`http://${p.ip}:${p.containers[0].spec.ports[0].containerPort}/healthz`)) || {});
+    let health = [];
+    await waitFor('one leader', () => {
+      health = coords.map((p) => json(httpGet(`http://${p.ip}:${p.containers[0].spec.ports[0].containerPort}/healthz`)) || {});
+      return health.filter((h) => h.leader === true).length === 1;
+    }, 15000);
     check(health.filter((h) => h.leader === true).length === 1, 'exactly one coordinator leads', JSON.stringify(health));
 
     // the agents: registered under their pod names, advertising their pod IPs
