@@ -3,6 +3,8 @@
  * runner thread (training side).
  *
  *   main.c        options, logging, signals, start / stop order
+ *   ckroot.c      the checkpoint root: checkpoints are written and read only below it, no
+ *                 symbolic link followed (relative paths from the spec and the record)
  *   registry.c    the control thread: lease + agent key, assignment and plan watches, job spec,
  *                 progress and checkpoint records (the only code that talks to etcd)
  *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress and checkpoint records
@@ -20,7 +22,9 @@
 #ifndef WAGMA_AGENT_H
 #define WAGMA_AGENT_H
 
+#include <limits.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "wagma/api.h"
@@ -29,6 +33,28 @@
 #include "wagma/status.h"
 
 #define WG_AGENT_VERSION "0.1.0"
+
+/* ---- checkpoint root (ckroot.c) --------------------------------------------------------- */
+
+typedef struct wg_ckroot {
+  int fd;              /* the root directory, held open for the process's life; -1 = none */
+  char path[PATH_MAX]; /* its real path (for messages) */
+} wg_ckroot_t;
+
+/* Resolves dir ("" = the current directory) with realpath and opens it. 0, or WAGMA_EINVAL with
+ * err saying why (missing, not a directory, unreadable). */
+int wg_ckroot_open(const char *dir, wg_ckroot_t *root, char *err, size_t err_len);
+void wg_ckroot_close(wg_ckroot_t *root);
+/* NULL when rel is a path the root takes (relative; no empty, "." or ".." component; no
+ * control character; components <= NAME_MAX), else why not. */
+const char *wg_ckroot_path_problem(const char *rel);
+/* Opens the directory rel below the root ("" or NULL = the root) one component at a time with
+ * O_NOFOLLOW, creating missing components (0755) when create. Returns the directory's fd (the
+ * caller closes it) or a negative status with err: WAGMA_EPERM for a refused path or a symbolic
+ * link on the way, WAGMA_ENOTFOUND for a missing component, WAGMA_EIO otherwise. Thread-safe. */
+int wg_ckroot_opendir(const wg_ckroot_t *root, const char *rel, int create, char *err,
+                      size_t err_len);
+/* (wg_ckroot_save / wg_ckroot_load, which take a model: runner.h) */
 
 /* ---- options ----------------------------------------------------------------------------- */
 
@@ -46,7 +72,9 @@ typedef struct wg_agent_options {
   double slow_factor;      /* >= 1: compute takes F x longer */
   double sleep_prob;       /* transient imbalance: probability of a pause per iteration */
   double sleep_ms;
-  char data_dir[256]; /* Fashion-MNIST directory, "" = the Debian package's */
+  char data_dir[256];                 /* Fashion-MNIST directory, "" = the Debian package's */
+  char checkpoint_root_arg[PATH_MAX]; /* --checkpoint-root as given, "" = the current dir */
+  wg_ckroot_t checkpoint_root;        /* opened by main before the threads start */
   size_t synthetic_train, synthetic_test;
   size_t eval_samples; /* test samples of the periodic evaluation (0 = all) */
   int threads;         /* BLAS threads */
@@ -80,7 +108,7 @@ typedef struct wg_job_config {
   uint64_t seed;
   int staleness_bound; /* local-sgd: model mean every tau iterations */
   uint64_t checkpoint_every;
-  char checkpoint_dir[256];
+  char checkpoint_dir[256]; /* spec checkpoint.path: relative to the checkpoint root */
 } wg_job_config_t;
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */
@@ -108,7 +136,7 @@ typedef struct wg_progress_snap {
 
 typedef struct wg_checkpoint_rec {
   char job[WAGMA_NAME_MAX];
-  char path[WAGMA_API_CHECKPOINT_PATH_MAX];
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX]; /* relative to the checkpoint root */
   uint64_t iteration, epoch;
 } wg_checkpoint_rec_t;
 

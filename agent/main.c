@@ -113,6 +113,10 @@ static void usage(FILE *f) {
           "                          --listen) before the agent reports itself unavailable\n"
           "                          for the job (default 10)\n"
           "  --data-dir DIR          Fashion-MNIST directory (default %s)\n"
+          "  --checkpoint-root DIR   checkpoints are written and read only below DIR: a\n"
+          "                          job's checkpoint.path is relative to it, and no\n"
+          "                          symbolic link below it is followed (default: the\n"
+          "                          current directory)\n"
           "  --synthetic-train N     samples of the synthetic training set (default 8192)\n"
           "  --synthetic-test N      samples of the synthetic test set (default 2048)\n"
           "  --eval-samples N        test samples of the periodic evaluation, 0 = all\n"
@@ -174,6 +178,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"etcd-startup-timeout", required_argument, 0, 'U'},
                                         {"listen-timeout", required_argument, 0, 'B'},
                                         {"data-dir", required_argument, 0, 'd'},
+                                        {"checkpoint-root", required_argument, 0, 'K'},
                                         {"synthetic-train", required_argument, 0, 'S'},
                                         {"synthetic-test", required_argument, 0, 'T'},
                                         {"eval-samples", required_argument, 0, 'V'},
@@ -192,6 +197,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   double v;
   int c;
   memset(o, 0, sizeof *o);
+  o->checkpoint_root.fd = -1;
   snprintf(o->prefix, sizeof o->prefix, "/wagma");
   o->capacity = 1;
   o->lease_ttl_s = 5;
@@ -271,6 +277,12 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
         FAIL("--data-dir too long");
       snprintf(o->data_dir, sizeof o->data_dir, "%s", optarg);
       break;
+    case 'K':
+      if (!optarg[0] || strlen(optarg) >= sizeof o->checkpoint_root_arg)
+        FAIL("--checkpoint-root must be a directory (1..%zu characters)",
+             sizeof o->checkpoint_root_arg - 1);
+      snprintf(o->checkpoint_root_arg, sizeof o->checkpoint_root_arg, "%s", optarg);
+      break;
     case 'S':
       if (parse_double(optarg, 16, 1e7, &v))
         FAIL("--synthetic-train must be 16..10000000");
@@ -345,6 +357,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");
   }
+  {
+    char why[PATH_MAX + 128];
+    if (wg_ckroot_open(o->checkpoint_root_arg, &o->checkpoint_root, why, sizeof why) != 0)
+      FAIL("%s", why);
+  }
   return 0;
 }
 
@@ -390,9 +407,10 @@ int main(int argc, char **argv) {
   if (wg_runner_start(&opt, &shared, &runner) != 0)
     goto out;
   wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
-          "started: pid %d, listen %s, etcd %s, prefix %s, slow factor %.2f, sleep %.2f x %.0f ms",
-          (int)getpid(), opt.listen, opt.endpoints, opt.prefix, opt.slow_factor, opt.sleep_prob,
-          opt.sleep_ms);
+          "started: pid %d, listen %s, etcd %s, prefix %s, checkpoint root %s, slow factor %.2f, "
+          "sleep %.2f x %.0f ms",
+          (int)getpid(), opt.listen, opt.endpoints, opt.prefix, opt.checkpoint_root.path,
+          opt.slow_factor, opt.sleep_prob, opt.sleep_ms);
   /* The main thread stays in sigtimedwait (so that it, not a thread of a library that was
    * started with signals unblocked, takes SIGINT / SIGTERM) and watches the startup: etcd
    * unreachable for --etcd-startup-timeout, or the name held by a live agent, ends the
@@ -424,6 +442,7 @@ out:
     _exit(rc);
   }
   wg_shared_destroy(&shared);
+  wg_ckroot_close(&opt.checkpoint_root);
   wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO, "stopped");
   return rc;
 }

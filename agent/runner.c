@@ -19,7 +19,8 @@
  *    whole test set and the completion signal (progress state "done"). A finished agent keeps
  *    its communicator (its round thread answers peers) until released or linger_s passes.
  * Rank 0 writes checkpoints every checkpoint.every iterations (atomic file, then a record in
- * etcd through the control thread).
+ * etcd through the control thread), below the agent's checkpoint root only (ckroot.c): the
+ * spec's checkpoint.path and the record's path are relative to it.
  * An agent that cannot serve the job says so with the progress state "unavailable" and the
  * reason, and the coordinator replans without it: when its data set cannot be loaded from its
  * --data-dir, or when the communicator of a plan cannot be created (typically: --listen is
@@ -38,7 +39,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "agent/runner.h"
@@ -293,7 +293,9 @@ static int load_checkpoint(wg_runner_ctx_t *r, const wg_checkpoint_rec_t *ck) {
   wg_job_t *j = &r->job;
   char err[256];
   uint64_t it = 0;
-  int e = wagma_checkpoint_load(ck->path, j->model, j->optim, &it, err, sizeof err);
+  /* ck->path comes from etcd: relative to the checkpoint root, which it cannot leave */
+  int e =
+      wg_ckroot_load(&r->opt->checkpoint_root, ck->path, j->model, j->optim, &it, err, sizeof err);
   if (e) {
     RLOG(r, WAGMA_LOG_WARN, "job %s: cannot resume from %s: %s", j->cfg.job, ck->path, err);
     return e;
@@ -485,23 +487,21 @@ static void connect_epoch(wg_runner_ctx_t *r) {
 static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {
   wg_job_t *j = &r->job;
   uint64_t every = j->cfg.checkpoint_every;
-  char path[WAGMA_API_CHECKPOINT_PATH_MAX], err[256]; /* the path is recorded in etcd */
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX], name[WAGMA_NAME_MAX + 8], err[512];
   if (j->rank != 0 || every == 0 || !j->cfg.checkpoint_dir[0])
     return;
   if (before / every == j->iteration / every && j->iteration < j->total_iterations)
     return;
-  if (mkdir(j->cfg.checkpoint_dir, 0755) != 0 && errno != EEXIST) {
-    RLOG(r, WAGMA_LOG_WARN, "job %s: cannot create %s: %s", j->cfg.job, j->cfg.checkpoint_dir,
-         strerror(errno));
-    return;
-  }
-  if (snprintf(path, sizeof path, "%s/%s.ckpt", j->cfg.checkpoint_dir, j->cfg.job) >=
-      (int)sizeof path) {
+  /* <root>/<checkpoint.path>/<job>.ckpt; the record holds the path relative to the root, so
+   * every agent resolves it under its own --checkpoint-root (docs/agent.md) */
+  snprintf(name, sizeof name, "%s.ckpt", j->cfg.job);
+  if (snprintf(path, sizeof path, "%s/%s", j->cfg.checkpoint_dir, name) >= (int)sizeof path) {
     RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint path longer than %d bytes", j->cfg.job,
          (int)sizeof path - 1);
     return;
   }
-  if (wagma_checkpoint_save(path, j->model, j->optim, j->iteration, err, sizeof err) != 0) {
+  if (wg_ckroot_save(&r->opt->checkpoint_root, j->cfg.checkpoint_dir, name, j->model, j->optim,
+                     j->iteration, err, sizeof err) != 0) {
     RLOG(r, WAGMA_LOG_WARN, "job %s: checkpoint failed: %s", j->cfg.job, err);
     return;
   }

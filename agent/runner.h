@@ -72,6 +72,14 @@ typedef struct wg_runner_ctx {
  * Returns 0 or the communicator's error (the caller decides what to do about it). */
 int wg_algo_iteration(wg_runner_ctx_t *r);
 
+/* ckroot.c: a checkpoint saved as <root>/<rel_dir>/<name> (directories created, no link
+ * followed) and loaded from <root>/<rel_file>; 0 or a status with err naming the file. A
+ * rel_file the root does not take (absolute, "..", ...) or a link on the way is WAGMA_EPERM. */
+int wg_ckroot_save(const wg_ckroot_t *root, const char *rel_dir, const char *name, wagma_model_t *m,
+                   wagma_optim_t *o, uint64_t iteration, char *err, size_t err_len);
+int wg_ckroot_load(const wg_ckroot_t *root, const char *rel_file, wagma_model_t *m,
+                   wagma_optim_t *o, uint64_t *iteration, char *err, size_t err_len);
+
 /* runner.c helpers used by algorithms.c */
 void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status);
 

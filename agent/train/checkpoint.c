@@ -17,7 +17,6 @@
  * into temporary buffers before it changes the model or the optimizer. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,28 +113,38 @@ static int read_all(int fd, void *buf, size_t len) {
   return 0;
 }
 
-/* fsync the directory holding path so the rename itself is durable. */
-static int sync_dir(const char *path) {
+/* Opens the directory holding path and points *name at path's last component (inside path).
+ * Returns the directory's fd or -1 with errno set. */
+static int open_parent(const char *path, const char **name) {
   char copy[PATH_MAX];
-  snprintf(copy, sizeof(copy), "%s", path);
-  int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
+  const char *slash = strrchr(path, '/');
+  *name = slash ? slash + 1 : path;
+  if (!slash)
+    return open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (slash == path)
+    return open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  snprintf(copy, sizeof(copy), "%.*s", (int)(slash - path), path);
+  return open(copy, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 }
 
-int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t iteration,
-                          char *err, size_t err_len) {
+/* A file name for *_at: one non-empty component, not "." or "..". */
+static int name_ok(const char *name) {
+  return name && name[0] && !strchr(name, '/') && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* Saves into dirfd/name (tmp file, fsync, renameat, directory fsync); shows `path` in messages.
+ * nofollow: the file is created with O_NOFOLLOW (a symbolic link planted at the temporary name
+ * is refused, never written through). */
+static int save_at(int dirfd, const char *name, const char *path, int nofollow, wagma_model_t *m,
+                   wagma_optim_t *o, uint64_t iteration, char *err, size_t err_len) {
   int rc = WAGMA_EIO, fd = -1;
-  char tmp[PATH_MAX];
+  char tmp[NAME_MAX + 1];
   unsigned char head[CKPT_HEADER];
-  if (!path || !m || strlen(path) + 32 >= sizeof(tmp)) {
+  if (!m || !name_ok(name) || strlen(name) + 32 > NAME_MAX) {
     wg_errf(err, err_len, "missing model or bad checkpoint path");
     return WAGMA_EINVAL;
   }
-  snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", path, (long)getpid());
+  snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", name, (long)getpid());
   size_t state_len = 0;
   const float *state = o ? wagma_optim_state(o, &state_len) : NULL;
   const float *params = wagma_model_params(m);
@@ -170,29 +179,32 @@ int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, 
       .updates = o ? wagma_optim_updates(o) : 0,
       .iteration = iteration,
   };
-  h.payload_crc = crc_floats(crc_floats(0, params, h.n_params), state, state_len);
+  h.payload_crc = crc_floats(0, params, h.n_params);
+  if (state_len) /* crc32_z(crc, NULL, 0) is 0, not crc: no optimizer must not reset it */
+    h.payload_crc = crc_floats(h.payload_crc, state, state_len);
   encode_header(head, &h);
-  fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (nofollow ? O_NOFOLLOW : 0),
+              0644);
   if (fd < 0) {
-    wg_errf(err, err_len, "%s: cannot create: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s.tmp.%ld: cannot create: %s", path, (long)getpid(), strerror(errno));
     goto out;
   }
   if (write_all(fd, head, sizeof(head)) || write_all(fd, params, h.n_params * sizeof(float)) ||
       (state_len && write_all(fd, state, state_len * sizeof(float)))) {
-    wg_errf(err, err_len, "%s: write failed: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s.tmp.%ld: write failed: %s", path, (long)getpid(), strerror(errno));
     goto out;
   }
   if (fsync(fd) != 0) {
-    wg_errf(err, err_len, "%s: fsync failed: %s", tmp, strerror(errno));
+    wg_errf(err, err_len, "%s.tmp.%ld: fsync failed: %s", path, (long)getpid(), strerror(errno));
     goto out;
   }
   int closed = close(fd);
   fd = -1;
-  if (closed != 0 || rename(tmp, path) != 0) {
+  if (closed != 0 || renameat(dirfd, tmp, dirfd, name) != 0) {
     wg_errf(err, err_len, "%s: cannot publish: %s", path, strerror(errno));
     goto out;
   }
-  if (sync_dir(path) != 0) {
+  if (fsync(dirfd) != 0) {
     wg_errf(err, err_len, "%s: directory fsync failed: %s", path, strerror(errno));
     goto out; /* the file is in place but its durability is unknown */
   }
@@ -201,26 +213,50 @@ out:
   if (fd >= 0)
     close(fd);
   if (rc)
-    unlink(tmp); /* harmless after a successful rename: tmp no longer exists */
+    unlinkat(dirfd, tmp, 0); /* harmless after a successful rename: tmp no longer exists */
   free(host);
   return rc;
 }
 
-/* Ownership: m and o stay the caller's; they are written only when the whole file is valid. */
-int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t *iteration,
+int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t iteration,
                           char *err, size_t err_len) {
-  int rc = WAGMA_EPROTO, fd = -1;
+  const char *name;
+  if (!path || !m || strlen(path) + 32 >= PATH_MAX) {
+    wg_errf(err, err_len, "missing model or bad checkpoint path");
+    return WAGMA_EINVAL;
+  }
+  int dirfd = open_parent(path, &name);
+  if (dirfd < 0) {
+    wg_errf(err, err_len, "%s: cannot open its directory: %s", path, strerror(errno));
+    return WAGMA_EIO;
+  }
+  int rc = save_at(dirfd, name, path, 0, m, o, iteration, err, err_len);
+  close(dirfd);
+  return rc;
+}
+
+int wagma_checkpoint_save_at(int dirfd, const char *name, wagma_model_t *m, wagma_optim_t *o,
+                             uint64_t iteration, char *err, size_t err_len) {
+  return save_at(dirfd, name, name ? name : "", 1, m, o, iteration, err, err_len);
+}
+
+/* Loads from the open file fd (closed here); shows `path` in messages.
+ * Ownership: m and o stay the caller's; they are written only when the whole file is valid. */
+static int load_fd(int fd, const char *path, wagma_model_t *m, wagma_optim_t *o,
+                   uint64_t *iteration, char *err, size_t err_len) {
+  int rc = WAGMA_EPROTO;
   float *payload = NULL;
   unsigned char b[CKPT_HEADER];
   struct stat st;
-  if (!path || !m) {
-    wg_errf(err, err_len, "missing model or checkpoint path");
-    return WAGMA_EINVAL;
-  }
-  fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0 || fstat(fd, &st) != 0) {
-    wg_errf(err, err_len, "%s: %s", path, strerror(errno));
-    rc = errno == ENOENT ? WAGMA_ENOTFOUND : WAGMA_EIO;
+    int saved = errno;
+    wg_errf(err, err_len, "%s: %s", path,
+            saved == ELOOP ? "is a symbolic link (not followed)" : strerror(saved));
+    rc = saved == ENOENT ? WAGMA_ENOTFOUND : saved == ELOOP ? WAGMA_EPERM : WAGMA_EIO;
+    goto out;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    wg_errf(err, err_len, "%s: not a regular file", path);
     goto out;
   }
   if ((size_t)st.st_size < CKPT_HEADER || read_all(fd, b, CKPT_HEADER)) {
@@ -308,4 +344,26 @@ out:
     close(fd);
   free(payload);
   return rc;
+}
+
+int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t *iteration,
+                          char *err, size_t err_len) {
+  if (!path || !m) {
+    wg_errf(err, err_len, "missing model or checkpoint path");
+    return WAGMA_EINVAL;
+  }
+  /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is then refused as not a
+   * regular file); it changes nothing for a regular file. */
+  return load_fd(open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), path, m, o, iteration, err,
+                 err_len);
+}
+
+int wagma_checkpoint_load_at(int dirfd, const char *name, wagma_model_t *m, wagma_optim_t *o,
+                             uint64_t *iteration, char *err, size_t err_len) {
+  if (!m || !name_ok(name)) {
+    wg_errf(err, err_len, "missing model or bad checkpoint name");
+    return WAGMA_EINVAL;
+  }
+  return load_fd(openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW), name, m, o,
+                 iteration, err, err_len);
 }

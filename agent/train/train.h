@@ -377,6 +377,15 @@ int wagma_checkpoint_save(const char *path, wagma_model_t *m, wagma_optim_t *o, 
  * optimizer state in the file is then skipped). WAGMA_ENOTFOUND when path does not exist. */
 int wagma_checkpoint_load(const char *path, wagma_model_t *m, wagma_optim_t *o, uint64_t *iteration,
                           char *err, size_t err_len);
+/* The same on the file `name` (one path component: no '/', not "." or "..") of the open
+ * directory dirfd, never following a symbolic link there: save creates its temporary file with
+ * O_NOFOLLOW and renames it over name (a link at name is replaced, not written through); load
+ * opens name with O_NOFOLLOW (a link is WAGMA_EPERM) and refuses anything but a regular file
+ * (WAGMA_EPROTO). The caller confines dirfd (agent/ckroot.c walks to it without links). */
+int wagma_checkpoint_save_at(int dirfd, const char *name, wagma_model_t *m, wagma_optim_t *o,
+                             uint64_t iteration, char *err, size_t err_len);
+int wagma_checkpoint_load_at(int dirfd, const char *name, wagma_model_t *m, wagma_optim_t *o,
+                             uint64_t *iteration, char *err, size_t err_len);
 
 #ifdef __cplusplus
 }

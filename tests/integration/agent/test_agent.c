@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmocka.h>
@@ -50,31 +51,46 @@
  * above the worst averaged spread and 30x below the spread without averaging. */
 #define SPREAD_BOUND 0.05
 
-/* --data-dir points nowhere: synthetic jobs do not need it, Fashion-MNIST jobs must fail. */
-static const char *const agent_args[] = {"--lease-ttl",
-                                         "6",
-                                         "--progress-interval",
-                                         "0.3",
-                                         "--round-deadline",
-                                         "0.3",
-                                         "--synthetic-train",
-                                         "4096",
-                                         "--synthetic-test",
-                                         "1024",
-                                         "--eval-samples",
-                                         "512",
-                                         "--linger",
-                                         "20",
-                                         "--data-dir",
-                                         "/nonexistent/wagma-test",
-                                         NULL};
+/* --data-dir points nowhere: synthetic jobs do not need it, Fashion-MNIST jobs must fail.
+ * --checkpoint-root: a directory of this test (ckpt_root), where checkpoint.path lies. */
+static char ckpt_root[256];
+static const char *agent_args[] = {"--lease-ttl",
+                                   "6",
+                                   "--progress-interval",
+                                   "0.3",
+                                   "--round-deadline",
+                                   "0.3",
+                                   "--synthetic-train",
+                                   "4096",
+                                   "--synthetic-test",
+                                   "1024",
+                                   "--eval-samples",
+                                   "512",
+                                   "--linger",
+                                   "20",
+                                   "--data-dir",
+                                   "/nonexistent/wagma-test",
+                                   "--checkpoint-root",
+                                   ckpt_root,
+                                   NULL};
 
 static int setup(void **state) {
+  snprintf(ckpt_root, sizeof ckpt_root, "%s/wagma-ckpt-root.XXXXXX",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(ckpt_root))
+    return -1;
   return cluster_group_setup(state, 4, agent_args);
 }
 
 static int teardown(void **state) {
-  return cluster_group_teardown(state);
+  char cmd[300];
+  int rc = cluster_group_teardown(state);
+  if (ckpt_root[0] && !getenv("WAGMA_TEST_KEEP_LOGS")) {
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt_root); /* our own mkdtemp directory */
+    if (system(cmd) != 0)
+      fprintf(stderr, "could not remove %s\n", ckpt_root);
+  }
+  return rc;
 }
 
 static void submit(cluster_t *c, const char *fmt, ...) {
@@ -492,12 +508,11 @@ static void test_restart_from_checkpoint(void **state) {
   const char *job = "resume";
   job_view_t v;
   int live[CLUSTER_MAX_AGENTS], nlive = 0;
-  submit(c,
-         "{\"name\":\"resume\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
-         "\"algorithm\":\"wagma\",\"workers\":2,\"group_size\":2,\"staleness_bound\":4,"
-         "\"batch_size\":32,\"iterations\":100000000,\"eval_every\":100,"
-         "\"checkpoint\":{\"every\":300,\"path\":\"%s/ckpt\"}}",
-         c->dir);
+  /* checkpoint.path is relative to the agents' --checkpoint-root (ckpt_root) */
+  submit(c, "{\"name\":\"resume\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+            "\"algorithm\":\"wagma\",\"workers\":2,\"group_size\":2,\"staleness_bound\":4,"
+            "\"batch_size\":32,\"iterations\":100000000,\"eval_every\":100,"
+            "\"checkpoint\":{\"every\":300,\"path\":\"ckpt/runs\"}}");
   if (wait_epoch(c, job, 0, 2, 700, 60, &v) != 0)
     cluster_dump_logs(c);
   assert_int_equal(v.nmembers, 2);
@@ -526,6 +541,12 @@ static void test_restart_from_checkpoint(void **state) {
   (void)nlive;
   assert_int_equal(resumed, 2);
   assert_true(job_min_iteration(&v) >= 300);
+  /* the file lies under the root, at checkpoint.path */
+  char file[400];
+  struct stat st;
+  snprintf(file, sizeof file, "%s/ckpt/runs/resume.ckpt", ckpt_root);
+  assert_int_equal(stat(file, &st), 0);
+  assert_true(st.st_size > 96);
   delete_job(c, job);
 }
 
