@@ -366,15 +366,18 @@ async function stopProc(p, graceMs) {
 }
 async function teardown(keep) {
   stopping = true;
-  // as `helm uninstall` would end: the agents, then the coordinators, then etcd
-  const comp = (p) => (cluster.pods.find((x) => x.name === p.pod) || { labels: {} }).labels['app.kubernetes.io/component'];
-  for (const group of [['agent'], ['coordinator'], ['etcd'], [undefined]])
-    await Promise.all(cluster.procs.filter((p) => group.includes(comp(p)) || (group[0] === undefined && !['agent', 'coordinator', 'etcd'].includes(comp(p))))
-      .map((p) => stopProc(p, 10000)));
+  await stopAll();
   for (const n of cluster.netns.reverse()) sh('ip', ['netns', 'del', n], { allowFail: true });
   for (const d of cluster.etcDirs) fs.rmSync(d, { recursive: true, force: true });
   if (keep) log(`logs kept in ${cluster.tmp}`);
   else fs.rmSync(cluster.tmp, { recursive: true, force: true });
+}
+// as `helm uninstall` would end: the agents, then the coordinators, then etcd; SIGKILL after 10 s
+async function stopAll() {
+  const comp = (p) => (cluster.pods.find((x) => x.name === p.pod) || { labels: {} }).labels['app.kubernetes.io/component'];
+  for (const group of [['agent'], ['coordinator'], ['etcd'], [undefined]])
+    await Promise.all(cluster.procs.filter((p) => group.includes(comp(p)) || (group[0] === undefined && !['agent', 'coordinator', 'etcd'].includes(comp(p))))
+      .map((p) => stopProc(p, 10000)));
 }
 function tails() {
   for (const pod of cluster.pods)
@@ -551,6 +554,14 @@ async function main() {
     check(false, 'smoke test ran to the end', e.stack);
   } finally {
     clearInterval(dnsTimer);
+    // deleting the release: SIGTERM to every container, which must stop cleanly in its grace period
+    stopping = true;
+    const t = Date.now();
+    await stopAll();
+    // (etcd ends by its SIGTERM after its clean shutdown; SIGKILL means the grace period ran out)
+    const unclean = cluster.procs.filter((p) => !(p.code === 0 || (p.container === 'etcd' && p.signal === 'SIGTERM')));
+    check(unclean.length === 0, `every container stopped cleanly on SIGTERM: wagma's with status 0 (${Date.now() - t} ms)`,
+      unclean.map((p) => `${p.pod}/${p.container}: ${p.code ?? p.signal}`).join(', '));
     if (failed) tails();
     await teardown(failed > 0 || process.env.WAGMA_TEST_KEEP_LOGS === '1');
   }
