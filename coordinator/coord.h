@@ -222,7 +222,7 @@ typedef struct wg_coord {
 #define WG_HTTP_IO_THREADS 2        /* MHD's pool: parsing, /healthz, /metrics */
 #define WG_HTTP_QUEUE_WAIT_S 10.0   /* a request queued longer for a worker: 503 busy */
 #define WG_HTTP_WORKER_NICE 10      /* the workers' nice value: probes and I/O go first */
-#define WG_HTTP_READY_WAIT_MS 80    /* /readyz waits this long for etcd's answer: else 503 */
+#define WG_HTTP_READY_WAIT_MS 50    /* /readyz waits this long for etcd's answer: else 503 */
 
 /* ---- request heads (http_head.c, pure; fuzzed) ------------------------------------------- */
 

@@ -533,10 +533,14 @@ int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_fron
   f->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &f->listen_tag};
   struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &f->stop_tag};
+  /* *out is set before the thread starts: libmicrohttpd's threads read it (through http.c)
+   * for connections the thread hands them. */
+  *out = f;
   if (f->epfd < 0 || f->stopfd < 0 || fcntl_nonblock(listen_fd) != 0 ||
       epoll_ctl(f->epfd, EPOLL_CTL_ADD, listen_fd, &lev) != 0 ||
       epoll_ctl(f->epfd, EPOLL_CTL_ADD, f->stopfd, &sev) != 0 ||
       pthread_create(&f->thread, NULL, front_main, f) != 0) {
+    *out = NULL;
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the connection front: %s",
             strerror(errno));
     if (f->epfd >= 0)
@@ -548,7 +552,6 @@ int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_fron
     free(f);
     return WAGMA_EIO;
   }
-  *out = f;
   return 0;
 }
 

@@ -84,6 +84,7 @@ typedef struct wg_server {
   long qlen;
   conn_ctx_t *waiters;
   int ping_wanted;
+  double ping_started; /* when the ping under way started; 0 = none under way */
   ready_result_t ping;
   int stop;
   pthread_t *workers;
@@ -292,6 +293,7 @@ static void *prober_main(void *arg) {
     if (srv->stop)
       break;
     srv->ping_wanted = 0;
+    srv->ping_started = wg_mono();
     pthread_mutex_unlock(&srv->mu);
     int64_t rev = 0;
     int e = wagma_etcd_ping(srv->c->etcd, &rev);
@@ -300,6 +302,7 @@ static void *prober_main(void *arg) {
       snprintf(r.detail, sizeof r.detail, "%s", wagma_etcd_errmsg(srv->c->etcd));
     pthread_mutex_lock(&srv->mu);
     srv->ping = r;
+    srv->ping_started = 0;
     pthread_cond_signal(&srv->ready_cv);
   }
   pthread_mutex_unlock(&srv->mu);
@@ -307,7 +310,8 @@ static void *prober_main(void *arg) {
 }
 
 /* Answers the /readyz waiters: each with the first ping that returned after it came, or 503
- * once it waited WG_HTTP_READY_WAIT_MS. */
+ * once it waited WG_HTTP_READY_WAIT_MS, or at once when the ping under way has already been
+ * waiting that long for etcd (etcd hangs: every probe would only wait out the deadline). */
 static void *waiter_main(void *arg) {
   wg_server_t *srv = arg;
   const double wait_s = WG_HTTP_READY_WAIT_MS / 1000.0;
@@ -319,7 +323,8 @@ static void *waiter_main(void *arg) {
       conn_ctx_t *w = *pp;
       if (srv->ping.done >= w->queued) {
         wg_h_readyz_answer(srv->c, srv->ping.e, srv->ping.rev, srv->ping.detail, &w->res);
-      } else if (now - w->queued >= wait_s) {
+      } else if (now - w->queued >= wait_s ||
+                 (srv->ping_started > 0 && now - srv->ping_started >= wait_s)) {
         wg_response_error(&w->res, 503, "unavailable", NULL, "etcd did not answer within %d ms",
                           WG_HTTP_READY_WAIT_MS);
       } else {
@@ -464,7 +469,7 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
   }
   fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, SOMAXCONN) != 0 ||
       getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot listen on %s:%d: %s", c->listen_host,
             c->listen_port, strerror(errno));

@@ -31,8 +31,8 @@
 static const char key_chars[] =
     "-./0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz";
 
+/* Compares a + "/" with b + "/" bytewise, without building them. */
 int wg_job_key_cmp(const char *a, const char *b) {
-  /* compares a + "/" with b + "/" */
   size_t i = 0;
   while (a[i] && a[i] == b[i])
     i++;
@@ -41,9 +41,7 @@ int wg_job_key_cmp(const char *a, const char *b) {
     return ca < cb ? -1 : 1;
   if (!a[i] && !b[i])
     return 0;
-  /* one ended: its '/' equals the other's '/' at i; the ended one is shorter, and after its
-   * '/' nothing follows while the other goes on: only possible when the other holds a '/'
-   * (not a name). Names never do: treat the shorter as smaller. */
+  /* One ended where the other has a '/': not a name; the shorter sorts first. */
   return a[i] ? 1 : -1;
 }
 
