@@ -207,6 +207,9 @@ function scenario(name, docs, byKind, find) {
     const svc = find('Service', a.spec.serviceName);
     expect(svc && svc.spec.clusterIP === 'None', `${a.metadata.name}: a headless governing Service`);
     expect(flag(ac.args, '--etcd') === flag(cargs, '--etcd'), `${a.metadata.name}: the coordinators' etcd endpoints`);
+    const ck = (ac.volumeMounts || []).find((m) => m.name === 'checkpoints');
+    expect(ck && flag(ac.args, '--checkpoint-root') === ck.mountPath && ac.workingDir === ck.mountPath,
+      `${a.metadata.name}: --checkpoint-root and workingDir are the checkpoint volume's mount`);
   }
   const gpu = agents.find((a) => a.metadata.name.endsWith('-agent-gpu'));
   const sm = byKind('ServiceMonitor');
