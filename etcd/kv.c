@@ -157,7 +157,7 @@ int wagma_etcd_range(wagma_etcd_t *etcd, const char *key, const wagma_etcd_range
   memset(out, 0, sizeof *out);
   if (options == NULL)
     options = &none;
-  if (options->limit < 0 || options->revision < 0) {
+  if (options->limit < 0 || options->revision < 0 || options->min_mod_revision < 0) {
     wg_etcd_set_error(etcd, "etcd range %s: negative limit or revision", key);
     return WAGMA_EINVAL;
   }
@@ -168,6 +168,7 @@ int wagma_etcd_range(wagma_etcd_t *etcd, const char *key, const wagma_etcd_range
   request.revision = options->revision;
   request.keys_only = options->keys_only != 0;
   request.count_only = options->count_only != 0;
+  request.min_mod_revision = options->min_mod_revision;
   rc = wg_etcd_unary(etcd, KV_RANGE, &request.base, &etcdserverpb__range_response__descriptor,
                      (ProtobufCMessage **)&response, 0, NULL);
   if (rc == 0)

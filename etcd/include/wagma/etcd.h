@@ -109,6 +109,9 @@ typedef struct wagma_etcd_range_options {
   int64_t revision; /* read at this revision; 0 = latest */
   int keys_only;    /* values left out ("") */
   int count_only;   /* only count is filled in */
+  /* > 0: only keys whose mod_revision >= min_mod_revision are returned (count still counts
+   * every key of the range; limit then cuts the filtered answer, and more says so) */
+  int64_t min_mod_revision;
 } wagma_etcd_range_options_t;
 
 typedef struct wagma_etcd_range {
