@@ -503,6 +503,20 @@ static int log_contains(const cluster_t *c, int agent, const char *needle) {
   return found;
 }
 
+/* Whether a line of agent i's log holds both needles. */
+static int log_contains2(const cluster_t *c, int agent, const char *a, const char *b) {
+  char path[320], line[2048];
+  int found = 0;
+  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 0;
+  while (!found && fgets(line, sizeof line, f))
+    found = strstr(line, a) != NULL && strstr(line, b) != NULL;
+  fclose(f);
+  return found;
+}
+
 static void test_restart_from_checkpoint(void **state) {
   cluster_t *c = *state;
   const char *job = "resume";
@@ -532,14 +546,28 @@ static void test_restart_from_checkpoint(void **state) {
   uint64_t epoch0 = v.epoch;
   if (wait_epoch(c, job, epoch0, 2, 0, 60, &v) != 0)
     cluster_dump_logs(c);
-  int resumed = 0;
+  /* Every member has the checkpoint's model: it loaded the file, or it joined (weight 0) a
+   * member that had. Both members load it when the killed members' leases expire together;
+   * when one expires first, the coordinator plans the other (still registered) with a free
+   * agent as a joiner, and once that one expires too the former joiner, now a survivor without
+   * a model, loads the checkpoint and the next free agent joins it. */
+  int resumed = 0, joined = 0;
   for (int i = 0; i < v.nmembers; i++)
     for (int k = 0; k < c->nagents; k++)
-      if (strcmp(v.members[i].name, c->agent_name[k]) == 0)
-        resumed += log_contains(c, k, "job resume: resumed from checkpoint");
+      if (strcmp(v.members[i].name, c->agent_name[k]) == 0) {
+        int r = log_contains(c, k, "job resume: resumed from checkpoint");
+        int jn = log_contains2(c, k, "job resume: epoch", "(joiner, weight 0)");
+        if (!r && !jn)
+          fprintf(stderr, "  %s neither resumed from the checkpoint nor joined\n",
+                  c->agent_name[k]);
+        resumed += r;
+        joined += !r && jn;
+      }
   (void)live;
   (void)nlive;
-  assert_int_equal(resumed, 2);
+  fprintf(stderr, "  %d members loaded the checkpoint, %d joined one that had\n", resumed, joined);
+  assert_true(resumed >= 1);
+  assert_int_equal(resumed + joined, 2);
   assert_true(job_min_iteration(&v) >= 300);
   /* the file lies under the root, at checkpoint.path */
   char file[400];
