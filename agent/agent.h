@@ -155,6 +155,10 @@ typedef struct wg_shared {
   wagma_plan_t plan; /* the latest valid plan of the assigned job */
   int have_checkpoint;
   wg_checkpoint_rec_t checkpoint; /* the job's checkpoint record as last read */
+  /* the data-plane secret of plan.epoch (<prefix>/secrets/<job>/<epoch>), secret_len 0 =
+   * none; the runner takes it with the plan and wipes it here (OPENSSL_cleanse) */
+  uint8_t secret[WAGMA_API_SECRET_LEN];
+  size_t secret_len;
 
   /* runner -> control */
   int progress_dirty, progress_urgent;

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "agent/agent.h"
 #include "agent/train/train.h"
 #include "wagma/etcd.h"
@@ -68,6 +70,7 @@ int wg_shared_init(wg_shared_t *s) {
 }
 
 void wg_shared_destroy(wg_shared_t *s) {
+  OPENSSL_cleanse(s->secret, sizeof s->secret);
   wagma_plan_free(&s->plan);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);

@@ -12,7 +12,8 @@
  *    (create only if absent; never over another process's key), retrying every second;
  *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
  *    record and starts watching the plan; every valid plan of a newer epoch is handed to the
- *    runner through wg_shared_t (with the checkpoint record read again), and the runner's
+ *    runner through wg_shared_t (with the checkpoint record read again and, when the plan
+ *    lists me, the epoch's data-plane secret <prefix>/secrets/<job>/<epoch>), and the runner's
  *    communicator of an older epoch is aborted (wagma_comm_abort) so a round blocked on a
  *    frozen peer gives way at once; so is it on a release and on stop;
  *  - publishes the runner's progress (at most one put per progress_interval_s, at once for
@@ -29,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <openssl/crypto.h>
 
 #include "agent/agent.h"
 #include "wagma/api.h"
@@ -385,7 +388,56 @@ static void ensure_assignment_watch(wg_control_t *c) {
   }
 }
 
-/* Hands the plan (JSON) to the runner if it is valid and not older than the last one. */
+/* A newer plan of the job arrived while we were reading: waiting for an older one's secret is
+ * pointless. */
+static int newer_plan_waiting(wg_control_t *c) {
+  pthread_mutex_lock(&c->mu);
+  int changed = c->plan.changed || c->assign.changed || c->stop;
+  pthread_mutex_unlock(&c->mu);
+  return changed;
+}
+
+/* Reads the data-plane secret of the job's plan epoch into secret (WAGMA_API_SECRET_LEN bytes).
+ * The coordinator writes it in the plan's Txn, so it is there whenever the plan is; a failed
+ * read is retried for up to 2 s (given up at once when a newer plan or a stop comes). Returns
+ * its length, or 0 when there is none: the epoch then runs unauthenticated (a coordinator that
+ * predates the secrets), which the collective logs as a warning. Every copy of the hex value
+ * this code sees is wiped. */
+static size_t read_secret(wg_control_t *c, uint64_t epoch, uint8_t *secret) {
+  char key[256];
+  int e;
+  double deadline = wg_mono() + 2.0;
+  if (wagma_key_secret(&c->keys, c->job, epoch, key, sizeof key) != 0)
+    return 0;
+  for (;;) {
+    wagma_etcd_kv_t *kv = NULL;
+    e = wagma_etcd_get(c->etcd, key, &kv, NULL);
+    if (e == 0) {
+      int bad = wagma_secret_from_hex(kv->value, kv->value_len, secret, WAGMA_API_SECRET_LEN);
+      OPENSSL_cleanse(kv->value, kv->value_len);
+      wagma_etcd_kv_free(kv);
+      if (!bad)
+        return WAGMA_API_SECRET_LEN;
+      OPENSSL_cleanse(secret, WAGMA_API_SECRET_LEN);
+      LOG(c, WAGMA_LOG_ERROR, "job %s: %s is not %d hex characters: ignoring it", c->job, key,
+          2 * WAGMA_API_SECRET_LEN);
+      break;
+    }
+    if (wg_mono() >= deadline || newer_plan_waiting(c))
+      break;
+    wg_sleep_s(0.1);
+  }
+  if (e)
+    LOG(c, WAGMA_LOG_WARN,
+        "job %s: no data-plane secret for epoch %llu (%s: %s): its data plane will be "
+        "unauthenticated",
+        c->job, (unsigned long long)epoch, key,
+        e == WAGMA_ENOTFOUND ? "not found" : wagma_etcd_errmsg(c->etcd));
+  return 0;
+}
+
+/* Hands the plan (JSON) to the runner if it is valid and not older than the last one, with its
+ * epoch's data-plane secret. */
 static void offer_plan(wg_control_t *c, const char *json, size_t len) {
   wagma_plan_t plan;
   char err[256], key[256];
@@ -406,6 +458,9 @@ static void offer_plan(wg_control_t *c, const char *json, size_t len) {
     have_ck = wg_checkpoint_rec_from_json(kv->value, kv->value_len, &ck) == 0;
     wagma_etcd_kv_free(kv);
   }
+  uint8_t secret[WAGMA_API_SECRET_LEN];
+  size_t secret_len =
+      wagma_plan_rank_of(&plan, c->opt->name) >= 0 ? read_secret(c, plan.epoch, secret) : 0;
   c->plan_epoch = plan.epoch;
   LOG(c, WAGMA_LOG_INFO, "job %s: plan epoch %llu, %d members, start round %llu%s", c->job,
       (unsigned long long)plan.epoch, plan.nranks, (unsigned long long)plan.start_round,
@@ -416,6 +471,11 @@ static void offer_plan(wg_control_t *c, const char *json, size_t len) {
   wagma_plan_free(&c->shared->plan);
   c->shared->plan = plan; /* moved */
   c->shared->have_plan = 1;
+  OPENSSL_cleanse(c->shared->secret, sizeof c->shared->secret);
+  if (secret_len)
+    memcpy(c->shared->secret, secret, secret_len);
+  c->shared->secret_len = secret_len;
+  OPENSSL_cleanse(secret, sizeof secret);
   c->shared->have_checkpoint = have_ck;
   if (have_ck) {
     c->shared->checkpoint = ck;
@@ -452,6 +512,8 @@ static void hand_job(wg_control_t *c, const wg_job_config_t *cfg) {
     c->shared->job = *cfg;
   c->shared->have_plan = 0;
   wagma_plan_free(&c->shared->plan);
+  OPENSSL_cleanse(c->shared->secret, sizeof c->shared->secret);
+  c->shared->secret_len = 0;
   c->shared->have_checkpoint = 0;
   c->shared->generation++;
   pthread_cond_broadcast(&c->shared->cv);

@@ -21,6 +21,9 @@
  * Rank 0 writes checkpoints every checkpoint.every iterations (atomic file, then a record in
  * etcd through the control thread), below the agent's checkpoint root only (ckroot.c): the
  * spec's checkpoint.path and the record's path are relative to it.
+ * The communicator of an epoch is created with the epoch's data-plane secret (read by the
+ * control thread with the plan; docs/collective.md "Peer authentication"); the runner's copies
+ * are wiped (OPENSSL_cleanse) once the communicator exists or the epoch is given up.
  * An agent that cannot serve the job says so with the progress state "unavailable" and the
  * reason, and the coordinator replans without it: when its data set cannot be loaded from its
  * --data-dir, or when the communicator of a plan cannot be created (typically: --listen is
@@ -40,6 +43,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <openssl/crypto.h>
 
 #include "agent/runner.h"
 #include "wagma/log_internal.h"
@@ -143,6 +148,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
          (unsigned long long)j->iteration);
   close_comm(r);
   wagma_plan_free(&j->plan);
+  OPENSSL_cleanse(j->secret, sizeof j->secret);
   wagma_model_destroy(j->model);
   wagma_optim_destroy(j->optim);
   wagma_sampler_free(&j->sampler);
@@ -307,14 +313,21 @@ static int load_checkpoint(wg_runner_ctx_t *r, const wg_checkpoint_rec_t *ck) {
   return 0;
 }
 
-/* Adopts the plan of a new epoch (a copy the job takes over); connect_epoch does the rest. */
+/* Adopts the plan of a new epoch (a copy the job takes over) and its secret (moved: the
+ * caller's copy is wiped); connect_epoch does the rest. */
 static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
-                        const wg_checkpoint_rec_t *ck) {
+                        const wg_checkpoint_rec_t *ck, uint8_t *secret, size_t secret_len) {
   wg_job_t *j = &r->job;
   close_comm(r);
   wagma_plan_free(&j->plan);
   j->plan = *plan;
   memset(plan, 0, sizeof *plan);
+  OPENSSL_cleanse(j->secret, sizeof j->secret);
+  j->secret_len = secret_len <= sizeof j->secret ? secret_len : 0;
+  if (j->secret_len)
+    memcpy(j->secret, secret, j->secret_len);
+  OPENSSL_cleanse(secret, secret_len);
+  j->authenticated = 0;
   j->epoch = j->plan.epoch;
   j->have_ck = have_ck;
   if (have_ck)
@@ -325,9 +338,18 @@ static void enter_epoch(wg_runner_ctx_t *r, wagma_plan_t *plan, int have_ck,
   j->connect_at = 0;
   j->connect_failures = 0;
   j->unavailable = 0;
-  if (j->rank < 0)
+  if (j->rank < 0) {
+    OPENSSL_cleanse(j->secret, sizeof j->secret);
+    j->secret_len = 0;
     RLOG(r, WAGMA_LOG_INFO, "job %s: not a member of epoch %llu; idle", j->cfg.job,
          (unsigned long long)j->epoch);
+  }
+}
+
+/* The epoch's secret is no longer needed: the communicator exists, or the epoch is given up. */
+static void wipe_secret(wg_job_t *j) {
+  OPENSSL_cleanse(j->secret, sizeof j->secret);
+  j->secret_len = 0;
 }
 
 /* The communicators' log: the agent's log, and the last error line kept for the progress
@@ -377,6 +399,10 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   co.log_user = r;
   co.cancelled = epoch_superseded;
   co.cancel_user = r;
+  /* the epoch's secret: every member proves it in the handshake (docs/collective.md "Peer
+   * authentication"); none: unauthenticated, which the collective logs as a warning */
+  co.secret = j->secret_len ? j->secret : NULL;
+  co.secret_len = j->secret_len;
   double t0 = wg_mono();
   pthread_mutex_lock(&r->comm_log_mu);
   r->comm_error[0] = '\0';
@@ -389,6 +415,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
       RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: setup abandoned for a newer plan or a stop",
            j->cfg.job, (unsigned long long)j->epoch);
       j->need_connect = 0;
+      wipe_secret(j);
       return;
     }
     pthread_mutex_lock(&r->comm_log_mu);
@@ -404,6 +431,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
            j->cfg.job, why);
       j->need_connect = 0;
       j->unavailable = 1;
+      wipe_secret(j);
       share_progress(r, WG_STATE_UNAVAILABLE, why, 1);
       return;
     }
@@ -415,6 +443,8 @@ static void connect_epoch(wg_runner_ctx_t *r) {
     return;
   }
   j->need_connect = 0;
+  j->authenticated = j->secret_len > 0;
+  wipe_secret(j); /* read by wagma_comm_create only */
   pthread_mutex_lock(&r->shared->mu);
   r->shared->comm = j->comm; /* abortable from now on */
   r->shared->comm_epoch = j->epoch;
@@ -475,10 +505,11 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   j->done = 0;
   RLOG(r, WAGMA_LOG_INFO,
        "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
-       "sync %.3f s",
+       "sync %.3f s, data plane %s",
        j->cfg.job, (unsigned long long)j->epoch, j->rank, j->plan.nranks,
        joiner ? "joiner" : "survivor", weight, (unsigned long long)j->iteration,
-       (unsigned long long)j->total_iterations, wg_mono() - t0);
+       (unsigned long long)j->total_iterations, wg_mono() - t0,
+       j->authenticated ? "authenticated" : "UNAUTHENTICATED");
   share_progress(r, WG_STATE_RUNNING, NULL, 1);
   if (j->iteration >= j->total_iterations)
     finish(r);
@@ -563,6 +594,8 @@ static void *runner_main(void *arg) {
   wg_job_config_t cfg;
   wagma_plan_t plan;
   wg_checkpoint_rec_t ck;
+  uint8_t secret[WAGMA_API_SECRET_LEN]; /* plan's epoch secret, taken from shared with it */
+  size_t secret_len = 0;
   memset(&plan, 0, sizeof plan);
   memset(&cfg, 0, sizeof cfg);
   j->rank = -1;
@@ -578,6 +611,15 @@ static void *runner_main(void *arg) {
       wagma_plan_free(&plan);
       if (have_plan && wagma_plan_copy(&plan, &r->shared->plan) != 0)
         have_plan = 0;
+      /* the secret moves here with the plan (wiped in shared; a newer plan brings its own) */
+      OPENSSL_cleanse(secret, sizeof secret);
+      secret_len = 0;
+      if (have_plan && r->shared->secret_len <= sizeof secret) {
+        secret_len = r->shared->secret_len;
+        memcpy(secret, r->shared->secret, secret_len);
+      }
+      OPENSSL_cleanse(r->shared->secret, sizeof r->shared->secret);
+      r->shared->secret_len = 0;
       have_ck = r->shared->have_checkpoint;
       ck = r->shared->checkpoint;
       seen = gen;
@@ -600,8 +642,9 @@ static void *runner_main(void *arg) {
       continue;
     }
     if (have_plan && plan.epoch != j->epoch) {
-      enter_epoch(r, &plan, have_ck, &ck);
-      have_plan = 0; /* taken over */
+      enter_epoch(r, &plan, have_ck, &ck, secret, secret_len);
+      have_plan = 0; /* taken over, with the secret */
+      secret_len = 0;
     }
     if (j->need_connect && wg_mono() >= j->connect_at)
       connect_epoch(r);
@@ -620,6 +663,7 @@ static void *runner_main(void *arg) {
     share_progress(r, WG_STATE_RUNNING, NULL, 1); /* (a non-member keeps its last report) */
   job_teardown(r);
   wagma_plan_free(&plan);
+  OPENSSL_cleanse(secret, sizeof secret);
   pthread_mutex_lock(&self->mu);
   self->finished = 1;
   pthread_cond_broadcast(&self->cv);

@@ -33,6 +33,12 @@ typedef struct wg_job {
   int unavailable; /* reported "unavailable" for this epoch: gave up creating the communicator */
   int have_ck;
   wg_checkpoint_rec_t ck; /* the job's checkpoint record when the plan was adopted */
+  /* the epoch's data-plane secret while the communicator is not created yet (wiped once it is,
+   * or when the epoch is given up), secret_len 0 = none; authenticated: the communicator of
+   * this epoch was created with one */
+  uint8_t secret[WAGMA_API_SECRET_LEN];
+  size_t secret_len;
+  int authenticated;
   /* iterations completed = the next round; set to the plan's start_round at the start of
    * every epoch (round == iteration, docs/agent.md) */
   uint64_t iteration, total_iterations;

@@ -1,5 +1,6 @@
 /* api/keys.c — the etcd key layout of docs/design.md §9 under a configurable prefix
- * (default /wagma), plus the classifier used on watch events. Names that would break the
+ * (default /wagma), plus the classifier used on watch events and the hex form of the
+ * data-plane secrets stored under <prefix>/secrets/. Names that would break the
  * layout (slashes, empty, too long) are refused. Pure functions, thread-safe. */
 #include <stdarg.h>
 #include <stdio.h>
@@ -114,6 +115,66 @@ int wagma_key_quarantine_prefix(const wagma_keys_t *k, char *buf, size_t len) {
   return fmt(buf, len, "%s/quarantine/", k->prefix);
 }
 
+int wagma_key_secrets_prefix(const wagma_keys_t *k, char *buf, size_t len) {
+  return fmt(buf, len, "%s/secrets/", k->prefix);
+}
+int wagma_key_job_secrets_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len) {
+  if (!wagma_api_name_valid(job))
+    return WAGMA_EINVAL;
+  return fmt(buf, len, "%s/secrets/%s/", k->prefix, job);
+}
+int wagma_key_secret(const wagma_keys_t *k, const char *job, uint64_t epoch, char *buf,
+                     size_t len) {
+  if (!wagma_api_name_valid(job))
+    return WAGMA_EINVAL;
+  return fmt(buf, len, "%s/secrets/%s/%020llu", k->prefix, job, (unsigned long long)epoch);
+}
+int wagma_key_secret_epoch(const char *key, size_t len, uint64_t *epoch) {
+  uint64_t v = 0;
+  if (len < 21 || key[len - 21] != '/')
+    return WAGMA_EINVAL;
+  for (size_t i = len - 20; i < len; i++) {
+    if (key[i] < '0' || key[i] > '9' || v > (UINT64_MAX - (uint64_t)(key[i] - '0')) / 10)
+      return WAGMA_EINVAL;
+    v = v * 10 + (uint64_t)(key[i] - '0');
+  }
+  *epoch = v;
+  return 0;
+}
+
+int wagma_secret_to_hex(const uint8_t *secret, size_t n, char *hex, size_t hex_len) {
+  static const char digits[] = "0123456789abcdef";
+  if (!secret || !hex || n == 0)
+    return WAGMA_EINVAL;
+  if (hex_len < 2 * n + 1)
+    return WAGMA_ERANGE;
+  for (size_t i = 0; i < n; i++) {
+    hex[2 * i] = digits[secret[i] >> 4];
+    hex[2 * i + 1] = digits[secret[i] & 15];
+  }
+  hex[2 * n] = '\0';
+  return 0;
+}
+
+static int hex_digit(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
+}
+
+int wagma_secret_from_hex(const char *hex, size_t hex_len, uint8_t *secret, size_t n) {
+  if (!hex || !secret || n == 0 || hex_len != 2 * n)
+    return WAGMA_EINVAL;
+  for (size_t i = 0; i < n; i++) {
+    int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return WAGMA_EINVAL;
+    secret[i] = (uint8_t)(hi << 4 | lo);
+  }
+  return 0;
+}
+
 /* Copies the segment [s, s+n) into out (WAGMA_API_NAME_MAX bytes) if it is a valid name. */
 static int take_name(const char *s, size_t n, char *out) {
   char tmp[WAGMA_API_NAME_MAX];
@@ -174,6 +235,9 @@ wagma_key_kind_t wagma_key_parse(const wagma_keys_t *k, const char *key, size_t 
     return take_name(segs[1], lens[1], agent) ? WAGMA_KEY_QUARANTINE : WAGMA_KEY_UNKNOWN;
   if (nseg == 2 && seg_eq(segs[0], lens[0], "coordinator") && seg_eq(segs[1], lens[1], "leader"))
     return WAGMA_KEY_LEADER;
+  if (nseg == 3 && seg_eq(segs[0], lens[0], "secrets"))
+    return seg_epoch(segs[2], lens[2]) && take_name(segs[1], lens[1], job) ? WAGMA_KEY_SECRET
+                                                                           : WAGMA_KEY_UNKNOWN;
   if (nseg >= 3 && seg_eq(segs[0], lens[0], "jobs")) {
     if (!take_name(segs[1], lens[1], job))
       return WAGMA_KEY_UNKNOWN;

@@ -37,10 +37,13 @@
  *     when nobody survived: a fresh start or a restart from a checkpoint).
  *   Writes: the joiners' assignment keys first, in chunks (each put guarded by the
  *   assignment's version / mod revision and the agent key's create revision), then the plan,
- *   its history entry plans/<epoch> (the entry WAGMA_API_PLAN_HISTORY epochs older deleted)
- *   and the status in ONE Txn guarded by the mod revisions of spec, status and plan as read.
- *   Then stale assignments (job gone or finished, or agent not a member) are deleted in
- *   chunks, each guarded by the assignment's mod revision.
+ *   its history entry plans/<epoch> (the entry WAGMA_API_PLAN_HISTORY epochs older deleted),
+ *   the epoch's data-plane secret <prefix>/secrets/<job>/<epoch> (WAGMA_API_SECRET_LEN bytes
+ *   from RAND_bytes, hex; the secret of epoch - 2 deleted) and the status in ONE Txn guarded
+ *   by the mod revisions of spec, status and plan as read: an agent that reads a plan finds
+ *   its secret. Then stale assignments (job gone or finished, or agent not a member) are
+ *   deleted in chunks, each guarded by the assignment's mod revision, and so are stale
+ *   secrets (job gone or finished, or an epoch other than the job's last two).
  * Every write also compares LEASE(<prefix>/coordinator/leader) == our lease: a coordinator
  * that lost leadership cannot write. A failed compare just schedules another pass.
  *
@@ -53,6 +56,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
 
 #include "coord.h"
 #include "snapshot.h"
@@ -144,11 +150,14 @@ static int txn(pass_t *p, const wagma_etcd_cmp_t *cmps, size_t ncmps, const wagm
 }
 
 /* Writes st (and plan_json when not NULL, with the history entry record_json of its epoch
- * st->epoch, dropping the entry WAGMA_API_PLAN_HISTORY epochs older) guarded by the job's
+ * st->epoch, dropping the entry WAGMA_API_PLAN_HISTORY epochs older, and the epoch's secret
+ * secret_hex when not NULL, dropping the secret of epoch - 2) guarded by the job's
  * revisions. */
 static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st,
-                     const char *plan_json, const char *record_json, const char *what) {
+                     const char *plan_json, const char *record_json, const char *secret_hex,
+                     const char *what) {
   char skey[256], pkey[256], speckey[256], rkey[256], oldkey[256], *sjson = NULL;
+  char secret_key[256], old_secret_key[256];
   int e;
   wagma_key_job_status(&p->c->keys, j->id, skey, sizeof skey);
   wagma_key_job_plan(&p->c->keys, j->id, pkey, sizeof pkey);
@@ -158,6 +167,9 @@ static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st
                             st->epoch > WAGMA_API_PLAN_HISTORY ? st->epoch - WAGMA_API_PLAN_HISTORY
                                                                : 0,
                             oldkey, sizeof oldkey);
+  wagma_key_secret(&p->c->keys, j->id, st->epoch, secret_key, sizeof secret_key);
+  wagma_key_secret(&p->c->keys, j->id, st->epoch > 2 ? st->epoch - 2 : 0, old_secret_key,
+                   sizeof old_secret_key);
   if ((e = wagma_job_status_to_json(st, &sjson)))
     return e;
   wagma_etcd_cmp_t cmps[4] = {
@@ -175,19 +187,30 @@ static int write_job(pass_t *p, wg_job_record_t *j, const wagma_job_status_t *st
        .result = WAGMA_ETCD_EQUAL,
        .number = j->plan_json ? j->plan_mod : 0},
   };
-  wagma_etcd_op_t ops[4] = {
-      {.type = WAGMA_ETCD_OP_PUT, .key = skey, .value = sjson, .value_len = strlen(sjson)},
-      {.type = WAGMA_ETCD_OP_PUT,
-       .key = pkey,
-       .value = plan_json,
-       .value_len = plan_json ? strlen(plan_json) : 0},
-      {.type = WAGMA_ETCD_OP_PUT,
-       .key = rkey,
-       .value = record_json,
-       .value_len = record_json ? strlen(record_json) : 0},
-      {.type = WAGMA_ETCD_OP_DELETE, .key = oldkey},
-  };
-  size_t nops = !plan_json ? 1 : !record_json ? 2 : st->epoch > WAGMA_API_PLAN_HISTORY ? 4 : 3;
+  wagma_etcd_op_t ops[6];
+  size_t nops = 0;
+  ops[nops++] = (wagma_etcd_op_t){
+      .type = WAGMA_ETCD_OP_PUT, .key = skey, .value = sjson, .value_len = strlen(sjson)};
+  if (plan_json) {
+    ops[nops++] = (wagma_etcd_op_t){
+        .type = WAGMA_ETCD_OP_PUT, .key = pkey, .value = plan_json, .value_len = strlen(plan_json)};
+    if (record_json) {
+      ops[nops++] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_PUT,
+                                      .key = rkey,
+                                      .value = record_json,
+                                      .value_len = strlen(record_json)};
+      if (st->epoch > WAGMA_API_PLAN_HISTORY)
+        ops[nops++] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_DELETE, .key = oldkey};
+    }
+    if (secret_hex) {
+      ops[nops++] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_PUT,
+                                      .key = secret_key,
+                                      .value = secret_hex,
+                                      .value_len = strlen(secret_hex)};
+      if (st->epoch > 2)
+        ops[nops++] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_DELETE, .key = old_secret_key};
+    }
+  }
   e = txn(p, cmps, 4, ops, nops, what);
   free(sjson);
   return e;
@@ -273,7 +296,7 @@ static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, c
   snprintf(st.reason, sizeof st.reason, "%s", reason);
   st.finished = wg_wall();
   st.iteration = wg_job_record_iteration(j);
-  if (write_job(p, j, &st, NULL, NULL, "finish job") == 0) {
+  if (write_job(p, j, &st, NULL, NULL, NULL, "finish job") == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO, "job %s %s: %s", j->id,
             wagma_job_state_name(state), reason);
     j->status.state = state; /* so cleanup releases its agents in this pass */
@@ -455,6 +478,8 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   const char **member_names = NULL;
   wg_plan_member_t *pm = NULL;
   char reason[WAGMA_API_REASON_MAX];
+  uint8_t secret[WAGMA_API_SECRET_LEN];
+  char secret_hex[2 * WAGMA_API_SECRET_LEN + 1];
 
   if (j->status.state == WAGMA_JOB_RUNNING && plan_members(j, &names, &addrs, &ncur))
     return;
@@ -523,7 +548,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       st.state = WAGMA_JOB_PENDING;
       st.iteration = wg_job_record_iteration(j);
       snprintf(st.reason, sizeof st.reason, "%s", reason);
-      write_job(p, j, &st, NULL, NULL, "job pending");
+      write_job(p, j, &st, NULL, NULL, NULL, "job pending");
     }
     goto out;
   }
@@ -593,6 +618,16 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     free(joiners);
     goto out;
   }
+  /* The epoch's data-plane secret (docs/collective.md "Peer authentication"): only agents read
+   * <prefix>/secrets/; it goes in the plan's Txn, so a member that reads the plan finds it. */
+  if (RAND_bytes(secret, sizeof secret) != 1 ||
+      wagma_secret_to_hex(secret, sizeof secret, secret_hex, sizeof secret_hex) != 0) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_ERROR,
+            "job %s: no random bytes for the secret of epoch %llu; not publishing the plan", j->id,
+            (unsigned long long)epoch);
+    free(joiners);
+    goto out;
+  }
   if (njoin && reserve(p, j->id, epoch, joiners, njoin) != 0) {
     free(joiners);
     goto out;
@@ -619,7 +654,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   else
     st.reason[0] = '\0';
   append_refusal(s, j, st.reason, sizeof st.reason);
-  e = write_job(p, j, &st, plan_json, record_json, "publish plan");
+  e = write_job(p, j, &st, plan_json, record_json, secret_hex, "publish plan");
   if (e == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
             "job %s: plan epoch %llu, %d members (%d joined, %d left), start_round %llu, "
@@ -636,6 +671,8 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     wagma_job_status_free(&st);
   }
 out:
+  OPENSSL_cleanse(secret, sizeof secret);
+  OPENSSL_cleanse(secret_hex, sizeof secret_hex);
   free(names);
   free(addrs);
   free(next);
@@ -681,6 +718,57 @@ static void cleanup_assignments(pass_t *p) {
       n = 0;
     }
   }
+}
+
+static int cmp_job_ptr_id(const void *a, const void *b) {
+  return strcmp((*(const wg_job_record_t *const *)a)->id, (*(const wg_job_record_t *const *)b)->id);
+}
+
+/* Deletes the secrets no agent needs any more: of a job that is gone (purged) or finished, or
+ * of an epoch other than the job's current and previous one (the plan's Txn deletes epoch - 2;
+ * this catches anything older that it missed). Each delete is guarded by the key's mod
+ * revision. */
+static void cleanup_secrets(pass_t *p) {
+  snapshot_t *s = p->s;
+  wagma_etcd_cmp_t cmps[1 + CHUNK];
+  wagma_etcd_op_t ops[CHUNK];
+  char keys[CHUNK][256];
+  int n = 0;
+  if (s->nsecrets == 0)
+    return;
+  const wg_job_record_t **byid = calloc(s->njobs + 1, sizeof *byid);
+  if (!byid)
+    return;
+  for (size_t i = 0; i < s->njobs; i++)
+    byid[i] = &s->jobs[i];
+  qsort(byid, s->njobs, sizeof *byid, cmp_job_ptr_id);
+  for (size_t i = 0; i <= s->nsecrets && !p->abort; i++) {
+    if (i < s->nsecrets) {
+      const secret_rec_t *sr = &s->secrets[i];
+      wg_job_record_t key_rec;
+      const wg_job_record_t *kp = &key_rec, *const * found;
+      snprintf(key_rec.id, sizeof key_rec.id, "%s", sr->job);
+      found = bsearch(&kp, byid, s->njobs, sizeof *byid, cmp_job_ptr_id);
+      const wg_job_record_t *job = found ? *found : NULL;
+      /* (epoch + 2 == the job's epoch: the plan written in this pass deleted it already) */
+      int stale = !job || wagma_job_state_terminal(job->status.state) ||
+                  sr->epoch > job->status.epoch || sr->epoch + 2 < job->status.epoch;
+      if (!stale || wagma_key_secret(&p->c->keys, sr->job, sr->epoch, keys[n], sizeof keys[n]) != 0)
+        continue;
+      cmps[1 + n] = (wagma_etcd_cmp_t){.key = keys[n],
+                                       .target = WAGMA_ETCD_CMP_MOD,
+                                       .result = WAGMA_ETCD_EQUAL,
+                                       .number = sr->mod};
+      ops[n] = (wagma_etcd_op_t){.type = WAGMA_ETCD_OP_DELETE, .key = keys[n]};
+      n++;
+    }
+    if (n == CHUNK || (i == s->nsecrets && n > 0)) {
+      cmps[0] = fence(p);
+      txn(p, cmps, (size_t)n + 1, ops, (size_t)n, "drop stale secrets");
+      n = 0;
+    }
+  }
+  free(byid);
 }
 
 static void reconcile(wg_scheduler_t *sch) {
@@ -729,6 +817,8 @@ static void reconcile(wg_scheduler_t *sch) {
   }
   if (p.leader && !p.abort)
     cleanup_assignments(&p);
+  if (p.leader && !p.abort)
+    cleanup_secrets(&p);
   wg_metrics_set_snapshot(c->metrics, wg_snapshot_render(&s));
   wg_snapshot_free(&s);
   if (p.again) {

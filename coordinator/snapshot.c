@@ -1,11 +1,13 @@
 /* coordinator/snapshot.c — the scheduler's view of the cluster: one Range over <prefix>/
- * (a consistent snapshot at one revision) split into agents, assignments, job records and
- * quarantine records, plus the rendering of the cluster gauges for /metrics. No threads, no
- * state. */
+ * (a consistent snapshot at one revision) split into agents, assignments, job records,
+ * quarantine records and the keys of the data-plane secrets (values wiped, never kept), plus
+ * the rendering of the cluster gauges for /metrics. No threads, no state. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <openssl/crypto.h>
 
 #include "snapshot.h"
 #include "wagma/log_internal.h"
@@ -17,6 +19,7 @@ void wg_snapshot_free(snapshot_t *s) {
   free(s->agents);
   free(s->assigns);
   free(s->quarantines);
+  free(s->secrets);
   memset(s, 0, sizeof *s);
 }
 
@@ -34,7 +37,8 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
   s->assigns = calloc(range.n + 1, sizeof *s->assigns);
   s->jobs = calloc(range.n + 1, sizeof *s->jobs);
   s->quarantines = calloc(range.n + 1, sizeof *s->quarantines);
-  if (!s->agents || !s->assigns || !s->jobs || !s->quarantines) {
+  s->secrets = calloc(range.n + 1, sizeof *s->secrets);
+  if (!s->agents || !s->assigns || !s->jobs || !s->quarantines || !s->secrets) {
     e = WAGMA_ENOMEM;
     goto out;
   }
@@ -70,12 +74,27 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
       snprintf(q->agent, sizeof q->agent, "%s", agent);
       q->mod = kv->mod_revision;
       i++;
+    } else if (kind == WAGMA_KEY_SECRET) {
+      secret_rec_t *sr = &s->secrets[s->nsecrets];
+      if (wagma_key_secret_epoch(kv->key, kv->key_len, &sr->epoch) == 0) {
+        snprintf(sr->job, sizeof sr->job, "%s", job);
+        sr->mod = kv->mod_revision;
+        s->nsecrets++;
+      }
+      OPENSSL_cleanse(range.kvs[i].value, range.kvs[i].value_len);
+      i++;
     } else if (job[0]) {
+      /* the job's keys: those under <prefix>/jobs/<job>/ (not, say, its secrets) */
+      char jprefix[256];
+      size_t jl = 0;
+      if (wagma_key_job_prefix(&c->keys, job, jprefix, sizeof jprefix) == 0)
+        jl = strlen(jprefix);
       size_t j = i + 1;
       while (j < range.n) {
         char other[WAGMA_API_NAME_MAX] = "";
         wagma_key_parse(&c->keys, range.kvs[j].key, range.kvs[j].key_len, other, NULL);
-        if (strcmp(other, job) != 0)
+        if (strcmp(other, job) != 0 || range.kvs[j].key_len < jl ||
+            memcmp(range.kvs[j].key, jprefix, jl) != 0)
           break;
         j++;
       }

@@ -1,6 +1,6 @@
 /* coordinator/snapshot.h — private to the scheduler: one consistent read of the whole key
- * tree (agents, assignments, jobs, quarantine records) at one etcd revision, and its
- * rendering for /metrics. */
+ * tree (agents, assignments, jobs, quarantine records, the keys of the data-plane secrets) at
+ * one etcd revision, and its rendering for /metrics. */
 #ifndef WAGMA_COORD_SNAPSHOT_H
 #define WAGMA_COORD_SNAPSHOT_H
 
@@ -28,6 +28,13 @@ typedef struct quarantine_rec {
   int64_t mod;
 } quarantine_rec_t;
 
+/* A data-plane secret key <prefix>/secrets/<job>/<epoch> (its value is not kept). */
+typedef struct secret_rec {
+  char job[WAGMA_API_NAME_MAX];
+  uint64_t epoch;
+  int64_t mod;
+} secret_rec_t;
+
 typedef struct snapshot {
   agent_rec_t *agents;
   size_t nagents;
@@ -37,12 +44,15 @@ typedef struct snapshot {
   size_t njobs;
   quarantine_rec_t *quarantines;
   size_t nquarantines;
+  secret_rec_t *secrets; /* in key order: by job, then epoch */
+  size_t nsecrets;
   int64_t revision;
 } snapshot_t;
 
 /* Reads everything under <prefix>/ with one Range. Ownership: *s is the caller's
  * (wg_snapshot_free). Records that do not decode are skipped (assignments and quarantine
- * records kept as stale). Marks the agents whose current registration is quarantined. */
+ * records kept as stale). Marks the agents whose current registration is quarantined. Of the
+ * secrets only the keys are kept; the values read are wiped before the Range is freed. */
 int wg_snapshot_load(wg_coord_t *c, snapshot_t *s);
 void wg_snapshot_free(snapshot_t *s);
 /* Binary searches (etcd returns keys sorted); NULL when absent. */

@@ -21,6 +21,9 @@
  *   <prefix>/jobs/<job>/checkpoint       the last checkpoint (agent rank 0)
  *   <prefix>/quarantine/<agent>          an agent the scheduler does not assign until a time
  *                                        (coordinator)
+ *   <prefix>/secrets/<job>/<epoch>       the data-plane secret of a plan epoch: 64 hex chars
+ *                                        (coordinator, in the plan's Txn; agents read it; no
+ *                                        REST endpoint reads this prefix)
  *   <prefix>/coordinator/leader          the leading coordinator, leased */
 #ifndef WAGMA_API_H
 #define WAGMA_API_H
@@ -47,6 +50,10 @@ extern "C" {
 /* Plan history entries a job keeps (<prefix>/jobs/<job>/plans/<epoch>): the entry of epoch
  * E - WAGMA_API_PLAN_HISTORY is deleted in the Txn that writes epoch E. */
 #define WAGMA_API_PLAN_HISTORY 32
+/* Bytes of a plan epoch's data-plane secret (<prefix>/secrets/<job>/<epoch>, stored as twice
+ * as many lowercase hex characters); the secrets of epochs E - 1 and E are kept, E - 2 is
+ * deleted in the Txn that writes epoch E, and all go when the job ends or is purged. */
+#define WAGMA_API_SECRET_LEN 32
 /* Ranks of a round's group a progress record carries (larger groups are not listed). */
 #define WAGMA_API_PROGRESS_GROUP_MAX 64
 /* Numbers of a progress record's parameter fingerprint (4 projections + the L2 norm). */
@@ -400,6 +407,19 @@ int wagma_key_quarantine(const wagma_keys_t *k, const char *agent, char *buf, si
 int wagma_key_quarantine_prefix(const wagma_keys_t *k, char *buf, size_t len);
 /* The whole tree: "<prefix>/". */
 int wagma_key_root(const wagma_keys_t *k, char *buf, size_t len);
+/* ".../secrets/", ".../secrets/<job>/" and ".../secrets/<job>/<epoch, 20 digits>": the data-plane
+ * secrets, outside <prefix>/jobs/ so that no REST read of a job's keys ever meets them. */
+int wagma_key_secrets_prefix(const wagma_keys_t *k, char *buf, size_t len);
+int wagma_key_job_secrets_prefix(const wagma_keys_t *k, const char *job, char *buf, size_t len);
+int wagma_key_secret(const wagma_keys_t *k, const char *job, uint64_t epoch, char *buf, size_t len);
+/* The epoch of a secret key (WAGMA_KEY_SECRET), or WAGMA_EINVAL. */
+int wagma_key_secret_epoch(const char *key, size_t len, uint64_t *epoch);
+
+/* A secret's value: n bytes as 2n lowercase hex characters plus a NUL into hex (hex_len >=
+ * 2n + 1), and back (exactly 2n hex characters, either case, into n bytes). 0 or
+ * WAGMA_EINVAL / WAGMA_ERANGE. Neither keeps a copy. */
+int wagma_secret_to_hex(const uint8_t *secret, size_t n, char *hex, size_t hex_len);
+int wagma_secret_from_hex(const char *hex, size_t hex_len, uint8_t *secret, size_t n);
 
 typedef enum wagma_key_kind {
   WAGMA_KEY_UNKNOWN = 0,
@@ -413,6 +433,7 @@ typedef enum wagma_key_kind {
   WAGMA_KEY_LEADER,
   WAGMA_KEY_JOB_PLAN_RECORD, /* .../jobs/<job>/plans/<20 digits> */
   WAGMA_KEY_QUARANTINE,      /* .../quarantine/<agent> */
+  WAGMA_KEY_SECRET,          /* .../secrets/<job>/<20 digits> (job filled) */
 } wagma_key_kind_t;
 
 /* Classifies a key (not NUL-terminated, len bytes). Fills job and agent (each

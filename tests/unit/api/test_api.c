@@ -633,6 +633,11 @@ static void test_keys(void **state) {
       {"/wagma/jobs/j1/plans/0000000000000000000x", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/jobs/j1/plans/", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/coordinator/leader", WAGMA_KEY_LEADER, "", ""},
+      {"/wagma/secrets/j1/00000000000000000007", WAGMA_KEY_SECRET, "j1", ""},
+      {"/wagma/secrets/j1/7", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/secrets/j1", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/secrets/j1/", WAGMA_KEY_UNKNOWN, "", ""},
+      {"/wagma/secrets/a/b/00000000000000000007", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/jobs/j1/progress/", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/jobs/j1/progress/a/b", WAGMA_KEY_UNKNOWN, "", ""},
       {"/wagma/jobs/j1/other", WAGMA_KEY_UNKNOWN, "", ""},
@@ -653,6 +658,52 @@ static void test_keys(void **state) {
       assert_string_equal(agent, cases[i].agent);
     }
   }
+}
+
+/* The data-plane secret keys (outside <prefix>/jobs/) and their hex values. */
+static void test_secret_keys(void **state) {
+  (void)state;
+  wagma_keys_t k;
+  char buf[128], hex[65];
+  uint8_t secret[32], back[32];
+  uint64_t epoch = 0;
+  assert_int_equal(wagma_keys_init(&k, "/wagma"), 0);
+  assert_int_equal(wagma_key_secrets_prefix(&k, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/secrets/");
+  assert_int_equal(wagma_key_job_secrets_prefix(&k, "j", buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/secrets/j/");
+  assert_int_equal(wagma_key_secret(&k, "j", 42, buf, sizeof buf), 0);
+  assert_string_equal(buf, "/wagma/secrets/j/00000000000000000042");
+  assert_int_equal(wagma_key_secret_epoch(buf, strlen(buf), &epoch), 0);
+  assert_int_equal(epoch, 42);
+  assert_int_equal(wagma_key_secret(&k, "j", UINT64_MAX, buf, sizeof buf), 0);
+  assert_int_equal(wagma_key_secret_epoch(buf, strlen(buf), &epoch), 0);
+  assert_true(epoch == UINT64_MAX);
+  assert_int_equal(wagma_key_secret_epoch("/wagma/secrets/j/99999999999999999999", 38, &epoch),
+                   WAGMA_EINVAL);
+  assert_int_equal(wagma_key_secret(&k, "a/b", 1, buf, sizeof buf), WAGMA_EINVAL);
+  assert_int_equal(wagma_key_job_secrets_prefix(&k, "", buf, sizeof buf), WAGMA_EINVAL);
+  /* no job key prefix holds it */
+  assert_int_equal(wagma_key_jobs_prefix(&k, buf, sizeof buf), 0);
+  char skey[128];
+  wagma_key_secret(&k, "j", 1, skey, sizeof skey);
+  assert_true(strncmp(skey, buf, strlen(buf)) != 0);
+
+  for (size_t i = 0; i < sizeof secret; i++)
+    secret[i] = (uint8_t)(i * 37 + 5);
+  assert_int_equal(wagma_secret_to_hex(secret, sizeof secret, hex, sizeof hex), 0);
+  assert_int_equal(strlen(hex), 64);
+  assert_memory_equal(hex, "052a4f74", 8);
+  assert_int_equal(wagma_secret_from_hex(hex, 64, back, sizeof back), 0);
+  assert_memory_equal(secret, back, sizeof secret);
+  hex[0] = 'F'; /* either case */
+  assert_int_equal(wagma_secret_from_hex(hex, 64, back, sizeof back), 0);
+  assert_int_equal(back[0], 0xf5);
+  assert_int_equal(wagma_secret_to_hex(secret, sizeof secret, hex, 64), WAGMA_ERANGE);
+  assert_int_equal(wagma_secret_from_hex(hex, 63, back, sizeof back), WAGMA_EINVAL);
+  assert_int_equal(wagma_secret_from_hex(hex, 62, back, sizeof back), WAGMA_EINVAL);
+  hex[5] = 'g';
+  assert_int_equal(wagma_secret_from_hex(hex, 64, back, sizeof back), WAGMA_EINVAL);
 }
 
 static void test_names(void **state) {
@@ -687,6 +738,7 @@ int main(void) {
       cmocka_unit_test(test_agent_and_assignment),
       cmocka_unit_test(test_error_body),
       cmocka_unit_test(test_keys),
+      cmocka_unit_test(test_secret_keys),
       cmocka_unit_test(test_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
