@@ -10,6 +10,13 @@
  *   router.c      raw target check (400), (method, path) -> route, 404 / 405 (pure; fuzzed)
  *   handlers_*.c  one function per endpoint, on wg_request_t / wg_response_t
  *   store.c       etcd reads and writes of jobs for the handlers
+ *   cache.c       the read cache: one watch on <prefix>/ feeding an in-memory view (jobs,
+ *                 plans and their history, progress, agents), its sync with etcd, the job
+ *                 timelines and the events it derives (cache.h)
+ *   cache_serve.c the read endpoints and the event-stream snapshots answered from the view
+ *   hub.c         event-stream clients: bounded queues, publishing, heartbeats, drops
+ *   sse.c         the text/event-stream encoder and the bounded byte queue (pure)
+ *   ui.c          the web view: HTML, JS and CSS compiled in (coordinator/ui/)
  *   scheduler.c   membership and lifecycle: the reconcile loop (leader writes, all observe)
  *   planner.c     plan glue: members -> wagma_plan_build -> JSON + history entry, and back
  *   election.c    leader election on <prefix>/coordinator/leader (leased key)
@@ -19,8 +26,10 @@
  * requests and answers those that need no etcd (/healthz, /metrics, refusals); the HTTP
  * workers (--threads) run the etcd handlers; the readiness prober pings etcd for /readyz and
  * its waiter answers within WG_HTTP_READY_WAIT_MS; the scheduler thread reconciles; the
- * election thread campaigns; the etcd library runs watch and keepalive threads. Shared mutable state
- * is only in wg_metrics_t and wg_election_t (each with its own lock) and the atomics here. */
+ * election thread campaigns; the etcd library runs watch and keepalive threads; the read
+ * cache has a sync thread (and its watch's), the event hub a heartbeat thread. Shared mutable
+ * state is in wg_metrics_t, wg_election_t, wg_cache_t and wg_hub_t (each with its own locks)
+ * and the atomics here. */
 #ifndef WAGMA_COORD_H
 #define WAGMA_COORD_H
 
@@ -67,6 +76,8 @@ const char *wg_request_query(const wg_request_t *req, const char *key, int *pres
 
 typedef struct wg_response {
   int status;
+  int static_body;          /* body points at static memory (not freed, not copied) */
+  const char *cache_control; /* static string, NULL = none */
   char *body; /* malloc'd, owned by the response */
   size_t body_len;
   const char *content_type; /* static string */
@@ -98,6 +109,9 @@ typedef enum wg_route_id {
   WG_ROUTE_HEALTHZ,
   WG_ROUTE_READYZ,
   WG_ROUTE_METRICS,
+  WG_ROUTE_JOB_EVENTS, /* GET /v1/jobs/{id}/events: the timeline (JSON), or a stream */
+  WG_ROUTE_EVENTS,     /* GET /v1/events: the stream of every job's changes */
+  WG_ROUTE_UI,         /* GET /, /ui/...: the web view's files */
 } wg_route_id_t;
 
 typedef struct wg_route {
@@ -106,6 +120,8 @@ typedef struct wg_route {
   char allow[64]; /* with 405: the methods the path has */
   char job[WAGMA_API_NAME_MAX];
   int mutation;      /* POST / PATCH / DELETE: needs the token when one is configured */
+  int events;        /* an events path: needs the token too (docs/api.md "Event streams") */
+  int asset;         /* WG_ROUTE_UI: the file's index (ui.c); -1 = "/" (redirect to /ui/) */
   const char *label; /* low-cardinality path label for metrics ("/v1/jobs/{id}") */
 } wg_route_t;
 
@@ -138,6 +154,10 @@ void wg_metrics_conn_open(wg_metrics_t *m, int delta);
 void wg_metrics_conn_refused(wg_metrics_t *m);
 void wg_metrics_abandoned(wg_metrics_t *m);
 void wg_metrics_queue_depth(wg_metrics_t *m, long depth);
+/* The read cache (what: one of these) and the event streams (open delta, dropped). */
+enum { WG_METRIC_CACHE_HIT, WG_METRIC_CACHE_WAIT, WG_METRIC_CACHE_FALLBACK, WG_METRIC_CACHE_RELOAD };
+void wg_metrics_cache(wg_metrics_t *m, int what);
+void wg_metrics_sse(wg_metrics_t *m, int clients_delta, int dropped);
 
 /* ---- election ------------------------------------------------------------------------------ */
 
@@ -187,6 +207,8 @@ int wg_planner_from_record(const wagma_plan_record_t *rec, struct wagma_plan *pl
 /* ---- the coordinator ---------------------------------------------------------------------- */
 
 typedef struct wg_scheduler wg_scheduler_t;
+typedef struct wg_cache wg_cache_t;
+typedef struct wg_hub wg_hub_t;
 
 typedef struct wg_coord {
   /* configuration */
@@ -198,12 +220,19 @@ typedef struct wg_coord {
   int lease_ttl_s;
   int threads;
   int quarantine_s; /* how long an agent that cannot serve jobs is not assigned; 0 = never */
+  int read_cache;    /* serve reads from the watch-fed cache (--read-cache on, the default) */
+  double read_staleness_s; /* --read-staleness-ms / 1000: 0 = consistent reads (see cache.c) */
+  double sse_heartbeat_s;  /* event streams: a comment line this often (default 15 s) */
+  size_t sse_client_buffer; /* event streams: bytes queued for one client before it is dropped */
+  int sse_max_clients;      /* event streams open at once (more: 503 busy) */
   wagma_keys_t keys;
   /* parts */
   wagma_etcd_t *etcd;
   wg_metrics_t *metrics;
   wg_election_t *election;
   wg_scheduler_t *scheduler;
+  wg_cache_t *cache; /* NULL: every read goes to etcd */
+  wg_hub_t *hub;     /* NULL: no event streams */
   wagma_log_fn log;
   void *log_user;
 } wg_coord_t;
@@ -340,6 +369,24 @@ void wg_h_readyz(wg_coord_t *c, wg_response_t *res);
 void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail, wg_response_t *res);
 void wg_h_metrics(wg_coord_t *c, wg_response_t *res);
 
+/* Shared by the etcd handlers and the cache (cache_serve.c). A decimal uint64 <= INT64_MAX:
+ * 0 or -1. */
+int wg_parse_u64(const char *s, uint64_t *out);
+struct wagma_plan;
+/* The answer of GET .../groups for round t of plan. */
+void wg_groups_answer(const char *job, const struct wagma_plan *plan, uint64_t t,
+                      wg_response_t *res);
+/* The plan in effect at t from the history entries kvs (<prefix>/jobs/<job>/plans/..., n of
+ * them, in key order): see docs/api.md "Groups of a round"; answers 404 no_plan or 500 itself.
+ * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
+int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t,
+                             const wagma_etcd_kv_t *kvs, size_t n, struct wagma_plan *plan,
+                             wg_response_t *res);
+/* The answer of GET /v1/agents from the three ranges (sorted by key) at wall time now. */
+void wg_agents_answer(wg_coord_t *c, const wagma_etcd_range_t *agents,
+                      const wagma_etcd_range_t *assign, const wagma_etcd_range_t *quar, double now,
+                      wg_response_t *res);
+
 /* Maps an etcd failure onto a response (503 unavailable, 500 otherwise). */
 void wg_response_etcd_error(wg_coord_t *c, wg_response_t *res, int status);
 
@@ -382,6 +429,123 @@ int wg_store_load_job(wg_coord_t *c, const char *id, wg_job_record_t *rec);
 uint64_t wg_job_record_iteration(const wg_job_record_t *rec);
 /* The REST view of a job: {"id","spec","status","members"} (members only when with_members). */
 json_t *wg_job_record_to_value(const wg_job_record_t *rec, int with_members);
+
+/* ---- server-sent events on the wire (sse.c, pure) ---------------------------------------- */
+
+/* Encodes one event ("id:", "event:" lines when given, one "data:" line per line of data, a
+ * blank line) into out (cap bytes, NUL-terminated when it fits); returns its length whatever
+ * cap is, so (NULL, 0) measures. CR/LF in id and event become spaces. */
+size_t wg_sse_encode(char *out, size_t cap, const char *id, const char *event, const char *data);
+/* wg_sse_encode into a new string (*len its length). Ownership: the caller frees. */
+char *wg_sse_event(const char *id, const char *event, const char *data, size_t *len);
+/* A comment line ": text\n\n" (heartbeats), as wg_sse_encode measures and writes. */
+size_t wg_sse_comment(char *out, size_t cap, const char *text);
+
+/* The bytes a client has not taken yet, at most limit. */
+typedef struct wg_sse_queue {
+  char *buf;
+  size_t off, len, cap, limit;
+} wg_sse_queue_t;
+void wg_sse_queue_init(wg_sse_queue_t *q, size_t limit);
+void wg_sse_queue_free(wg_sse_queue_t *q);
+/* Appends n bytes: 0; WAGMA_ERANGE (nothing appended) when the queue would hold more than its
+ * limit; WAGMA_ENOMEM. */
+int wg_sse_queue_push(wg_sse_queue_t *q, const char *bytes, size_t n);
+/* Takes up to max bytes into out; returns how many. */
+size_t wg_sse_queue_pop(wg_sse_queue_t *q, char *out, size_t max);
+size_t wg_sse_queue_pending(const wg_sse_queue_t *q);
+
+/* ---- the event hub (hub.c) ------------------------------------------------------------------ */
+
+#define WG_SSE_CLIENT_BUFFER (1u << 20) /* default --sse-client-buffer */
+#define WG_SSE_MAX_CLIENTS 256          /* default --sse-max-clients */
+#define WG_SSE_HEARTBEAT_S 15.0         /* default --sse-heartbeat-ms / 1000 */
+
+struct MHD_Connection;
+typedef struct wg_sse_client wg_sse_client_t;
+
+/* Starts the hub and its heartbeat thread. Ownership: *out is the caller's (wg_hub_destroy,
+ * after the HTTP server stopped: libmicrohttpd's completion of a stream calls into it). */
+int wg_hub_create(wg_coord_t *c, wg_hub_t **out);
+void wg_hub_destroy(wg_hub_t *h);
+/* A client of one job's events (job its id) or of every job's (job NULL or ""), on the
+ * connection conn whose libmicrohttpd end is fd (the front's generation gen);
+ * gone(gone_user, fd, gen) says whether its client left (1). Not listed yet. Ownership: the
+ * caller's until wg_hub_add_locked lists it (then the hub frees it in wg_hub_client_done). */
+wg_sse_client_t *wg_hub_client_new(wg_hub_t *h, const char *job, struct MHD_Connection *conn,
+                                   int fd, unsigned gen, int (*gone)(void *, int, unsigned),
+                                   void *gone_user);
+void wg_hub_client_free(wg_sse_client_t *cl);
+/* Publishing: between wg_hub_lock and wg_hub_unlock (which resumes the connections that got
+ * data, after releasing the lock). The cache publishes under its own lock (cache, then hub). */
+void wg_hub_lock(wg_hub_t *h);
+void wg_hub_unlock(wg_hub_t *h);
+/* Queues bytes for every listed client of job (all_too: and for every all-jobs client); a
+ * client that would pass its buffer is dropped. */
+void wg_hub_publish_locked(wg_hub_t *h, const char *job, int all_too, const char *bytes, size_t n);
+/* Queues bytes for one client (its snapshot), dropping it when they do not fit. */
+void wg_hub_send_locked(wg_hub_t *h, wg_sse_client_t *cl, const char *bytes, size_t n);
+/* Calls fn for every listed client (the cache sends new snapshots after a reload). */
+void wg_hub_foreach_locked(wg_hub_t *h, void (*fn)(void *user, wg_sse_client_t *cl), void *user);
+const char *wg_hub_client_job(const wg_sse_client_t *cl); /* "" = every job */
+/* 1 when some listed client follows job (or every job). */
+int wg_hub_wants_locked(wg_hub_t *h, const char *job);
+/* Lists the client (0), or WAGMA_EBUSY beyond --sse-max-clients. */
+int wg_hub_add_locked(wg_hub_t *h, wg_sse_client_t *cl);
+/* libmicrohttpd's content reader of a stream: bytes copied, 0 after suspending the connection
+ * (nothing queued), -1 end of stream (server stopping), -2 error (dropped). */
+long wg_hub_read(wg_sse_client_t *cl, char *buf, size_t max);
+/* libmicrohttpd is done with the stream: unlists and frees the client. */
+void wg_hub_client_done(wg_sse_client_t *cl);
+/* Server stop: every stream ends (suspended ones are resumed to see it). */
+void wg_hub_close_all(wg_hub_t *h);
+
+/* ---- the read cache (cache.c, cache_serve.c) ------------------------------------------------ */
+
+#define WG_CACHE_SYNC_WAIT_S 1.0 /* a read waits at most this for a sync, then reads etcd */
+
+/* Loads the view (one Range of <prefix>/) and starts the watch and the sync thread; a failed
+ * load is retried by the thread (reads go to etcd meanwhile). Ownership: *out is the
+ * caller's (wg_cache_stop). */
+int wg_cache_start(wg_coord_t *c, wg_cache_t **out);
+void wg_cache_stop(wg_cache_t *cache);
+/* A write of this coordinator committed at rev: reads wait until the view has it. NULL: no-op. */
+void wg_cache_note_write(wg_cache_t *cache, int64_t rev);
+/* 1 when a read that arrived at mono time arrival may be answered from the view at once:
+ * --read-staleness-ms > 0, the view verified current within it, and every write of this
+ * coordinator in it. */
+int wg_cache_fresh(wg_cache_t *cache, double arrival);
+/* Waits until a sync that started at or after since verified the view (it then holds every
+ * change etcd had committed then), at most until deadline (mono). Returns the verified time,
+ * or -1 (deadline, view not valid, etcd unreachable). */
+double wg_cache_sync(wg_cache_t *cache, double since, double deadline);
+/* 1 for the routes the cache answers (GET of jobs, a job, groups, plan, agents, events). */
+int wg_cache_route(wg_route_id_t id);
+/* Answers a read from the view: 0, or WAGMA_EUNAVAIL when the view is not valid (the caller
+ * reads etcd). Never calls etcd. */
+int wg_cache_serve(wg_cache_t *cache, const wg_request_t *req, const wg_route_t *r,
+                   wg_response_t *res);
+/* Lists cl in the hub with its first event, the snapshot (rendered from the view under the
+ * same lock, so no change is lost or sent twice). 0; 404 not_found (job unknown), 503 when
+ * the view is not valid or too many streams are open: then *res says so and cl is the
+ * caller's. */
+int wg_cache_subscribe(wg_cache_t *cache, wg_sse_client_t *cl, wg_response_t *res);
+
+/* ---- the web view (ui.c) ---------------------------------------------------------------------- */
+
+/* The files, generated from coordinator/ui/ by cmake/WagmaEmbed.cmake (ui_assets.c). */
+typedef struct wg_ui_file {
+  const char *name; /* path under /ui/ */
+  const char *type; /* Content-Type */
+  const unsigned char *data;
+  size_t len;
+} wg_ui_file_t;
+extern const wg_ui_file_t wg_ui_files[];
+extern const int wg_ui_nfiles;
+/* The file of route->asset, or the redirect of "/": a static body. */
+void wg_h_ui(const wg_route_t *r, wg_response_t *res);
+/* The index of a file of the web view by its path under /ui/ ("" = index.html), or -1. */
+int wg_ui_asset(const char *name);
 
 /* ---- scheduler --------------------------------------------------------------------------- */
 

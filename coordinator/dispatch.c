@@ -1,5 +1,5 @@
 /* coordinator/dispatch.c — one request from router to handler: request target, route,
- * content type, bearer token, then the endpoint. Also the response helpers. Independent of
+ * content type, bearer token (mutations and the events paths), then the endpoint. Also the response helpers. Independent of
  * libmicrohttpd so tests and fuzzers can drive it. Thread-safe: the checks run on MHD's
  * threads, the endpoints that call etcd on the HTTP workers (http.c). */
 #include <stdarg.h>
@@ -24,7 +24,9 @@ const char *wg_request_query(const wg_request_t *req, const char *key, int *pres
 }
 
 void wg_response_free(wg_response_t *res) {
-  free(res->body);
+  if (!res->static_body)
+    free(res->body);
+  res->static_body = 0;
   res->body = NULL;
   res->body_len = 0;
 }
@@ -105,7 +107,7 @@ int wg_handle_prepare(wg_coord_t *c, const wg_request_t *req, wg_route_t *r, wg_
     snprintf(res->allow, sizeof res->allow, "%s", r->allow);
     return 1;
   }
-  if (r->mutation && c->token[0] && !token_ok(c->token, req->authorization)) {
+  if ((r->mutation || r->events) && c->token[0] && !token_ok(c->token, req->authorization)) {
     wg_response_error(res, 401, "unauthorized", NULL, "missing or wrong bearer token");
     res->www_authenticate = 1;
     return 1;
@@ -125,7 +127,8 @@ int wg_handle_prepare(wg_coord_t *c, const wg_request_t *req, wg_route_t *r, wg_
 }
 
 int wg_route_uses_etcd(wg_route_id_t id) {
-  return id != WG_ROUTE_HEALTHZ && id != WG_ROUTE_METRICS && id != WG_ROUTE_NONE;
+  return id != WG_ROUTE_HEALTHZ && id != WG_ROUTE_METRICS && id != WG_ROUTE_NONE &&
+         id != WG_ROUTE_UI && id != WG_ROUTE_EVENTS;
 }
 
 void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r,
@@ -142,6 +145,13 @@ void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r
   case WG_ROUTE_HEALTHZ: wg_h_healthz(c, res); break;
   case WG_ROUTE_READYZ: wg_h_readyz(c, res); break;
   case WG_ROUTE_METRICS: wg_h_metrics(c, res); break;
+  case WG_ROUTE_UI: wg_h_ui(r, res); break;
+  case WG_ROUTE_JOB_EVENTS: /* the timeline (a stream is opened by http.c): the cache has it */
+  case WG_ROUTE_EVENTS:
+    if (!c->cache || wg_cache_serve(c->cache, req, r, res) != 0)
+      wg_response_error(res, 503, "unavailable", NULL,
+                        "the events need the read cache, which is not current; retry");
+    break;
   default: wg_response_error(res, 500, "internal", NULL, "unrouted"); break;
   }
 }

@@ -46,14 +46,19 @@ static int load_job(wg_coord_t *c, const char *job, wg_job_record_t *rec, wg_res
 
 /* Settles the result e of a guarded write: WAGMA_ECONFLICT is handed back untouched (the
  * caller retries or names the conflict), another error is answered as an etcd error, success
- * pokes the scheduler. Returns e. */
-static int settle_write(wg_coord_t *c, int e, wg_response_t *res) {
+ * notes the write's revision for the read cache (a later read waits for it) and pokes the
+ * scheduler. Frees *tr. Returns e. */
+static int settle_write(wg_coord_t *c, int e, wagma_etcd_txn_result_t *tr, wg_response_t *res) {
+  int64_t rev = tr->revision;
+  wagma_etcd_txn_result_free(tr);
   if (e == WAGMA_ECONFLICT)
     return e;
-  if (e)
+  if (e) {
     wg_response_etcd_error(c, res, e);
-  else
+  } else {
+    wg_cache_note_write(c->cache, rev); /* reads through this coordinator see it (docs/api.md) */
     wg_scheduler_poke(c->scheduler);
+  }
   return e;
 }
 
@@ -372,7 +377,8 @@ void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res
        .value = status_json,
        .value_len = strlen(status_json)},
   };
-  e = settle_write(c, wagma_etcd_txn(c->etcd, &cmp, 1, ops, 2, NULL, 0, NULL), res);
+  wagma_etcd_txn_result_t tr = {0};
+  e = settle_write(c, wagma_etcd_txn(c->etcd, &cmp, 1, ops, 2, NULL, 0, &tr), &tr, res);
   if (e == WAGMA_ECONFLICT)
     wg_response_error(res, 409, "exists", "name", "job %s exists already", spec.name);
   if (e)
@@ -426,9 +432,10 @@ void wg_h_job_patch(wg_coord_t *c, const char *job, const wg_request_t *req, wg_
         .key = key, .target = WAGMA_ETCD_CMP_MOD, .result = WAGMA_ETCD_EQUAL, .number = mod};
     wagma_etcd_op_t op = {
         .type = WAGMA_ETCD_OP_PUT, .key = key, .value = json, .value_len = strlen(json)};
-    e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
+    wagma_etcd_txn_result_t tr = {0};
+    e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, &tr);
     free(json);
-    if ((e = settle_write(c, e, res)) == WAGMA_ECONFLICT)
+    if ((e = settle_write(c, e, &tr, res)) == WAGMA_ECONFLICT)
       continue;
     if (!e)
       respond_job(c, job, 200, res);
@@ -453,6 +460,7 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
   wagma_key_job_prefix(&c->keys, job, prefix, sizeof prefix);
   for (int attempt = 0; attempt < WG_TXN_RETRIES; attempt++) {
     wg_job_record_t rec;
+    wagma_etcd_txn_result_t tr = {0};
     char *json = NULL;
     if (load_job(c, job, &rec, res))
       return;
@@ -468,7 +476,7 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
         return;
       }
       wagma_etcd_op_t op = {.type = WAGMA_ETCD_OP_DELETE, .key = prefix, .prefix = 1};
-      e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
+      e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, &tr);
     } else {
       if (terminal) {
         wg_response_error(res, 409, "finished", NULL, "job %s is already %s", job,
@@ -488,10 +496,10 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
       }
       wagma_etcd_op_t op = {
           .type = WAGMA_ETCD_OP_PUT, .key = status_key, .value = json, .value_len = strlen(json)};
-      e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, NULL);
+      e = wagma_etcd_txn(c->etcd, &cmp, 1, &op, 1, NULL, 0, &tr);
       free(json);
     }
-    if ((e = settle_write(c, e, res)) == WAGMA_ECONFLICT)
+    if ((e = settle_write(c, e, &tr, res)) == WAGMA_ECONFLICT)
       continue;
     if (e)
       return;
@@ -538,7 +546,7 @@ void wg_h_job_plan(wg_coord_t *c, const char *job, wg_response_t *res) {
   wagma_etcd_kv_free(kv);
 }
 
-static int parse_u64(const char *s, uint64_t *out) {
+int wg_parse_u64(const char *s, uint64_t *out) {
   if (!s || !*s || strlen(s) > 19)
     return -1;
   uint64_t v = 0;
@@ -559,23 +567,16 @@ static int parse_u64(const char *s, uint64_t *out) {
  * checkpoint the later epoch ran those rounds again and wins). Answers 404 no_plan when no
  * kept entry starts at or before t, 500 when the entry does not decode or rebuild.
  * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
-static int plan_from_history(wg_coord_t *c, const char *job, uint64_t t, wagma_plan_t *plan,
+int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t,
+                             const wagma_etcd_kv_t *kvs, size_t n, wagma_plan_t *plan,
                              wg_response_t *res) {
-  char key[256];
-  wagma_etcd_range_t range = {0};
-  wagma_etcd_range_options_t opt = {.prefix = 1};
   wagma_plan_record_t rec, best;
   wagma_api_error_t err;
   uint64_t oldest_epoch = 0, oldest_start = 0;
   int found = 0, e;
   memset(&best, 0, sizeof best);
-  wagma_key_job_plans_prefix(&c->keys, job, key, sizeof key);
-  if ((e = wagma_etcd_range(c->etcd, key, &opt, &range))) {
-    wg_response_etcd_error(c, res, e);
-    return e;
-  }
-  for (size_t i = range.n; i-- > 0 && !found;) { /* keys sort by epoch: newest first */
-    const wagma_etcd_kv_t *kv = &range.kvs[i];
+  for (size_t i = n; i-- > 0 && !found;) { /* keys sort by epoch: newest first */
+    const wagma_etcd_kv_t *kv = &kvs[i];
     if (wagma_plan_record_from_json(kv->value, kv->value_len, &rec, &err) != 0) {
       wg_logf(c->log, c->log_user, WAGMA_LOG_WARN, "%s: bad plan history entry (%s: %s)", kv->key,
               err.field, err.message);
@@ -590,7 +591,6 @@ static int plan_from_history(wg_coord_t *c, const char *job, uint64_t t, wagma_p
       wagma_plan_record_free(&rec);
     }
   }
-  wagma_etcd_range_free(&range);
   if (!found) {
     if (oldest_epoch)
       wg_response_error(res, 404, "no_plan", "iteration",
@@ -612,6 +612,60 @@ static int plan_from_history(wg_coord_t *c, const char *job, uint64_t t, wagma_p
   return e;
 }
 
+/* The plan in effect at round t when t is before the current plan's start_round: the plan of
+ * the highest epoch whose start_round <= t among the history entries plans/<epoch> (while
+ * start_rounds only grow that is the greatest start_round <= t; after a restart from an older
+ * checkpoint the later epoch ran those rounds again and wins). Answers 404 no_plan when no
+ * kept entry starts at or before t, 500 when the entry does not decode or rebuild.
+ * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
+static int plan_from_history(wg_coord_t *c, const char *job, uint64_t t, wagma_plan_t *plan,
+                             wg_response_t *res) {
+  char key[256];
+  wagma_etcd_range_t range = {0};
+  wagma_etcd_range_options_t opt = {.prefix = 1};
+  int e;
+  wagma_key_job_plans_prefix(&c->keys, job, key, sizeof key);
+  if ((e = wagma_etcd_range(c->etcd, key, &opt, &range))) {
+    wg_response_etcd_error(c, res, e);
+    return e;
+  }
+  e = wg_plan_from_history_kvs(c, job, t, range.kvs, range.n, plan, res);
+  wagma_etcd_range_free(&range);
+  return e;
+}
+
+void wg_groups_answer(const char *job, const wagma_plan_t *plan, uint64_t t, wg_response_t *res) {
+  json_t *groups = json_array();
+  int global = plan->staleness_bound > 0 && (t + 1) % (uint64_t)plan->staleness_bound == 0;
+  int phase = (int)(t % (uint64_t)plan->nphases);
+  if (global) {
+    json_t *ranks = json_array(), *names = json_array();
+    for (int r = 0; r < plan->nranks; r++) {
+      json_array_append_new(ranks, json_integer(r));
+      json_array_append_new(names, json_string(plan->members[r].name));
+    }
+    json_array_append_new(groups,
+                          json_pack("{s:i,s:o,s:o}", "group", 0, "ranks", ranks, "members", names));
+  } else {
+    const wagma_phase_t *ph = &plan->phases[phase];
+    for (int g = 0; g < ph->ngroups; g++) {
+      json_t *ranks = json_array(), *names = json_array();
+      for (int k = ph->offsets[g]; k < ph->offsets[g + 1]; k++) {
+        json_array_append_new(ranks, json_integer(ph->ranks[k]));
+        json_array_append_new(names, json_string(plan->members[ph->ranks[k]].name));
+      }
+      json_array_append_new(
+          groups, json_pack("{s:i,s:o,s:o}", "group", g, "ranks", ranks, "members", names));
+    }
+  }
+  json_t *o =
+      json_pack("{s:s,s:I,s:I,s:I,s:i,s:s,s:o}", "job", job, "epoch", (json_int_t)plan->epoch,
+                "start_round", (json_int_t)plan->start_round, "iteration", (json_int_t)t, "phase",
+                phase, "kind", global ? "global" : "group", "groups", groups);
+  wg_response_json(res, 200, o ? json_dumps(o, WG_JSON_FLAGS) : NULL);
+  json_decref(o);
+}
+
 /* GET /v1/jobs/{id}/groups[?iteration=T]: the groups of round T in the plan in effect at T
  * (round == iteration, docs/agent.md): the current plan when T >= its start_round, else the
  * plan history. Without T: the job's iteration, at least the current start_round. */
@@ -623,7 +677,7 @@ void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg
   int given = 0;
   const char *it = wg_request_query(req, "iteration", &given);
   memset(&plan, 0, sizeof plan);
-  if (given && parse_u64(it, &t)) {
+  if (given && wg_parse_u64(it, &t)) {
     wg_response_error(res, 400, "bad_request", "iteration",
                       "iteration must be an integer in [0, 2^63 - 1]");
     return;
@@ -647,35 +701,7 @@ void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg
     if (plan_from_history(c, job, t, &plan, res))
       goto out;
   }
-  json_t *groups = json_array();
-  int global = plan.staleness_bound > 0 && (t + 1) % (uint64_t)plan.staleness_bound == 0;
-  int phase = (int)(t % (uint64_t)plan.nphases);
-  if (global) {
-    json_t *ranks = json_array(), *names = json_array();
-    for (int r = 0; r < plan.nranks; r++) {
-      json_array_append_new(ranks, json_integer(r));
-      json_array_append_new(names, json_string(plan.members[r].name));
-    }
-    json_array_append_new(groups,
-                          json_pack("{s:i,s:o,s:o}", "group", 0, "ranks", ranks, "members", names));
-  } else {
-    const wagma_phase_t *ph = &plan.phases[phase];
-    for (int g = 0; g < ph->ngroups; g++) {
-      json_t *ranks = json_array(), *names = json_array();
-      for (int k = ph->offsets[g]; k < ph->offsets[g + 1]; k++) {
-        json_array_append_new(ranks, json_integer(ph->ranks[k]));
-        json_array_append_new(names, json_string(plan.members[ph->ranks[k]].name));
-      }
-      json_array_append_new(
-          groups, json_pack("{s:i,s:o,s:o}", "group", g, "ranks", ranks, "members", names));
-    }
-  }
-  json_t *o =
-      json_pack("{s:s,s:I,s:I,s:I,s:i,s:s,s:o}", "job", job, "epoch", (json_int_t)plan.epoch,
-                "start_round", (json_int_t)plan.start_round, "iteration", (json_int_t)t, "phase",
-                phase, "kind", global ? "global" : "group", "groups", groups);
-  wg_response_json(res, 200, o ? json_dumps(o, WG_JSON_FLAGS) : NULL);
-  json_decref(o);
+  wg_groups_answer(job, &plan, t, res);
 out:
   wagma_plan_free(&plan);
   wagma_etcd_kv_free(kv);

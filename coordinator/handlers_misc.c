@@ -24,8 +24,16 @@ void wg_h_agents(wg_coord_t *c, wg_response_t *res) {
     wagma_etcd_txn_result_free(&tr);
     return;
   }
-  const wagma_etcd_range_t *agents = &tr.results[0].range, *assign = &tr.results[1].range;
-  const wagma_etcd_range_t *quar = &tr.results[2].range;
+  wg_agents_answer(c, &tr.results[0].range, &tr.results[1].range, &tr.results[2].range, wg_wall(),
+                   res);
+  wagma_etcd_txn_result_free(&tr);
+}
+
+/* The answer of GET /v1/agents from the registrations, assignments and quarantine records
+ * (each sorted by key, as etcd returns them), at wall time now. */
+void wg_agents_answer(wg_coord_t *c, const wagma_etcd_range_t *agents,
+                      const wagma_etcd_range_t *assign, const wagma_etcd_range_t *quar, double now,
+                      wg_response_t *res) {
   json_t *arr = json_array();
   size_t j = 0, q = 0;
   for (size_t i = 0; i < agents->n; i++) {
@@ -68,7 +76,7 @@ void wg_h_agents(wg_coord_t *c, wg_response_t *res) {
       if (d == 0 &&
           wagma_quarantine_from_json(quar->kvs[q - 1].value, quar->kvs[q - 1].value_len, &qr,
                                      &err) == 0 &&
-          qr.registration == kv->create_revision && wg_wall() < qr.until) {
+          qr.registration == kv->create_revision && now < qr.until) {
         quarantine = json_pack("{s:s,s:s,s:f,s:f}", "reason", qr.reason, "job", qr.job, "since",
                                qr.since, "until", qr.until);
         if (!quarantine) /* a reason that is not UTF-8 */
@@ -88,7 +96,6 @@ void wg_h_agents(wg_coord_t *c, wg_response_t *res) {
       json_object_set_new(full, "quarantine", quarantine);
     json_array_append_new(arr, full);
   }
-  wagma_etcd_txn_result_free(&tr);
   json_t *out = json_pack("{s:o}", "agents", arr);
   wg_response_json(res, 200, out ? json_dumps(out, WG_JSON_FLAGS) : NULL);
   json_decref(out);

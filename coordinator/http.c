@@ -20,6 +20,17 @@
  *     answers each with the first ping that finished after it arrived, or 503 after
  *     WG_HTTP_READY_WAIT_MS: /readyz answers within that even when etcd hangs.
  *
+ *   Read cache (cache.c): the reads it can answer (jobs, a job, groups, plan, agents, a
+ *     timeline) are answered on MHD's thread from memory, at once when the view is fresh
+ *     enough (--read-staleness-ms), else after a sync: suspended, handed to the cache waiter
+ *     thread, resumed once a sync that started after the read arrived verified the view, and
+ *     answered then on MHD's thread (CTX_CACHED). Without a sync in WG_CACHE_SYNC_WAIT_S they
+ *     go to the workers, whose handlers read etcd.
+ *   Event streams (hub.c): opened on MHD's thread from the cache's snapshot; libmicrohttpd
+ *     takes the bytes in a content reader that suspends the connection while nothing is
+ *     queued, and the hub resumes it. A slow stream is dropped by the hub, never waited for.
+ *   The web view's files are answered on MHD's thread from memory (ui.c).
+ *
  * Per request, the URI log callback keeps a copy of the raw request target (MHD decodes the
  * path in place; wg_handle_prepare checks the raw bytes, see router.c). The request context
  * (conn_ctx_t) is MHD's per-request pointer: created by the URI callback, freed by the
@@ -45,7 +56,8 @@
 #include "coord.h"
 #include "wagma/log_internal.h"
 
-enum { CTX_NEW = 0, CTX_WAITING, CTX_ANSWERED, CTX_GONE };
+/* CTX_CACHED: resumed by the cache waiter after a sync: answer from the read cache. */
+enum { CTX_NEW = 0, CTX_WAITING, CTX_ANSWERED, CTX_GONE, CTX_CACHED };
 
 typedef struct conn_ctx {
   char *target;        /* the raw request target, copied by on_uri before MHD decodes it */
@@ -79,18 +91,19 @@ typedef struct wg_server {
   struct MHD_Daemon *mhd;
   wg_front_t *front;
   pthread_mutex_t mu; /* the queue, the waiters, the ping result, stop */
-  pthread_cond_t work_cv, ping_cv, ready_cv;
+  pthread_cond_t work_cv, ping_cv, ready_cv, cache_cv;
   conn_ctx_t *qhead, *qtail;
   long qlen;
   conn_ctx_t *waiters;
+  conn_ctx_t *cache_waiters; /* reads waiting for a sync of the read cache */
   int ping_wanted;
   double ping_started; /* when the ping under way started; 0 = none under way */
   ready_result_t ping;
   int stop;
   pthread_t *workers;
   int nworkers;
-  pthread_t prober, waiter;
-  int prober_up, waiter_up;
+  pthread_t prober, waiter, cache_waiter;
+  int prober_up, waiter_up, cache_waiter_up;
   struct wg_server *next_server;
 } wg_server_t;
 
@@ -175,14 +188,22 @@ static enum MHD_Result send_answer(wg_server_t *srv, struct MHD_Connection *conn
   wg_response_t *res = &ctx->res;
   wg_metrics_http(srv->c->metrics, method, ctx->route.label ? ctx->route.label : "other",
                   res->status, wg_mono() - ctx->started);
-  struct MHD_Response *mr =
-      MHD_create_response_from_buffer(res->body_len, res->body ? res->body : (void *)"",
-                                      res->body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+  struct MHD_Response *mr = MHD_create_response_from_buffer(
+      res->body_len, res->body ? res->body : (void *)"",
+      res->body && !res->static_body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
   if (!mr) {
     wg_response_free(res);
     return MHD_NO;
   }
-  res->body = NULL; /* owned by MHD now */
+  res->body = NULL; /* owned by MHD now (or static) */
+  res->static_body = 0;
+  if (res->cache_control)
+    MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, res->cache_control);
+  if (ctx->route.id == WG_ROUTE_UI) { /* the web view: its own files only, never framed */
+    MHD_add_response_header(mr, "Content-Security-Policy",
+                            "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+    MHD_add_response_header(mr, "X-Content-Type-Options", "nosniff");
+  }
   if (res->content_type && res->status != 204)
     MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, res->content_type);
   if (res->location[0])
@@ -221,9 +242,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
 
 /* ---- the worker pool ------------------------------------------------------------------------ */
 
-/* Hands a suspended request to the workers. Caller: MHD's thread, after suspending. */
-static void enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
-  pthread_mutex_lock(&srv->mu);
+/* Hands a suspended request to the workers, under srv->mu. */
+static void enqueue_locked(wg_server_t *srv, conn_ctx_t *ctx) {
   ctx->next = NULL;
   if (srv->qtail)
     srv->qtail->next = ctx;
@@ -233,7 +253,131 @@ static void enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
   srv->qlen++;
   wg_metrics_queue_depth(srv->c->metrics, srv->qlen);
   pthread_cond_signal(&srv->work_cv);
+}
+
+/* Hands a suspended request to the workers. Caller: MHD's thread, after suspending. */
+static void enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
+  pthread_mutex_lock(&srv->mu);
+  enqueue_locked(srv, ctx);
   pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- reads from the read cache (cache.c) ---------------------------------------------------- */
+
+/* Hands a suspended read to the cache waiter. */
+static void cache_enqueue(wg_server_t *srv, conn_ctx_t *ctx) {
+  pthread_mutex_lock(&srv->mu);
+  ctx->next = srv->cache_waiters;
+  srv->cache_waiters = ctx;
+  pthread_cond_signal(&srv->cache_cv);
+  pthread_mutex_unlock(&srv->mu);
+}
+
+/* The cache waiter: for the reads that wait, one sync of the read cache that started after the
+ * oldest of them arrived (wg_cache_sync; reads that arrive meanwhile share the next one); each
+ * read that arrived before the sync started goes back to its MHD thread to be answered from
+ * the view (CTX_CACHED). Reads whose sync did not come within WG_CACHE_SYNC_WAIT_S, or all of
+ * them when the view is not valid or etcd does not answer, go to the workers, which read etcd
+ * (the fallback). Never touches a connection's data: only lists, states and resumes. */
+static void *cache_waiter_main(void *arg) {
+  wg_server_t *srv = arg;
+  pthread_mutex_lock(&srv->mu);
+  while (!srv->stop) {
+    if (!srv->cache_waiters) {
+      pthread_cond_wait(&srv->cache_cv, &srv->mu);
+      continue;
+    }
+    double oldest = srv->cache_waiters->queued;
+    for (conn_ctx_t *w = srv->cache_waiters; w; w = w->next)
+      if (w->queued < oldest)
+        oldest = w->queued;
+    pthread_mutex_unlock(&srv->mu);
+    double v = wg_cache_sync(srv->c->cache, oldest, oldest + WG_CACHE_SYNC_WAIT_S);
+    double now = wg_mono();
+    pthread_mutex_lock(&srv->mu);
+    conn_ctx_t *ready = NULL, **pp = &srv->cache_waiters;
+    while (*pp) {
+      conn_ctx_t *w = *pp;
+      if (v >= 0 && w->queued <= v) {
+        *pp = w->next;
+        w->state = CTX_CACHED;
+        w->next = ready;
+        ready = w;
+      } else if (v < 0 && (now - w->queued >= WG_CACHE_SYNC_WAIT_S || w->queued <= oldest)) {
+        *pp = w->next; /* no sync: etcd answers (or says why not) */
+        wg_metrics_cache(srv->c->metrics, WG_METRIC_CACHE_FALLBACK);
+        enqueue_locked(srv, w);
+      } else {
+        pp = &w->next;
+      }
+    }
+    if (ready) {
+      pthread_mutex_unlock(&srv->mu);
+      while (ready) {
+        conn_ctx_t *w = ready;
+        ready = w->next;
+        MHD_resume_connection(w->conn);
+      }
+      pthread_mutex_lock(&srv->mu);
+    }
+  }
+  pthread_mutex_unlock(&srv->mu);
+  return NULL;
+}
+
+/* ---- event streams (hub.c) ------------------------------------------------------------------ */
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+  (void)pos;
+  long n = wg_hub_read(cls, buf, max);
+  return n >= 0 ? (ssize_t)n
+                : n == -1 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void sse_done(void *cls) {
+  wg_hub_client_done(cls);
+}
+
+static int sse_gone(void *front, int fd, unsigned gen) {
+  return wg_front_client_gone(front, fd, gen) > 0;
+}
+
+/* Accept: text/event-stream (EventSource sends it; so do wagmactl watch and the web view). */
+static int wants_stream(struct MHD_Connection *conn) {
+  const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Accept");
+  return a && strstr(a, "text/event-stream") != NULL;
+}
+
+/* Opens an event stream on MHD's thread: the snapshot and the events after it come from the
+ * read cache and the hub; nothing here waits. */
+static enum MHD_Result open_stream(wg_server_t *srv, struct MHD_Connection *conn, conn_ctx_t *ctx,
+                                   const char *method) {
+  wg_coord_t *c = srv->c;
+  const char *job = ctx->route.id == WG_ROUTE_JOB_EVENTS ? ctx->route.job : "";
+  wg_sse_client_t *cl =
+      c->hub ? wg_hub_client_new(c->hub, job, conn, ctx->fd, ctx->gen, sse_gone, srv->front) : NULL;
+  if (!cl) {
+    wg_response_error(&ctx->res, 503, "unavailable", NULL, "event streams are not available");
+    return send_answer(srv, conn, ctx, method);
+  }
+  if (wg_cache_subscribe(c->cache, cl, &ctx->res) != 0) {
+    wg_hub_client_free(cl); /* not listed */
+    return send_answer(srv, conn, ctx, method);
+  }
+  struct MHD_Response *mr =
+      MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, sse_reader, cl, sse_done);
+  if (!mr) {
+    wg_hub_client_done(cl);
+    return MHD_NO;
+  }
+  MHD_add_response_header(mr, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+  MHD_add_response_header(mr, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  MHD_add_response_header(mr, "X-Accel-Buffering", "no");
+  wg_metrics_http(c->metrics, method, ctx->route.label ? ctx->route.label : "other", 200,
+                  wg_mono() - ctx->started);
+  enum MHD_Result ret = MHD_queue_response(conn, 200, mr);
+  MHD_destroy_response(mr); /* MHD holds it until the stream ends (then sse_done) */
+  return ret;
 }
 
 /* Runs one request off the queue, then gives the connection back to MHD. After
@@ -411,6 +555,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   }
   if (ctx->state == CTX_WAITING)
     return MHD_YES; /* not resumed yet (MHD should not call then) */
+  if (ctx->state == CTX_CACHED) { /* a sync verified the view after this read arrived */
+    if (wg_cache_serve(c->cache, &ctx->req, &ctx->route, &ctx->res) == 0) {
+      wg_metrics_cache(c->metrics, WG_METRIC_CACHE_WAIT);
+      ctx->state = CTX_ANSWERED;
+      return send_answer(srv, conn, ctx, method);
+    }
+    wg_metrics_cache(c->metrics, WG_METRIC_CACHE_FALLBACK);
+    ctx->state = CTX_WAITING;
+    ctx->queued = wg_mono();
+    MHD_suspend_connection(conn);
+    enqueue(srv, ctx);
+    return MHD_YES;
+  }
   wg_request_t *req = &ctx->req;
   req->method = method;
   req->path = url;
@@ -422,10 +579,29 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   req->max_body = c->max_body;
   MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collect_query, req);
 
-  if (wg_handle_prepare(c, req, &ctx->route, &ctx->res) || !wg_route_uses_etcd(ctx->route.id)) {
-    if (ctx->res.status == 0) /* /healthz, /metrics: no etcd, answered here */
+  if (wg_handle_prepare(c, req, &ctx->route, &ctx->res) == 0 &&
+      (ctx->route.id == WG_ROUTE_EVENTS ||
+       (ctx->route.id == WG_ROUTE_JOB_EVENTS && wants_stream(conn))))
+    return open_stream(srv, conn, ctx, method);
+  if (ctx->res.status || !wg_route_uses_etcd(ctx->route.id)) {
+    if (ctx->res.status == 0) /* /healthz, /metrics, the web view: no etcd, answered here */
       wg_handle_route(c, req, &ctx->route, &ctx->res);
     return send_answer(srv, conn, ctx, method);
+  }
+  /* A read the cache can answer: at once when it is fresh enough (--read-staleness-ms), else
+   * after a sync (the cache waiter). */
+  if (c->cache && wg_cache_route(ctx->route.id)) {
+    if (wg_cache_fresh(c->cache, ctx->started) &&
+        wg_cache_serve(c->cache, req, &ctx->route, &ctx->res) == 0) {
+      wg_metrics_cache(c->metrics, WG_METRIC_CACHE_HIT);
+      ctx->state = CTX_ANSWERED;
+      return send_answer(srv, conn, ctx, method);
+    }
+    ctx->state = CTX_WAITING;
+    ctx->queued = ctx->started;
+    MHD_suspend_connection(conn);
+    cache_enqueue(srv, ctx);
+    return MHD_YES;
   }
   /* An etcd endpoint: off MHD's thread. */
   ctx->state = CTX_WAITING;
@@ -487,12 +663,14 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
  * workers and readiness threads (the queued and waiting requests are resumed as gone), then
  * MHD. */
 static void server_stop(wg_server_t *srv) {
+  wg_hub_close_all(srv->c->hub); /* every stream ends; none calls into the front any more */
   wg_front_stop(srv->front);
   pthread_mutex_lock(&srv->mu);
   srv->stop = 1;
   pthread_cond_broadcast(&srv->work_cv);
   pthread_cond_broadcast(&srv->ping_cv);
   pthread_cond_broadcast(&srv->ready_cv);
+  pthread_cond_broadcast(&srv->cache_cv);
   pthread_mutex_unlock(&srv->mu);
   for (int i = 0; i < srv->nworkers; i++)
     pthread_join(srv->workers[i], NULL);
@@ -500,9 +678,11 @@ static void server_stop(wg_server_t *srv) {
     pthread_join(srv->prober, NULL);
   if (srv->waiter_up)
     pthread_join(srv->waiter, NULL);
-  conn_ctx_t *lists[2] = {srv->qhead, srv->waiters};
-  srv->qhead = srv->qtail = srv->waiters = NULL;
-  for (int l = 0; l < 2; l++) {
+  if (srv->cache_waiter_up)
+    pthread_join(srv->cache_waiter, NULL);
+  conn_ctx_t *lists[3] = {srv->qhead, srv->waiters, srv->cache_waiters};
+  srv->qhead = srv->qtail = srv->waiters = srv->cache_waiters = NULL;
+  for (int l = 0; l < 3; l++) {
     while (lists[l]) {
       conn_ctx_t *ctx = lists[l];
       lists[l] = ctx->next;
@@ -515,6 +695,7 @@ static void server_stop(wg_server_t *srv) {
   pthread_cond_destroy(&srv->work_cv);
   pthread_cond_destroy(&srv->ping_cv);
   pthread_cond_destroy(&srv->ready_cv);
+  pthread_cond_destroy(&srv->cache_cv);
   pthread_mutex_destroy(&srv->mu);
   free(srv->workers);
   free(srv);
@@ -536,6 +717,7 @@ int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out) {
   pthread_cond_init(&srv->work_cv, NULL);
   pthread_cond_init(&srv->ping_cv, NULL);
   pthread_cond_init(&srv->ready_cv, &ca);
+  pthread_cond_init(&srv->cache_cv, NULL);
   pthread_condattr_destroy(&ca);
   srv->mhd = MHD_start_daemon(
       MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME |
@@ -564,6 +746,9 @@ int wg_http_start(wg_coord_t *c, int fd, struct MHD_Daemon **out) {
   if (!e && pthread_create(&srv->waiter, NULL, waiter_main, srv) != 0)
     e = WAGMA_EIO;
   srv->waiter_up = !e;
+  if (!e && pthread_create(&srv->cache_waiter, NULL, cache_waiter_main, srv) != 0)
+    e = WAGMA_EIO;
+  srv->cache_waiter_up = !e;
   if (!e && (e = wg_front_start(c, fd, srv->mhd, &srv->front)) == 0)
     fd = -1; /* the front's now */
   if (e) {

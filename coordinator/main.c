@@ -3,8 +3,8 @@
  * Start: etcd handle (the endpoints checked first: a malformed one is a usage error, exit 2)
  * -> wait until etcd answers, at most --etcd-startup-timeout (else exit 4; once running, etcd
  * outages are survived) -> metrics -> bind the REST socket (resolves port 0) -> election
- * (campaign thread) -> scheduler (reconcile thread) -> REST server. Stop (SIGINT / SIGTERM): REST
- * server -> scheduler -> election (revokes the lease so a follower takes over at once) -> etcd. The
+ * (campaign thread) -> scheduler (reconcile thread) -> event hub -> read cache (load, watch) ->
+ * REST server. Stop (SIGINT / SIGTERM): REST server -> read cache -> hub -> scheduler -> election (revokes the lease so a follower takes over at once) -> etcd. The
  * main thread only waits for a signal. */
 #include <errno.h>
 #include <getopt.h>
@@ -58,6 +58,15 @@ static void usage(FILE *f) {
              "  --quarantine S       an agent that reported it cannot serve a job that others\n"
              "                       run is not assigned for S seconds, or until it registers\n"
              "                       again (default 300; 0 = never quarantine)\n"
+             "  --read-cache on|off  answer reads from the watch-fed cache (default on); off:\n"
+             "                       every read is an etcd read, and no event streams\n"
+             "  --read-staleness-ms MS  answer a read from the cache at once when it was\n"
+             "                       verified current within MS (default 0: each read waits\n"
+             "                       for a sync after it arrived, i.e. reads are consistent)\n"
+             "  --sse-heartbeat-ms MS  comment line on every event stream (default 15000)\n"
+             "  --sse-client-buffer BYTES  queued for one stream before it is dropped\n"
+             "                       (default 1048576)\n"
+             "  --sse-max-clients N  event streams open at once (default 256)\n"
              "  --log-level LEVEL    debug, info, warn or error (default info)\n"
              "  --help               this text\n"
              "\n"
@@ -149,6 +158,11 @@ int main(int argc, char **argv) {
                                      {"etcd-timeout-ms", required_argument, 0, 'E'},
                                      {"etcd-startup-timeout", required_argument, 0, 'U'},
                                      {"quarantine", required_argument, 0, 'Q'},
+                                     {"read-cache", required_argument, 0, 'R'},
+                                     {"read-staleness-ms", required_argument, 0, 'S'},
+                                     {"sse-heartbeat-ms", required_argument, 0, 'H'},
+                                     {"sse-client-buffer", required_argument, 0, 'B'},
+                                     {"sse-max-clients", required_argument, 0, 'M'},
                                      {"help", no_argument, 0, 'h'},
                                      {0, 0, 0, 0}};
   wg_coord_t c;
@@ -162,6 +176,10 @@ int main(int argc, char **argv) {
   c.lease_ttl_s = 5;
   c.threads = 4;
   c.quarantine_s = 300;
+  c.read_cache = 1;
+  c.sse_heartbeat_s = WG_SSE_HEARTBEAT_S;
+  c.sse_client_buffer = WG_SSE_CLIENT_BUFFER;
+  c.sse_max_clients = WG_SSE_MAX_CLIENTS;
   {
     char host[48] = "coordinator";
     gethostname(host, sizeof host - 1);
@@ -230,6 +248,50 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 'R':
+      if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+        fprintf(stderr, "wagma-coordinator: --read-cache must be on or off\n");
+        return 2;
+      }
+      c.read_cache = strcmp(optarg, "on") == 0;
+      break;
+    case 'S': {
+      long v = strtol(optarg, &end, 10);
+      if (!optarg[0] || *end || v < 0 || v > 60000) {
+        fprintf(stderr, "wagma-coordinator: --read-staleness-ms must be 0..60000\n");
+        return 2;
+      }
+      c.read_staleness_s = (double)v / 1000.0;
+      break;
+    }
+    case 'H': {
+      long v = strtol(optarg, &end, 10);
+      if (!optarg[0] || *end || v < 10 || v > 600000) {
+        fprintf(stderr, "wagma-coordinator: --sse-heartbeat-ms must be 10..600000\n");
+        return 2;
+      }
+      c.sse_heartbeat_s = (double)v / 1000.0;
+      break;
+    }
+    case 'B': {
+      long long v = strtoll(optarg, &end, 10);
+      if (!optarg[0] || *end || v < 4096 || v > (1LL << 30)) {
+        fprintf(stderr, "wagma-coordinator: --sse-client-buffer must be 4096..1073741824\n");
+        return 2;
+      }
+      c.sse_client_buffer = (size_t)v;
+      break;
+    }
+    case 'M': {
+      long v = strtol(optarg, &end, 10);
+      if (!optarg[0] || *end || v < 0 || v > WG_HTTP_MAX_CONNECTIONS) {
+        fprintf(stderr, "wagma-coordinator: --sse-max-clients must be 0..%d\n",
+                WG_HTTP_MAX_CONNECTIONS);
+        return 2;
+      }
+      c.sse_max_clients = (int)v;
+      break;
+    }
     case 'v':
       if (strcmp(optarg, "debug") == 0)
         g_log_level = WAGMA_LOG_DEBUG;
@@ -320,12 +382,21 @@ int main(int argc, char **argv) {
     close(listen_fd);
     goto out;
   }
+  /* The read cache and the event hub (it publishes into the hub, so the hub comes first). */
+  if (c.read_cache && (wg_hub_create(&c, &c.hub) || wg_cache_start(&c, &c.cache))) {
+    close(listen_fd);
+    goto out;
+  }
   /* Last: handlers see every part set. */
   if (wg_http_start(&c, listen_fd, &http))
     goto out;
   wg_logf(c.log, c.log_user, WAGMA_LOG_INFO,
-          "listening on http://%s, etcd %s, prefix %s, lease ttl %d s, auth %s", address, endpoints,
-          c.keys.prefix, c.lease_ttl_s, c.token[0] ? "bearer" : "off");
+          "listening on http://%s (web view http://%s/ui/), etcd %s, prefix %s, lease ttl %d s, "
+          "auth %s, read cache %s",
+          address, address, endpoints, c.keys.prefix, c.lease_ttl_s, c.token[0] ? "bearer" : "off",
+          !c.read_cache ? "off"
+          : c.read_staleness_s > 0 ? "on (bounded staleness)"
+                                   : "on (consistent)");
   for (;;) {
     int sig = 0;
     if (sigwait(&sigs, &sig) == 0 && (sig == SIGINT || sig == SIGTERM)) {
@@ -336,6 +407,8 @@ int main(int argc, char **argv) {
   rc = 0;
 out:
   wg_http_stop(http);
+  wg_cache_stop(c.cache);
+  wg_hub_destroy(c.hub); /* after the server: its streams' completions call into the hub */
   wg_scheduler_stop(c.scheduler);
   wg_election_stop(c.election);
   wg_metrics_destroy(c.metrics);

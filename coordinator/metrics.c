@@ -5,7 +5,8 @@
  * the scheduler renders after each reconcile pass (jobs by state, agents, per-job epoch,
  * iteration and loss). One mutex guards everything; rendering copies under it. The REST
  * server's connection gauges and counters are atomics (the front thread updates them per
- * connection and must not wait on the mutex). */
+ * connection and must not wait on the mutex), and so are the read cache's and the event
+ * streams' counters. */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -47,7 +48,29 @@ struct wg_metrics {
   atomic_ullong conns_refused;
   atomic_ullong abandoned;
   atomic_long queue_depth;
+  /* the read cache and the event streams (cache.c, hub.c) */
+  atomic_ullong cache_hits, cache_waits, cache_fallbacks, cache_reloads;
+  atomic_long sse_clients;
+  atomic_ullong sse_dropped;
 };
+
+void wg_metrics_cache(wg_metrics_t *m, int what) {
+  if (!m)
+    return;
+  atomic_ullong *c = what == WG_METRIC_CACHE_HIT      ? &m->cache_hits
+                     : what == WG_METRIC_CACHE_WAIT   ? &m->cache_waits
+                     : what == WG_METRIC_CACHE_RELOAD ? &m->cache_reloads
+                                                      : &m->cache_fallbacks;
+  atomic_fetch_add(c, 1);
+}
+
+void wg_metrics_sse(wg_metrics_t *m, int clients_delta, int dropped) {
+  if (!m)
+    return;
+  atomic_fetch_add(&m->sse_clients, clients_delta);
+  if (dropped)
+    atomic_fetch_add(&m->sse_dropped, (unsigned long long)dropped);
+}
 
 void wg_metrics_conn_open(wg_metrics_t *m, int delta) {
   if (m)
@@ -228,6 +251,26 @@ char *wg_metrics_render(wg_metrics_t *m, int leader) {
             "# TYPE wagma_http_queue_depth gauge\nwagma_http_queue_depth %ld\n",
             atomic_load(&m->conns_open), (unsigned long long)atomic_load(&m->conns_refused),
             (unsigned long long)atomic_load(&m->abandoned), atomic_load(&m->queue_depth));
+  sb_printf(&b,
+            "# HELP wagma_read_cache_total Reads of cacheable endpoints by how they were served "
+            "(hit: at once from the cache; wait: from the cache after a sync; etcd: fallback)\n"
+            "# TYPE wagma_read_cache_total counter\n"
+            "wagma_read_cache_total{served=\"hit\"} %llu\n"
+            "wagma_read_cache_total{served=\"wait\"} %llu\n"
+            "wagma_read_cache_total{served=\"etcd\"} %llu\n"
+            "# HELP wagma_read_cache_reloads_total Full reads of the tree by the cache (start, "
+            "compaction, watch lost)\n# TYPE wagma_read_cache_reloads_total counter\n"
+            "wagma_read_cache_reloads_total %llu\n"
+            "# HELP wagma_event_streams Open event-stream connections\n"
+            "# TYPE wagma_event_streams gauge\nwagma_event_streams %ld\n"
+            "# HELP wagma_event_streams_dropped_total Event-stream clients dropped for reading "
+            "too slowly\n# TYPE wagma_event_streams_dropped_total counter\n"
+            "wagma_event_streams_dropped_total %llu\n",
+            (unsigned long long)atomic_load(&m->cache_hits),
+            (unsigned long long)atomic_load(&m->cache_waits),
+            (unsigned long long)atomic_load(&m->cache_fallbacks),
+            (unsigned long long)atomic_load(&m->cache_reloads), atomic_load(&m->sse_clients),
+            (unsigned long long)atomic_load(&m->sse_dropped));
   render_histogram(&b, "wagma_plan_compute_seconds", "Time to build and encode a plan", &m->plan,
                    plan_buckets);
   if (m->snapshot)

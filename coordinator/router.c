@@ -1,5 +1,6 @@
-/* coordinator/router.c — maps (method, path) onto a route of the REST API (§8), and checks
- * the raw request target before anything is decoded.
+/* coordinator/router.c — maps (method, path) onto a route of the REST API (docs/design.md
+ * §10) and the web view's files (/, /ui/...), and checks the raw request target before
+ * anything is decoded.
  *
  * Pure and allocation-free (fuzzed by tests/fuzz/coordinator). Paths are matched exactly:
  * no trailing slash, no empty, "." or ".." segments. A path that exists with another method
@@ -123,6 +124,21 @@ void wg_route(const char *method, const char *path, wg_route_t *out) {
     pick(method, get_only, ids, 1, "/metrics", out);
     return;
   }
+  if (strcmp(path, "/v1/events") == 0) {
+    static const wg_route_id_t ids[] = {WG_ROUTE_EVENTS};
+    pick(method, get_only, ids, 1, "/v1/events", out);
+    out->events = 1;
+    return;
+  }
+  if (strcmp(path, "/") == 0 || strncmp(path, "/ui/", 4) == 0) {
+    int asset = path[1] ? wg_ui_asset(path + 4) : -1;
+    if (path[1] && asset < 0)
+      return; /* 404 */
+    static const wg_route_id_t ids[] = {WG_ROUTE_UI};
+    pick(method, get_only, ids, 1, "/ui", out);
+    out->asset = asset;
+    return;
+  }
   if (strcmp(path, "/v1/agents") == 0) {
     static const wg_route_id_t ids[] = {WG_ROUTE_AGENTS};
     pick(method, get_only, ids, 1, "/v1/agents", out);
@@ -155,6 +171,12 @@ void wg_route(const char *method, const char *path, wg_route_t *out) {
   if (strcmp(slash, "/groups") == 0) {
     static const wg_route_id_t ids[] = {WG_ROUTE_JOB_GROUPS};
     pick(method, get_only, ids, 1, "/v1/jobs/{id}/groups", out);
+    return;
+  }
+  if (strcmp(slash, "/events") == 0) {
+    static const wg_route_id_t ids[] = {WG_ROUTE_JOB_EVENTS};
+    pick(method, get_only, ids, 1, "/v1/jobs/{id}/events", out);
+    out->events = 1;
     return;
   }
   if (strcmp(slash, "/plan") == 0) {
