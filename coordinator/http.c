@@ -298,7 +298,12 @@ static void *cache_waiter_main(void *arg) {
     conn_ctx_t *ready = NULL, **pp = &srv->cache_waiters;
     while (*pp) {
       conn_ctx_t *w = *pp;
-      if (v >= 0 && w->queued <= v) {
+      if (client_gone(w)) { /* nobody to answer: dropped, never worked on */
+        *pp = w->next;
+        w->state = CTX_GONE;
+        w->next = ready;
+        ready = w;
+      } else if (v >= 0 && w->queued <= v) {
         *pp = w->next;
         w->state = CTX_CACHED;
         w->next = ready;
