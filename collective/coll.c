@@ -1,20 +1,32 @@
 /* coll.c — blocking collectives over a transport (coll.h).
  *
  * Owns no state and no threads: each call runs on the caller's thread, sends through
- * ops->send (which never blocks) and waits in ops->recv for WG_FRAME_COLL frames matched on
- * (src, round, group, seq). Data moves in segments of at most WG_COLL_SEGMENT_BYTES so a large
- * buffer streams: a segment is forwarded as soon as it has been reduced.
+ * ops->send (which never blocks) and waits in ops->recv (or ops->recv_into) for
+ * WG_FRAME_COLL frames matched on (src, round, group, seq). Data moves in segments of at most
+ * WG_COLL_SEGMENT_BYTES so a large buffer streams: a segment is forwarded as soon as it has
+ * been reduced, and at most PIPE_WINDOW segments run ahead of what has been received.
  *
- * Algorithms (idx = position of a rank in ctx->ranks, n = ctx->nranks):
- *  - allreduce, count * 4 <= small_threshold: recursive doubling over the largest power of two
- *    pof2 <= n; the first 2 * (n - pof2) positions pair up (even sends to odd) before, and the
- *    odd ones send the result back after.
- *  - allreduce, larger: ring reduce-scatter then ring allgather, n chunks, each cut in
- *    segments. For MEAN the owner of a chunk divides it before the allgather.
- *    Both give bitwise identical results on every participant (float addition commutes, and
- *    each ring chunk is reduced once and copied).
+ * Where the transport offers reader sessions (ops->reader_begin), an operation is a session
+ * over the peers it receives from: its thread reads their sockets itself while it waits (one
+ * wake-up per hop, no hand-off through the progress thread), and a payload that is only
+ * copied (allgather, the fold-out of a non-power-of-two) is read straight into buf.
+ *
+ * Algorithms (idx = position of a rank in ctx->ranks, n = ctx->nranks, pof2 = the largest
+ * power of two <= n, rem = n - pof2; the first 2 * rem positions pair up, even sends to odd,
+ * before, and the odd ones send the result back after):
+ *  - doubling: log2(pof2) exchanges of the whole buffer.
+ *  - Rabenseifner: recursive halving (each exchange sends half of what is left and reduces
+ *    the other half) leaves each of the pof2 ranks with one reduced block; recursive
+ *    doubling gathers the blocks back. Moves 2 (pof2 - 1) / pof2 of the buffer each way, in
+ *    2 log2(pof2) exchanges. For MEAN each owner divides its block before the gather.
+ *  - ring: reduce-scatter then allgather around the ring, n chunks cut in segments,
+ *    2 (n - 1) steps. For MEAN the owner of a chunk divides it before the allgather.
  *  - broadcast: binomial tree when small, a segmented chain (pipeline) when large.
  *  - average: an allreduce of the weights, then of w * buf, divided by the weight sum.
+ * All give bitwise identical results on every participant: float addition commutes, so a
+ * pairwise exchange adds the same two values on both sides, and a block or chunk reduced by
+ * one owner is copied to the others.
+ * wg_coll_pick chooses by size from measurements (docs/benchmarks.md, allreduce).
  *
  * seq plan of one operation (base = ctx->seq): step s, segment k -> base + s * nseg + k;
  * failure notices use base | WG_COLL_NOTICE_BIT.
@@ -32,6 +44,8 @@
 
 #define SEQ_SPAN ((uint64_t)1 << 20) /* seq range an operation may use (coll.h) */
 
+#define PIPE_WINDOW 2 /* segments a pipelined sender runs ahead of what it received */
+
 typedef struct coll {
   const wg_coll_ctx_t *ctx;
   int me; /* my index in ctx->ranks */
@@ -39,7 +53,30 @@ typedef struct coll {
   double deadline;
   uint64_t span;       /* seq values this operation may use from ctx->seq */
   uint64_t notice_seq; /* seq of this operation's failure notices */
+  wg_reader_t *rd;     /* the reader session over the peers it receives from, or NULL */
 } coll_t;
+
+/* Starts the operation's reader session over the positions in idx (best effort: without
+ * one, recv works as before). */
+static void reader_begin(coll_t *c, const int *idx, int k) {
+  const wg_coll_ctx_t *ctx = c->ctx;
+  c->rd = NULL;
+  if (ctx->ops->reader_begin == NULL || ctx->ops->recv_into == NULL || k == 0)
+    return;
+  int ranks[64];
+  if (k > 64)
+    k = 64;
+  for (int i = 0; i < k; i++)
+    ranks[i] = ctx->ranks[idx[i]];
+  if (ctx->ops->reader_begin(ctx->transport, ranks, k, &c->rd) != 0)
+    c->rd = NULL;
+}
+
+static void reader_end(coll_t *c) {
+  if (c->rd != NULL)
+    c->ctx->ops->reader_end(c->ctx->transport, c->rd);
+  c->rd = NULL;
+}
 
 static int coll_init(coll_t *c, const wg_coll_ctx_t *ctx, const float *buf, size_t count,
                      double deadline) {
@@ -52,6 +89,7 @@ static int coll_init(coll_t *c, const wg_coll_ctx_t *ctx, const float *buf, size
   c->me = -1;
   c->deadline = deadline;
   c->span = SEQ_SPAN;
+  c->rd = NULL;
   for (int i = 0; i < ctx->nranks; i++) {
     if (i > 0 && ctx->ranks[i] <= ctx->ranks[i - 1])
       return WAGMA_EINVAL; /* must be sorted and unique */
@@ -116,8 +154,10 @@ static int send_floats(const coll_t *c, int idx, uint64_t seq, const float *data
   return rc;
 }
 
-/* Ownership: on success *out is the caller's (wg_message_free). */
-static int recv_floats(const coll_t *c, int idx, uint64_t seq, size_t n, wg_message_t **out) {
+/* Takes the frame (src idx, seq) of n floats: into *out (ownership: the caller's,
+ * wg_message_free), or, with dst, its payload copied into dst (*out stays NULL). */
+static int recv_frame(const coll_t *c, int idx, uint64_t seq, size_t n, float *dst,
+                      wg_message_t **out) {
   const wg_coll_ctx_t *ctx = c->ctx;
   wg_match_t m;
   wg_match_any(&m);
@@ -126,12 +166,17 @@ static int recv_floats(const coll_t *c, int idx, uint64_t seq, size_t n, wg_mess
   m.round = ctx->round;
   m.group = ctx->group;
   m.seq = seq;
+  wg_sink_t sink = {.dst = dst, .length = n * sizeof(float)};
+  *out = NULL;
   int rc;
   for (;;) {
     double until = wg_now() + WG_COLL_WAIT_SLICE_S;
     if (!(until < c->deadline))
       until = c->deadline;
-    rc = ctx->ops->recv(ctx->transport, &m, until, out);
+    if (ctx->ops->recv_into != NULL)
+      rc = ctx->ops->recv_into(ctx->transport, c->rd, &m, until, dst ? &sink : NULL, out);
+    else
+      rc = ctx->ops->recv(ctx->transport, &m, until, out);
     if (rc != WAGMA_ETIMEDOUT || until >= c->deadline)
       break;
     if (notice_seen(c))
@@ -139,17 +184,44 @@ static int recv_floats(const coll_t *c, int idx, uint64_t seq, size_t n, wg_mess
   }
   if (rc == WAGMA_EPEER)
     announce_failure(c, ctx->ranks[idx]);
-  if (rc == 0 && (*out)->header.length != n * sizeof(float)) {
+  if (rc == 0 && *out != NULL && (*out)->header.length != n * sizeof(float)) {
     wg_message_free(*out);
     *out = NULL;
     rc = WAGMA_EPROTO;
   }
+  if (rc == 0 && dst != NULL && *out != NULL) { /* a transport without recv_into */
+    if (n > 0)
+      memcpy(dst, (*out)->payload, n * sizeof(float));
+    wg_message_free(*out);
+    *out = NULL;
+  }
   return rc;
 }
 
-static void add_floats(float *restrict dst, const float *restrict src, size_t n) {
+/* Receives n floats (src idx, seq) and adds them to dst. */
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n);
+
+/* Receives n floats (src idx, seq) into dst. */
+static int recv_copy(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
+  wg_message_t *m = NULL;
+  int rc = recv_frame(c, idx, seq, n, n > 0 ? dst : NULL, &m);
+  wg_message_free(m); /* an empty frame: no sink */
+  return rc;
+}
+
+__attribute__((optimize("tree-vectorize"))) static void
+add_floats(float *restrict dst, const float *restrict src, size_t n) {
   for (size_t i = 0; i < n; i++)
     dst[i] += src[i];
+}
+
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
+  wg_message_t *m = NULL;
+  int rc = recv_frame(c, idx, seq, n, NULL, &m);
+  if (rc == 0)
+    add_floats(dst, (const float *)m->payload, n);
+  wg_message_free(m);
+  return rc;
 }
 
 static void div_floats(float *buf, size_t n, float by) {
@@ -203,50 +275,89 @@ static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
   for (uint64_t k = 0; k < s->nseg; k++) {
     size_t a, len;
     seg_range(s, count, k, &a, &len);
-    wg_message_t *m = NULL;
-    int rc = recv_floats(c, idx, seq_base + k, len, &m);
+    int rc = add ? recv_add(c, idx, seq_base + k, buf + a, len)
+                 : recv_copy(c, idx, seq_base + k, buf + a, len);
     if (rc != 0)
       return rc;
-    if (add)
-      add_floats(buf + a, (const float *)m->payload, len);
-    else if (len > 0)
-      memcpy(buf + a, m->payload, len * sizeof(float));
-    wg_message_free(m);
   }
   return 0;
 }
 
-static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
-  const int n = c->n, me = c->me;
-  int pof2 = 1, log2 = 0;
-  while (pof2 * 2 <= n) {
-    pof2 *= 2;
-    log2++;
+/* Sends buf[0..count) to idx and receives the peer's copy of it into the same range
+ * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent), as segments
+ * seq_base + k, at most PIPE_WINDOW segments ahead. */
+static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s,
+                    const float *sbuf, size_t scount, float *rbuf, size_t rcount, int add) {
+  uint64_t sent = 0;
+  for (uint64_t k = 0; k < s->nseg; k++) {
+    for (; sent < s->nseg && sent < k + PIPE_WINDOW; sent++) {
+      size_t a, len;
+      seg_range(s, scount, sent, &a, &len);
+      int rc = send_floats(c, idx, seq_base + sent, sbuf + a, len);
+      if (rc != 0)
+        return rc;
+    }
+    size_t a, len;
+    seg_range(s, rcount, k, &a, &len);
+    int rc = add ? recv_add(c, idx, seq_base + k, rbuf + a, len)
+                 : recv_copy(c, idx, seq_base + k, rbuf + a, len);
+    if (rc != 0)
+      return rc;
   }
-  const int rem = n - pof2;
+  return 0;
+}
+
+/* Positions of the non-power-of-two fold: pof2, rem, and my position among the pof2 (-1 when
+ * I only fold in and out). */
+static void fold_plan(int n, int me, int *pof2, int *rem, int *newrank) {
+  int p = 1;
+  while (p * 2 <= n)
+    p *= 2;
+  *pof2 = p;
+  *rem = n - p;
+  if (me < 2 * *rem)
+    *newrank = me % 2 == 0 ? -1 : me / 2;
+  else
+    *newrank = me - *rem;
+}
+
+static int real_of(int vrank, int rem) {
+  return vrank < rem ? vrank * 2 + 1 : vrank + rem;
+}
+
+/* The positions an operation of the fold family (doubling, Rabenseifner) receives from. */
+static int fold_peers(int n, int me, int *idx) {
+  int pof2, rem, newrank, k = 0;
+  fold_plan(n, me, &pof2, &rem, &newrank);
+  if (me < 2 * rem)
+    idx[k++] = me % 2 == 0 ? me + 1 : me - 1;
+  if (newrank >= 0)
+    for (int mask = 1; mask < pof2 && k < 64; mask <<= 1)
+      idx[k++] = real_of(newrank ^ mask, rem);
+  return k;
+}
+
+static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
+  const int me = c->me;
+  int pof2, rem, newrank;
+  fold_plan(c->n, me, &pof2, &rem, &newrank);
+  int log2 = 0;
+  while ((1 << log2) < pof2)
+    log2++;
   const uint64_t steps = (uint64_t)log2 + 2;
   segs_t s = make_segs(count, c->span / steps);
   const uint64_t base = c->ctx->seq;
-  int rc = 0, newrank;
+  int rc = 0;
 
-  if (me < 2 * rem) {
-    if (me % 2 == 0) {
-      rc = send_all(c, me + 1, base, &s, buf, count);
-      newrank = -1;
-    } else {
-      rc = recv_all(c, me - 1, base, &s, buf, count, 1);
-      newrank = me / 2;
-    }
-  } else {
-    newrank = me - rem;
-  }
+  if (me < 2 * rem)
+    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
+                     : recv_all(c, me - 1, base, &s, buf, count, 1);
   if (rc != 0)
     return rc;
   if (newrank >= 0) {
     uint64_t step = 1;
     for (int mask = 1; mask < pof2; mask <<= 1, step++) {
-      int vpeer = newrank ^ mask;
-      int peer = vpeer < rem ? vpeer * 2 + 1 : vpeer + rem;
+      int peer = real_of(newrank ^ mask, rem);
       rc = send_all(c, peer, base + step * s.nseg, &s, buf, count);
       if (rc == 0)
         rc = recv_all(c, peer, base + step * s.nseg, &s, buf, count, 1);
@@ -254,6 +365,72 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
         return rc;
     }
   }
+  const uint64_t last = base + (steps - 1) * s.nseg;
+  if (me < 2 * rem)
+    rc = me % 2 == 1 ? send_all(c, me - 1, last, &s, buf, count)
+                     : recv_all(c, me + 1, last, &s, buf, count, 0);
+  return rc;
+}
+
+/* Rabenseifner: recursive halving reduce-scatter, then recursive doubling allgather, over the
+ * pof2 ranks of the fold. The buffer is cut in pof2 blocks; at the exchange with mask m the
+ * two partners hold the same block range [lo, hi) (they differ only in bit m, and earlier
+ * exchanges halved by lower bits), keep the lower half if bit m is 0, send the other. */
+static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int mean) {
+  const int me = c->me, n = c->n;
+  int pof2, rem, newrank;
+  fold_plan(n, me, &pof2, &rem, &newrank);
+  int log2 = 0;
+  while ((1 << log2) < pof2)
+    log2++;
+  const size_t base_len = count / (size_t)pof2, extra = count % (size_t)pof2;
+#define BLK_OFF(i) ((size_t)(i)*base_len + ((size_t)(i) < extra ? (size_t)(i) : extra))
+  /* seq plan: fold-in, log2 halving steps, log2 doubling steps, fold-out; each step's
+   * segments cover at most half the buffer (the folds the whole). */
+  const uint64_t steps = 2 * (uint64_t)log2 + 2;
+  segs_t s = make_segs(count, c->span / steps);
+  const uint64_t base = c->ctx->seq;
+  int rc = 0;
+  if (me < 2 * rem)
+    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
+                     : recv_all(c, me - 1, base, &s, buf, count, 1);
+  if (rc != 0)
+    return rc;
+  if (newrank >= 0) {
+    int lo = 0, hi = pof2;
+    int los[32], his[32];
+    uint64_t step = 1;
+    for (int mask = 1, j = 0; mask < pof2; mask <<= 1, j++, step++) {
+      int peer = real_of(newrank ^ mask, rem);
+      int mid = (lo + hi) / 2;
+      int klo = (newrank & mask) ? mid : lo, khi = (newrank & mask) ? hi : mid;
+      int slo = (newrank & mask) ? lo : mid, shi = (newrank & mask) ? mid : hi;
+      size_t so = BLK_OFF(slo), sn = BLK_OFF(shi) - so, ko = BLK_OFF(klo), kn = BLK_OFF(khi) - ko;
+      segs_t ss = make_segs(sn > kn ? sn : kn, s.nseg);
+      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ko, kn, 1);
+      if (rc != 0)
+        return rc;
+      los[j] = lo;
+      his[j] = hi;
+      lo = klo;
+      hi = khi;
+    }
+    if (mean)
+      div_floats(buf + BLK_OFF(lo), BLK_OFF(hi) - BLK_OFF(lo), (float)n);
+    for (int mask = pof2 >> 1, j = log2 - 1; mask > 0; mask >>= 1, j--, step++) {
+      int peer = real_of(newrank ^ mask, rem);
+      /* I hold [lo, hi); the partner holds the other half of [los[j], his[j]). */
+      int olo = lo == los[j] ? hi : los[j], ohi = lo == los[j] ? his[j] : lo;
+      size_t so = BLK_OFF(lo), sn = BLK_OFF(hi) - so, ro = BLK_OFF(olo), rn = BLK_OFF(ohi) - ro;
+      segs_t ss = make_segs(sn > rn ? sn : rn, s.nseg);
+      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ro, rn, 0);
+      if (rc != 0)
+        return rc;
+      lo = los[j];
+      hi = his[j];
+    }
+  }
+#undef BLK_OFF
   const uint64_t last = base + (steps - 1) * s.nseg;
   if (me < 2 * rem) {
     if (me % 2 == 1)
@@ -264,7 +441,11 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
   return rc;
 }
 
-/* Ring reduce-scatter + allgather; when mean, the owner of each chunk divides it. */
+/* Ring reduce-scatter + allgather; when mean, the owner of each chunk divides it. The
+ * frames to the right form one stream: item j < nseg is a segment of my own chunk, item
+ * j >= nseg forwards what item j - nseg of the stream from the left brought (reduced in the
+ * first phase, copied in the second). A send runs at most PIPE_WINDOW items ahead of the
+ * receives. */
 static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
   const int n = c->n, me = c->me;
   const int left = (me + n - 1) % n, right = (me + 1) % n;
@@ -273,45 +454,56 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
 #define CHUNK_OFF(i) ((size_t)(i)*base_len + ((size_t)(i) < extra ? (size_t)(i) : extra))
 #define CHUNK_LEN(i) (base_len + ((size_t)(i) < extra ? 1u : 0u))
   segs_t s = make_segs(base_len + (extra ? 1 : 0), c->span / (2 * (uint64_t)(n - 1)));
-  const uint64_t rs = c->ctx->seq, ag = rs + (uint64_t)(n - 1) * s.nseg;
-  int rc = send_all(c, right, rs, &s, buf + CHUNK_OFF(me), CHUNK_LEN(me));
-  if (rc != 0)
-    return rc;
-  /* Phase 0 reduce-scatters (adds what comes in), phase 1 allgathers (copies it); each step
-   * takes chunk segments from the left and passes them right for the next step. */
-  for (int phase = 0; phase < 2; phase++) {
-    const uint64_t seq = phase == 0 ? rs : ag;
-    for (int step = 0; step < n - 1; step++) {
-      int ch = (me - step - (phase == 0 ? 1 : 0) + 2 * n) % n;
-      float *cb = buf + CHUNK_OFF(ch);
-      size_t clen = CHUNK_LEN(ch);
-      for (uint64_t k = 0; k < s.nseg; k++) {
-        size_t a, len;
-        seg_range(&s, clen, k, &a, &len);
-        wg_message_t *m = NULL;
-        rc = recv_floats(c, left, seq + (uint64_t)step * s.nseg + k, len, &m);
-        if (rc != 0)
-          return rc;
-        if (phase == 0)
-          add_floats(cb + a, (const float *)m->payload, len);
-        else if (len > 0)
-          memcpy(cb + a, m->payload, len * sizeof(float));
-        wg_message_free(m);
-        if (step < n - 2) {
-          rc = send_floats(c, right, seq + (uint64_t)(step + 1) * s.nseg + k, cb + a, len);
-        } else if (phase == 0) { /* chunk ch = me + 1 is complete: start the allgather with it */
-          if (mean)
-            div_floats(cb + a, len, (float)n);
-          rc = send_floats(c, right, ag + k, cb + a, len);
-        }
-        if (rc != 0)
-          return rc;
+  const uint64_t nseg = s.nseg, steps = 2 * (uint64_t)(n - 1), total = steps * nseg;
+  const uint64_t rs = c->ctx->seq;
+  /* Item i of the stream (either direction): step i / nseg (0 .. 2n-3), segment i % nseg;
+   * step st < n-1 reduces, the rest copy; chunk of receive step st: me - st - 1 (phase 0)
+   * or me - (st - (n - 1)) (phase 1). seq of item i: rs + i (ag = rs + (n-1) nseg). */
+  uint64_t sent = 0;
+  for (uint64_t i = 0; i <= total; i++) {
+    /* Send the items that are ready: j < nseg at once, j >= nseg once receive j - nseg is
+     * in, at most PIPE_WINDOW ahead. */
+    uint64_t ready = i + nseg < total ? i + nseg : total;
+    for (; sent < ready && sent < i + PIPE_WINDOW; sent++) {
+      int ch;
+      if (sent < nseg) {
+        ch = me;
+      } else {
+        uint64_t st = (sent - nseg) / nseg;
+        ch = st < (uint64_t)(n - 1) ? (int)((me - (int)st - 1 + 2 * n) % n)
+                                    : (int)((me - (int)(st - (uint64_t)(n - 1)) + 2 * n) % n);
       }
+      size_t a, len;
+      seg_range(&s, CHUNK_LEN(ch), sent % nseg, &a, &len);
+      int rc = send_floats(c, right, rs + sent, buf + CHUNK_OFF(ch) + a, len);
+      if (rc != 0)
+        return rc;
     }
+    if (i == total)
+      break;
+    uint64_t st = i / nseg, k = i % nseg;
+    int phase0 = st < (uint64_t)(n - 1);
+    int ch = phase0 ? (int)((me - (int)st - 1 + 2 * n) % n)
+                    : (int)((me - (int)(st - (uint64_t)(n - 1)) + 2 * n) % n);
+    float *cb = buf + CHUNK_OFF(ch);
+    size_t a, len;
+    seg_range(&s, CHUNK_LEN(ch), k, &a, &len);
+    int rc = phase0 ? recv_add(c, left, rs + i, cb + a, len) : recv_copy(c, left, rs + i, cb + a, len);
+    if (rc != 0)
+      return rc;
+    if (phase0 && st == (uint64_t)(n - 2) && mean) /* chunk me + 1 is complete */
+      div_floats(cb + a, len, (float)n);
   }
 #undef CHUNK_OFF
 #undef CHUNK_LEN
   return 0;
+}
+
+wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n) {
+  (void)n;
+  if (bytes <= WG_COLL_SMALL_THRESHOLD_DEFAULT)
+    return WG_COLL_DOUBLING;
+  return WG_COLL_RING;
 }
 
 static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
@@ -326,19 +518,84 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wa
     return WAGMA_EINVAL;
   if (c.n == 1 || count == 0)
     return 0;
-  if (count * sizeof(float) <= small_threshold(ctx)) {
-    rc = allreduce_doubling(&c, buf, count);
-    if (rc == 0 && op == WAGMA_REDUCE_MEAN)
-      div_floats(buf, count, (float)c.n);
-    return rc;
+  const size_t bytes = count * sizeof(float);
+  int alg = ctx->algorithm;
+  if (alg < WG_COLL_DOUBLING || alg > WG_COLL_RING) {
+    alg = wg_coll_pick(bytes, c.n);
+    if (ctx->small_threshold != 0)
+      alg = bytes <= ctx->small_threshold ? WG_COLL_DOUBLING
+                                          : (alg == WG_COLL_DOUBLING ? WG_COLL_RING : alg);
   }
-  return allreduce_ring(&c, buf, count, op == WAGMA_REDUCE_MEAN);
+  const int mean = op == WAGMA_REDUCE_MEAN;
+  int peers[64], npeers;
+  if (alg == WG_COLL_RING) {
+    peers[0] = (c.me + c.n - 1) % c.n;
+    npeers = 1;
+  } else {
+    npeers = fold_peers(c.n, c.me, peers);
+  }
+  reader_begin(&c, peers, npeers);
+  if (alg == WG_COLL_DOUBLING) {
+    rc = allreduce_doubling(&c, buf, count);
+    if (rc == 0 && mean)
+      div_floats(buf, count, (float)c.n);
+  } else if (alg == WG_COLL_RABENSEIFNER) {
+    rc = allreduce_rabenseifner(&c, buf, count, mean);
+  } else {
+    rc = allreduce_ring(&c, buf, count, mean);
+  }
+  reader_end(&c);
+  return rc;
 }
 
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
                       double deadline) {
   return allreduce_span(ctx, buf, count, op, deadline, SEQ_SPAN,
                         ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
+}
+
+static int broadcast_run(coll_t *c, float *buf, size_t count, int root_idx) {
+  const wg_coll_ctx_t *ctx = c->ctx;
+  const int n = c->n;
+  const int vrank = (c->me - root_idx + n) % n;
+#define REAL(v) (((v) + root_idx) % n)
+  segs_t s = make_segs(count, SEQ_SPAN);
+  const uint64_t base = ctx->seq;
+  int rc = 0;
+  if (count * sizeof(float) <= small_threshold(ctx)) {
+    int mask = 1;
+    while (mask < n) { /* binomial tree: receive from the parent */
+      if (vrank & mask) {
+        int parent = REAL(vrank - mask);
+        reader_begin(c, &parent, 1);
+        rc = recv_all(c, parent, base, &s, buf, count, 0);
+        reader_end(c);
+        if (rc != 0)
+          return rc;
+        break;
+      }
+      mask <<= 1;
+    }
+    for (mask >>= 1; mask > 0; mask >>= 1)
+      if (vrank + mask < n && (rc = send_all(c, REAL(vrank + mask), base, &s, buf, count)))
+        return rc;
+    return 0;
+  }
+  /* Chain root -> root+1 -> ...: each segment is forwarded as soon as it arrives. */
+  int prev = REAL(vrank + n - 1);
+  if (vrank > 0)
+    reader_begin(c, &prev, 1);
+  for (uint64_t k = 0; k < s.nseg && rc == 0; k++) {
+    size_t a, len;
+    seg_range(&s, count, k, &a, &len);
+    if (vrank > 0)
+      rc = recv_copy(c, prev, base + k, buf + a, len);
+    if (rc == 0 && vrank < n - 1)
+      rc = send_floats(c, REAL(vrank + 1), base + k, buf + a, len);
+  }
+  reader_end(c);
+#undef REAL
+  return rc;
 }
 
 int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int root,
@@ -355,44 +612,7 @@ int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int ro
     return WAGMA_EINVAL;
   if (c.n == 1 || count == 0)
     return 0;
-  const int n = c.n;
-  const int vrank = (c.me - root_idx + n) % n;
-#define REAL(v) (((v) + root_idx) % n)
-  segs_t s = make_segs(count, SEQ_SPAN);
-  const uint64_t base = ctx->seq;
-  if (count * sizeof(float) <= small_threshold(ctx)) {
-    int mask = 1;
-    while (mask < n) { /* binomial tree: receive from the parent */
-      if (vrank & mask) {
-        rc = recv_all(&c, REAL(vrank - mask), base, &s, buf, count, 0);
-        if (rc != 0)
-          return rc;
-        break;
-      }
-      mask <<= 1;
-    }
-    for (mask >>= 1; mask > 0; mask >>= 1)
-      if (vrank + mask < n && (rc = send_all(&c, REAL(vrank + mask), base, &s, buf, count)))
-        return rc;
-    return 0;
-  }
-  /* Chain root -> root+1 -> ...: each segment is forwarded as soon as it arrives. */
-  for (uint64_t k = 0; k < s.nseg; k++) {
-    size_t a, len;
-    seg_range(&s, count, k, &a, &len);
-    if (vrank > 0) {
-      wg_message_t *m = NULL;
-      rc = recv_floats(&c, REAL(vrank - 1), base + k, len, &m);
-      if (rc != 0)
-        return rc;
-      memcpy(buf + a, m->payload, len * sizeof(float));
-      wg_message_free(m);
-    }
-    if (vrank < n - 1 && (rc = send_floats(&c, REAL(vrank + 1), base + k, buf + a, len)))
-      return rc;
-  }
-#undef REAL
-  return 0;
+  return broadcast_run(&c, buf, count, root_idx);
 }
 
 int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float weight,

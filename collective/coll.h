@@ -4,8 +4,11 @@
  * barrier-mode global rounds. Every participant calls the same operation with the same
  * ctx->ranks, ctx->round, ctx->group and ctx->seq; frames are WG_FRAME_COLL matched on
  * (src, round, group, seq), so concurrent collectives with different (round, group) never mix.
- * Algorithms: recursive doubling (with the usual fold-in of the non-power-of-two remainder)
- * when count * 4 <= small_threshold bytes, ring reduce-scatter + allgather otherwise.
+ * Algorithms (wg_coll_pick): recursive doubling for small buffers, Rabenseifner (recursive
+ * halving + doubling) for medium ones, a pipelined ring for large ones, each with the usual
+ * fold-in of the non-power-of-two remainder where it needs one. Where the transport offers
+ * reader sessions (transport.h), an operation reads the sockets of the peers it receives
+ * from on its own thread, and copies land straight in buf.
  * Every wait ends at `deadline` (absolute wg_now() seconds): WAGMA_ETIMEDOUT, or WAGMA_EPEER
  * when a participant is known dead. No threads of its own; runs on the caller's thread.
  *
@@ -43,10 +46,24 @@ typedef struct wg_coll_ctx {
   uint64_t round;         /* header.round of every frame of this operation */
   uint32_t group;         /* header.group of every frame of this operation */
   uint64_t seq;           /* header.seq base of this operation; the op may use seq .. seq + 2^20 */
-  size_t small_threshold; /* bytes; 0 = WG_COLL_SMALL_THRESHOLD_DEFAULT */
+  size_t small_threshold; /* bytes; 0 = the measured choice (wg_coll_pick); else recursive
+                             doubling up to this, the measured choice of the others above */
+  int algorithm;          /* 0 = choose (above); or force one wg_coll_algorithm_t */
   int *failed_rank;       /* may be NULL; on WAGMA_EPEER: the participant found dead (by me
                              or by the sender of a notice), else left unchanged */
 } wg_coll_ctx_t;
+
+#define WG_COLL_ALGORITHMS 1 /* this header has wg_coll_ctx_t.algorithm (for benchmarks) */
+typedef enum wg_coll_algorithm {
+  WG_COLL_AUTO = 0,
+  WG_COLL_DOUBLING = 1,    /* recursive doubling: log2 P steps of the whole buffer */
+  WG_COLL_RABENSEIFNER = 2, /* recursive halving reduce-scatter + recursive doubling allgather */
+  WG_COLL_RING = 3,        /* ring reduce-scatter + ring allgather, segments pipelined */
+} wg_coll_algorithm_t;
+
+/* The allreduce algorithm used for `bytes` over n participants when ctx->algorithm is 0 and
+ * ctx->small_threshold is 0 (measured on loopback TCP: docs/benchmarks.md). */
+wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n);
 
 /* buf (count floats, identical count everywhere) <- sum or mean over ctx->ranks. */
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,

@@ -1,11 +1,19 @@
-/* tcp.c — the TCP transport (transport.h): progress thread, outbound queues, mailbox.
+/* tcp.c — the TCP transport (transport.h): progress thread, reader sessions, outbound
+ * queues, mailbox.
  *
  * Owns: one socket per peer (connected by tcp_mesh.c during open), an epoll set, an eventfd
- * to wake the progress thread, per-peer outbound queues and the mailbox of received frames.
+ * to wake the progress thread, an eventfd that interrupt and close write (it wakes reader
+ * sessions), per-peer outbound queues and the mailbox of received frames.
  *
- * Threads: one progress thread reads every socket (non-blocking, a header-then-payload state
- * machine per peer) and drains the outbound queues on EPOLLOUT. Callers' threads enqueue
- * frames (send) and take messages (recv).
+ * Threads: one progress thread reads the sockets nobody else reads (non-blocking, a
+ * header-then-payload state machine per peer) and drains the outbound queues on EPOLLOUT.
+ * Callers' threads enqueue frames (send) and take messages (recv). A caller may also become
+ * the reader of some peers' sockets for a while (a reader session, reader_begin/_end: the
+ * blocking collectives do, for the peers they receive from): its recv_into then reads the
+ * socket of the peer it waits for itself and sleeps in ppoll on it, so a hop costs one
+ * wake-up (the kernel wakes the caller) instead of two (progress thread, then the caller
+ * through the mailbox condition variable), and a payload can go straight from the socket
+ * into the caller's buffer (a sink).
  *
  * Invariants:
  *  - Every socket in peers[] completed the authenticated handshake of tcp_mesh.c as its rank.
@@ -13,14 +21,25 @@
  *    max_payload) and its src must be the connection's rank, before the payload is allocated.
  *    A bad frame is counted in frames_rejected, logged, and its peer is declared dead. So a
  *    frame, a BYE included, only ever speaks for the rank whose connection carried it.
- *  - A peer's socket is written by at most one thread at a time: a sender writes directly
- *    only while holding out_lock with an empty queue; the progress thread writes only the head
- *    of a non-empty queue, and only it pops. So frames leave in the order they were queued.
+ *  - A peer's socket is read by one thread at a time: the holder of peers[r].reader (taken by
+ *    compare-and-swap from WG_RD_FREE), which alone touches the inbound state machine. The
+ *    progress thread takes it for one wake-up; a reader session keeps it until it lets go.
+ *    While a session holds it, EPOLLIN is off in the epoll set (ev_lock guards the
+ *    registration, computed from the state under the lock), so the progress thread is not
+ *    woken for data it will not read. A reader stops only at a frame boundary of what it has
+ *    read: every complete frame it read is delivered before it lets go, so data left in the
+ *    kernel always shows as EPOLLIN to the next reader.
+ *  - A peer's socket is written by one thread at a time, under out_lock: a sender writes
+ *    directly only with an empty queue; the progress thread or a session writes the head of
+ *    a non-empty queue. So frames leave in the order they were queued.
  *  - A dead peer is never revived in this epoch; its fd stays open (shut down) until close,
- *    so no fd number is reused under a concurrent sender.
- *  - Dead flags change under mbox_lock before a broadcast, so recv waiters never miss one.
- *  - recv yields the CPU for at most RECV_SPIN_S before sleeping on the condvar (a cheap wait
- *    for a frame already on its way); it checks interrupt, close and its deadline every turn.
+ *    so no fd number is reused under a concurrent sender or reader.
+ *  - Dead flags change under mbox_lock before a broadcast, so condvar waiters never miss one;
+ *    a session waiting on a socket is woken by the shutdown of a dead peer's socket and by
+ *    intrfd.
+ *  - recv without a reader yields the CPU for at most RECV_SPIN_S before it sleeps on the
+ *    condvar; a session yields for at most SESSION_SPIN_S before it sleeps in ppoll. Both
+ *    check interrupt, close and their deadline every turn.
  *  - close queues a BYE to each live peer and flushes queues for at most
  *    WG_TCP_CLOSE_LINGER_S, so a frozen peer cannot make close hang. */
 #define _GNU_SOURCE
@@ -28,6 +47,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +65,13 @@
 
 #define READ_BUDGET ((size_t)8 << 20) /* bytes read from one peer per wake-up, for fairness */
 #define RECV_SPIN_S 100e-6            /* recv yields (sched_yield) this long before it sleeps */
+#define SESSION_SPIN_S 50e-6 /* a session yields this long, trying its socket, before ppoll */
+/* A session waiting on one peer reads its other peers too once it has waited this long, so
+ * their frames for other threads wait at most about this. */
+#define SESSION_GRACE_S 1e-3
+#define SCRATCH_SIZE ((size_t)64 << 10) /* read buffer of a reader: frames up to this in one
+                                           read */
+#define DIRECT_MIN (SCRATCH_SIZE / 2) /* a payload remainder this large is read in place */
 
 static void wake_progress(struct wg_transport *t) {
   uint64_t one = 1;
@@ -77,9 +104,40 @@ static void free_queue(wg_tcp_peer_t *p) {
   p->out_queued = 0;
 }
 
+/* Brings fd's epoll registration in line with the state. Called with p->ev_lock held. */
+static void ev_update(struct wg_transport *t, wg_tcp_peer_t *p) {
+  if (p->ev_removed == 1)
+    return;
+  int held = atomic_load(&p->reader) == WG_RD_CALLER;
+  uint32_t want = (held ? 0 : EPOLLIN) | (p->ev_out ? EPOLLOUT : 0);
+  struct epoll_event ev = {.events = want, .data.u32 = (uint32_t)p->rank};
+  if (p->ev_removed == 2) {
+    if (held)
+      return; /* stays out while the caller reads; added back when it lets go */
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, p->fd, &ev) == 0) {
+      p->ev_removed = 0;
+      p->ev_mask = want;
+    }
+    return;
+  }
+  if (want != p->ev_mask && epoll_ctl(t->epfd, EPOLL_CTL_MOD, p->fd, &ev) == 0)
+    p->ev_mask = want;
+}
+
+/* Progress thread: whether it wants EPOLLOUT for p. */
+static void set_ev_out(struct wg_transport *t, wg_tcp_peer_t *p, int on) {
+  if (p->ev_out == on) /* only this thread writes ev_out */
+    return;
+  pthread_mutex_lock(&p->ev_lock);
+  p->ev_out = on;
+  ev_update(t, p);
+  pthread_mutex_unlock(&p->ev_lock);
+}
+
 /* Declares rank dead (idempotent): shuts its socket down (the fd stays open until close; the
- * progress thread frees its queue, since it may be writing from the head) and wakes recv
- * waiters. Callable from any thread. */
+ * progress thread frees its queue, since it may be writing from the head), wakes recv
+ * waiters (a session waiting on the socket wakes from the shutdown). Callable from any
+ * thread. */
 static void peer_kill(struct wg_transport *t, int rank, int level, const char *why) {
   wg_tcp_peer_t *p = &t->peers[rank];
   pthread_mutex_lock(&p->out_lock);
@@ -96,26 +154,62 @@ static void peer_kill(struct wg_transport *t, int rank, int level, const char *w
   wake_progress(t); /* lets the progress thread drop the fd from its epoll set */
 }
 
-/* Progress thread: a bad frame from rank. */
+/* A bad frame from rank (any reader). */
 static void reject(struct wg_transport *t, int rank, const char *why) {
   atomic_fetch_add(&t->frames_rejected, 1);
   peer_kill(t, rank, WAGMA_LOG_WARN, why);
 }
 
-/* Progress thread: a complete frame arrived. Takes ownership of m. */
-static void deliver(struct wg_transport *t, int rank, wg_message_t *m) {
+static int matches(const wg_match_t *mt, const wg_frame_header_t *h) {
+  return (mt->src == WG_ANY || mt->src == h->src) &&
+         (mt->kinds == 0 || (h->kind < 64 && (mt->kinds & ((uint64_t)1 << h->kind)))) &&
+         (mt->round == WG_ANY || mt->round == h->round) &&
+         (mt->group == WG_ANY || mt->group == h->group) && (mt->seq == WG_ANY || mt->seq == h->seq);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Inbound: the reader of a socket (the progress thread, or a session) runs these.
+ * ---------------------------------------------------------------------------------------- */
+
+/* What a reader does with complete frames: the one its caller waits for (want, matched
+ * first) goes to the caller, through the sink when its length fits; the rest to the
+ * mailbox. The progress thread wants nothing. */
+typedef struct rd_ctx {
+  uint8_t *scratch; /* SCRATCH_SIZE bytes */
+  const wg_match_t *want;
+  const wg_sink_t *sink;
+  int found;        /* the wanted frame is complete */
+  wg_message_t *msg; /* it, unless its payload went to the sink (then NULL) */
+} rd_ctx_t;
+
+/* A complete frame from p. */
+static void frame_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
+  wg_message_t *m = p->in_msg;
+  int sunk = p->in_sink != NULL;
+  p->in_msg = NULL;
+  p->in_sink = NULL;
+  p->in_payload_got = 0;
   atomic_fetch_add(&t->bytes_received, WG_FRAME_HEADER_SIZE + m->header.length);
   if (m->header.kind == WG_FRAME_BYE) {
     wg_message_free(m);
-    peer_kill(t, rank, WAGMA_LOG_INFO, "closed (BYE)");
+    peer_kill(t, p->rank, WAGMA_LOG_INFO, "closed (BYE)");
+    return;
+  }
+  if (sunk) {
+    ctx->found = 1;
+    wg_message_free(m); /* the header only: its payload is in the sink */
+    return;
+  }
+  if (ctx->want != NULL && !ctx->found && matches(ctx->want, &m->header)) {
+    ctx->found = 1;
+    ctx->msg = m;
     return;
   }
   mailbox_put(t, m);
 }
 
-/* Progress thread: validates a complete header and starts its frame. Returns 0 or -1 (peer
- * killed). */
-static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p) {
+/* Validates a complete header and starts its frame. Returns 0 or -1 (peer killed). */
+static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
   wg_frame_header_t h;
   int rc = wg_frame_decode(p->in_hdr, WG_FRAME_HEADER_SIZE, t->epoch, (uint32_t)t->nranks,
                            t->max_payload, &h);
@@ -132,32 +226,69 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p) {
     reject(t, p->rank, h.kind == WG_FRAME_HELLO ? "HELLO after handshake" : "wrong src rank");
     return -1;
   }
-  wg_message_t *m = wg_message_new(&h, (size_t)h.length);
+  int sink = ctx->sink != NULL && !ctx->found && h.length > 0 &&
+             h.length == ctx->sink->length && matches(ctx->want, &h);
+  wg_message_t *m = wg_message_new(&h, sink ? 0 : (size_t)h.length);
   if (m == NULL) {
     peer_kill(t, p->rank, WAGMA_LOG_ERROR, "out of memory for a frame payload");
     return -1;
   }
-  if (h.length == 0) {
-    deliver(t, p->rank, m);
-    return 0;
-  }
   p->in_msg = m;
   p->in_payload_got = 0;
+  p->in_sink = sink ? ctx->sink->dst : NULL;
+  if (h.length == 0)
+    frame_complete(t, p, ctx);
   return 0;
 }
 
-/* Progress thread: reads what is available from p (up to READ_BUDGET). */
-static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p) {
-  size_t budget = READ_BUDGET;
-  while (budget > 0 && !atomic_load(&p->dead)) {
-    uint8_t *dst;
-    size_t want;
+/* Feeds n bytes read from p's socket through the state machine. Returns 0 or -1 (killed). */
+static int consume(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx, const uint8_t *data,
+                   size_t n) {
+  while (n > 0) {
     if (p->in_msg == NULL) {
-      dst = p->in_hdr + p->in_hdr_got;
-      want = WG_FRAME_HEADER_SIZE - p->in_hdr_got;
+      size_t take = WG_FRAME_HEADER_SIZE - p->in_hdr_got;
+      if (take > n)
+        take = n;
+      memcpy(p->in_hdr + p->in_hdr_got, data, take);
+      p->in_hdr_got += take;
+      data += take;
+      n -= take;
+      if (p->in_hdr_got == WG_FRAME_HEADER_SIZE && header_complete(t, p, ctx) != 0)
+        return -1;
     } else {
-      dst = p->in_msg->payload + p->in_payload_got;
-      want = (size_t)p->in_msg->header.length - p->in_payload_got;
+      size_t len = (size_t)p->in_msg->header.length, take = len - p->in_payload_got;
+      if (take > n)
+        take = n;
+      uint8_t *dst = p->in_sink != NULL ? p->in_sink : p->in_msg->payload;
+      memcpy(dst + p->in_payload_got, data, take);
+      p->in_payload_got += take;
+      data += take;
+      n -= take;
+      if (p->in_payload_got == len)
+        frame_complete(t, p, ctx);
+    }
+  }
+  return 0;
+}
+
+/* The holder of p's reader role reads what the socket has, up to READ_BUDGET bytes, and
+ * stops early once ctx's wanted frame is complete. Returns 1 if the socket may have more
+ * (budget spent or wanted frame found), 0 if it would block or the peer is dead. */
+static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
+  size_t budget = READ_BUDGET;
+  while (!atomic_load(&p->dead)) {
+    if (ctx->found || budget == 0)
+      return 1;
+    uint8_t *dst = ctx->scratch;
+    size_t want = SCRATCH_SIZE;
+    int direct = 0;
+    if (p->in_msg != NULL) {
+      size_t rest = (size_t)p->in_msg->header.length - p->in_payload_got;
+      if (rest >= DIRECT_MIN) { /* a large remainder: read it in place, no copy */
+        dst = (p->in_sink != NULL ? p->in_sink : p->in_msg->payload) + p->in_payload_got;
+        want = rest;
+        direct = 1;
+      }
     }
     if (want > budget)
       want = budget;
@@ -165,7 +296,7 @@ static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p) {
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return;
+      return 0;
     if (n <= 0) {
       if (p->in_msg != NULL || p->in_hdr_got > 0) {
         atomic_fetch_add(&t->frames_rejected, 1);
@@ -175,21 +306,60 @@ static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p) {
         int level = atomic_load(&t->bye_sent) ? WAGMA_LOG_DEBUG : WAGMA_LOG_WARN;
         peer_kill(t, p->rank, level, n == 0 ? "connection closed" : strerror(errno));
       }
-      return;
+      return 0;
     }
     budget -= (size_t)n;
-    if (p->in_msg == NULL) {
-      p->in_hdr_got += (size_t)n;
-      if (p->in_hdr_got == WG_FRAME_HEADER_SIZE && header_complete(t, p) != 0)
-        return;
-    } else {
+    if (direct) {
       p->in_payload_got += (size_t)n;
-      if (p->in_payload_got == p->in_msg->header.length) {
-        wg_message_t *m = p->in_msg;
-        p->in_msg = NULL;
-        deliver(t, p->rank, m);
-      }
+      if (p->in_payload_got == p->in_msg->header.length)
+        frame_complete(t, p, ctx);
+    } else if (consume(t, p, ctx, dst, (size_t)n) != 0) {
+      return 0;
     }
+  }
+  return 0;
+}
+
+/* A session's recv_into returns while a frame of p is half read into its sink: the part
+ * read moves into a payload buffer of its own, so the caller's buffer is free again. */
+static void unsink(struct wg_transport *t, wg_tcp_peer_t *p) {
+  if (p->in_sink == NULL)
+    return;
+  uint8_t *payload = wg_buf_alloc((size_t)p->in_msg->header.length);
+  if (payload == NULL) {
+    p->in_sink = NULL;
+    peer_kill(t, p->rank, WAGMA_LOG_ERROR, "out of memory for a frame payload");
+    return;
+  }
+  memcpy(payload, p->in_sink, p->in_payload_got);
+  p->in_msg->payload = payload;
+  p->in_sink = NULL;
+}
+
+/* Progress thread: p's socket is readable (or failed). */
+static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p, uint32_t events) {
+  int expected = WG_RD_FREE;
+  if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_PROGRESS)) {
+    /* A session reads it: an event from before EPOLLIN went off, or an error/hang-up (always
+     * reported): take the fd out of the set until the session lets go, so it cannot spin. */
+    pthread_mutex_lock(&p->ev_lock);
+    if ((events & (EPOLLERR | EPOLLHUP)) && p->ev_removed == 0 &&
+        atomic_load(&p->reader) == WG_RD_CALLER) {
+      if (epoll_ctl(t->epfd, EPOLL_CTL_DEL, p->fd, NULL) == 0)
+        p->ev_removed = 2;
+    } else {
+      ev_update(t, p);
+    }
+    pthread_mutex_unlock(&p->ev_lock);
+    return;
+  }
+  rd_ctx_t ctx = {.scratch = t->scratch};
+  read_peer(t, p, &ctx);
+  atomic_store(&p->reader, WG_RD_FREE);
+  if (atomic_exchange(&p->claim_waiting, 0)) { /* a session waits to take it */
+    pthread_mutex_lock(&t->mbox_lock);
+    pthread_cond_broadcast(&t->mbox_cond);
+    pthread_mutex_unlock(&t->mbox_lock);
   }
 }
 
@@ -206,57 +376,60 @@ static ssize_t write_nonblocking(int fd, struct iovec *iov, int iovcnt) {
   }
 }
 
-static void set_armed(struct wg_transport *t, wg_tcp_peer_t *p, int armed) {
-  if (p->out_armed == armed || p->out_armed < 0)
-    return;
-  struct epoll_event ev = {.events = EPOLLIN | (armed ? EPOLLOUT : 0),
-                           .data.u32 = (uint32_t)p->rank};
-  epoll_ctl(t->epfd, EPOLL_CTL_MOD, p->fd, &ev);
-  p->out_armed = armed;
-}
-
-/* Progress thread: writes queued frames to p until the queue is empty or the socket full. */
-static void on_writable(struct wg_transport *t, wg_tcp_peer_t *p) {
+/* Writes queued frames to p until the queue is empty or the socket full (any thread).
+ * Returns 0 (queue empty), 1 (socket full, more queued) or -1 (peer killed or dead). */
+static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
+  int rc = 0;
+  pthread_mutex_lock(&p->out_lock);
   for (;;) {
-    pthread_mutex_lock(&p->out_lock);
     wg_out_frame_t *f = p->out_head;
-    size_t off = p->out_head_off;
-    pthread_mutex_unlock(&p->out_lock);
-    if (f == NULL || atomic_load(&p->dead)) {
-      set_armed(t, p, 0);
-      return;
+    if (f == NULL)
+      break;
+    if (atomic_load(&p->dead)) {
+      rc = -1;
+      break;
     }
-    struct iovec iov = {.iov_base = f->data + off, .iov_len = f->len - off};
+    struct iovec iov = {.iov_base = f->data + p->out_head_off, .iov_len = f->len - p->out_head_off};
     ssize_t n = write_nonblocking(p->fd, &iov, 1);
     if (n < 0) {
-      peer_kill(t, p->rank, WAGMA_LOG_WARN, strerror(errno));
-      return;
+      rc = -2;
+      break;
     }
     atomic_fetch_add(&t->bytes_sent, (uint64_t)n);
-    wg_out_frame_t *done = NULL;
-    pthread_mutex_lock(&p->out_lock);
-    if (p->out_head == f) { /* only this thread pops or frees: always true */
-      p->out_head_off += (size_t)n;
-      p->out_queued -= (size_t)n;
-      if (p->out_head_off == f->len) {
-        done = f;
-        p->out_head = f->next;
-        if (p->out_head == NULL)
-          p->out_tail = NULL;
-        p->out_head_off = 0;
-      }
+    p->out_head_off += (size_t)n;
+    p->out_queued -= (size_t)n;
+    if (p->out_head_off < f->len) {
+      rc = 1; /* socket full */
+      break;
     }
-    pthread_mutex_unlock(&p->out_lock);
-    wg_buf_free(done);
-    if (done == NULL) { /* socket full: wait for EPOLLOUT */
-      set_armed(t, p, 1);
-      return;
-    }
+    p->out_head = f->next;
+    if (p->out_head == NULL)
+      p->out_tail = NULL;
+    p->out_head_off = 0;
+    wg_buf_free(f);
   }
+  pthread_mutex_unlock(&p->out_lock);
+  if (rc == -2) {
+    peer_kill(t, p->rank, WAGMA_LOG_WARN, strerror(errno));
+    rc = -1;
+  }
+  return rc;
 }
 
-/* Progress thread: after a wake-up, arm or write the peers with queued frames and drop the
- * fds of dead peers from the epoll set. Returns the bytes still queued over all peers. */
+static int queue_empty(wg_tcp_peer_t *p) {
+  pthread_mutex_lock(&p->out_lock);
+  int empty = p->out_head == NULL;
+  pthread_mutex_unlock(&p->out_lock);
+  return empty;
+}
+
+/* Progress thread: writes p's queue; waits for EPOLLOUT while the socket is full. */
+static void on_writable(struct wg_transport *t, wg_tcp_peer_t *p) {
+  set_ev_out(t, p, flush_queue(t, p) == 1);
+}
+
+/* Progress thread: after a wake-up, write the peers with queued frames and drop the fds of
+ * dead peers from the epoll set. Returns the bytes still queued over all peers. */
 static size_t service_queues(struct wg_transport *t) {
   size_t pending = 0;
   for (int r = 0; r < t->nranks; r++) {
@@ -267,16 +440,16 @@ static size_t service_queues(struct wg_transport *t) {
       pthread_mutex_lock(&p->out_lock);
       free_queue(p);
       pthread_mutex_unlock(&p->out_lock);
-      if (p->out_armed >= 0) {
-        epoll_ctl(t->epfd, EPOLL_CTL_DEL, p->fd, NULL);
-        p->out_armed = -1; /* removed */
+      pthread_mutex_lock(&p->ev_lock);
+      if (p->ev_removed != 1) {
+        if (p->ev_removed == 0)
+          epoll_ctl(t->epfd, EPOLL_CTL_DEL, p->fd, NULL);
+        p->ev_removed = 1; /* for good */
       }
+      pthread_mutex_unlock(&p->ev_lock);
       continue;
     }
-    pthread_mutex_lock(&p->out_lock);
-    int queued = p->out_head != NULL;
-    pthread_mutex_unlock(&p->out_lock);
-    if (queued && !p->out_armed)
+    if (!p->ev_out && !queue_empty(p))
       on_writable(t, p);
     pthread_mutex_lock(&p->out_lock);
     pending += p->out_queued;
@@ -333,7 +506,7 @@ static void *progress_main(void *arg) {
       if (atomic_load(&p->dead))
         continue;
       if (events[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))
-        on_readable(t, p);
+        on_readable(t, p, events[i].events);
       if ((events[i].events & EPOLLOUT) && !atomic_load(&p->dead))
         on_writable(t, p);
     }
@@ -360,8 +533,11 @@ static void tcp_free(struct wg_transport *t) {
     free_queue(p);
     wg_message_free(p->in_msg);
     pthread_mutex_destroy(&p->out_lock);
+    pthread_mutex_destroy(&p->ev_lock);
   }
   free(t->peers);
+  free(t->scratch);
+  free(atomic_load(&t->spare_scratch));
   wg_message_t *m = t->mbox_head;
   while (m != NULL) {
     wg_message_t *next = m->next;
@@ -372,6 +548,8 @@ static void tcp_free(struct wg_transport *t) {
     close(t->epfd);
   if (t->wakefd >= 0)
     close(t->wakefd);
+  if (t->intrfd >= 0)
+    close(t->intrfd);
   pthread_cond_destroy(&t->mbox_cond);
   pthread_mutex_destroy(&t->mbox_lock);
   free(t);
@@ -393,7 +571,7 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   t = calloc(1, sizeof *t);
   if (t == NULL)
     return WAGMA_ENOMEM;
-  t->epfd = t->wakefd = -1;
+  t->epfd = t->wakefd = t->intrfd = -1;
   t->rank = cfg->rank;
   t->nranks = cfg->plan->nranks;
   t->epoch = cfg->epoch;
@@ -418,10 +596,17 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
     t->peers[r].rank = r;
     t->peers[r].fd = -1;
     pthread_mutex_init(&t->peers[r].out_lock, NULL);
+    pthread_mutex_init(&t->peers[r].ev_lock, NULL);
+  }
+  t->scratch = malloc(SCRATCH_SIZE);
+  if (t->scratch == NULL) {
+    rc = WAGMA_ENOMEM;
+    goto out;
   }
   t->epfd = epoll_create1(EPOLL_CLOEXEC);
   t->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (t->epfd < 0 || t->wakefd < 0) {
+  t->intrfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (t->epfd < 0 || t->wakefd < 0 || t->intrfd < 0) {
     rc = WAGMA_EIO;
     goto out;
   }
@@ -456,6 +641,7 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
       rc = WAGMA_EIO;
       goto out;
     }
+    p->ev_mask = EPOLLIN;
   }
   if (missing > 0)
     wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
@@ -572,16 +758,210 @@ unlock:
   return rc;
 }
 
-static int matches(const wg_match_t *mt, const wg_frame_header_t *h) {
-  return (mt->src == WG_ANY || mt->src == h->src) &&
-         (mt->kinds == 0 || (h->kind < 64 && (mt->kinds & ((uint64_t)1 << h->kind)))) &&
-         (mt->round == WG_ANY || mt->round == h->round) &&
-         (mt->group == WG_ANY || mt->group == h->group) && (mt->seq == WG_ANY || mt->seq == h->seq);
+/* ------------------------------------------------------------------------------------------
+ * Reader sessions
+ * ---------------------------------------------------------------------------------------- */
+
+struct wg_reader {
+  int n;
+  int *ranks;
+  uint8_t *held; /* held[i]: this session reads ranks[i]'s socket */
+  struct pollfd *pfd; /* n + 1 entries */
+  int *pfd_idx;       /* index in ranks of pfd[k], -1 for intrfd */
+  uint8_t *scratch;   /* SCRATCH_SIZE bytes */
+};
+
+/* Takes ranks[i]'s socket for the session if nobody reads it now. Returns 1 if held. */
+static int hold(struct wg_transport *t, wg_reader_t *rd, int i) {
+  if (rd->held[i])
+    return 1;
+  wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
+  if (p->fd < 0 || atomic_load(&p->dead))
+    return 0;
+  int expected = WG_RD_FREE;
+  if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_CALLER)) {
+    atomic_store(&p->claim_waiting, 1); /* the progress thread reads it: wake me after */
+    return 0;
+  }
+  pthread_mutex_lock(&p->ev_lock);
+  ev_update(t, p); /* EPOLLIN off: the progress thread is not woken for it any more */
+  pthread_mutex_unlock(&p->ev_lock);
+  rd->held[i] = 1;
+  return 1;
 }
 
-static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
-                    wg_message_t **out) {
-  if (t == NULL || match == NULL || out == NULL)
+static void let_go(struct wg_transport *t, wg_reader_t *rd, int i) {
+  if (!rd->held[i])
+    return;
+  wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
+  unsink(t, p);
+  atomic_store(&p->reader, WG_RD_FREE);
+  pthread_mutex_lock(&p->ev_lock);
+  ev_update(t, p); /* EPOLLIN on: data left in the kernel wakes the progress thread */
+  pthread_mutex_unlock(&p->ev_lock);
+  rd->held[i] = 0;
+}
+
+static int tcp_reader_begin(wg_transport_t *t, const int *ranks, int n, wg_reader_t **out) {
+  if (t == NULL || out == NULL || n < 0 || (n > 0 && ranks == NULL))
+    return WAGMA_EINVAL;
+  *out = NULL;
+  wg_reader_t *rd = calloc(1, sizeof *rd);
+  if (rd == NULL)
+    return WAGMA_ENOMEM;
+  size_t k = (size_t)n;
+  rd->ranks = malloc((k + 1) * sizeof *rd->ranks);
+  rd->held = calloc(k + 1, 1);
+  rd->pfd = malloc((k + 1) * sizeof *rd->pfd);
+  rd->pfd_idx = malloc((k + 1) * sizeof *rd->pfd_idx);
+  rd->scratch = atomic_exchange(&t->spare_scratch, NULL);
+  if (rd->scratch == NULL)
+    rd->scratch = malloc(SCRATCH_SIZE);
+  if (rd->ranks == NULL || rd->held == NULL || rd->pfd == NULL || rd->pfd_idx == NULL ||
+      rd->scratch == NULL) {
+    free(rd->ranks);
+    free(rd->held);
+    free(rd->pfd);
+    free(rd->pfd_idx);
+    free(rd->scratch);
+    free(rd);
+    return WAGMA_ENOMEM;
+  }
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= t->nranks || ranks[i] == t->rank)
+      continue;
+    int dup = 0;
+    for (int j = 0; j < rd->n && !dup; j++)
+      dup = rd->ranks[j] == ranks[i];
+    if (!dup)
+      rd->ranks[rd->n++] = ranks[i];
+  }
+  for (int i = 0; i < rd->n; i++)
+    hold(t, rd, i);
+  *out = rd;
+  return 0;
+}
+
+static void tcp_reader_end(wg_transport_t *t, wg_reader_t *rd) {
+  if (t == NULL || rd == NULL)
+    return;
+  for (int i = 0; i < rd->n; i++)
+    let_go(t, rd, i);
+  void *none = NULL;
+  if (!atomic_compare_exchange_strong(&t->spare_scratch, &none, (void *)rd->scratch))
+    free(rd->scratch);
+  free(rd->ranks);
+  free(rd->held);
+  free(rd->pfd);
+  free(rd->pfd_idx);
+  free(rd);
+}
+
+/* A session waits (ppoll) on the socket of ranks[idx], the one its recv wants, until it is
+ * readable, deadline, or an interrupt; it writes its peers' queues when their sockets take
+ * more, and reads its other peers' sockets once it has waited SESSION_GRACE_S (their frames
+ * go to the mailbox). */
+static void session_wait(struct wg_transport *t, wg_reader_t *rd, int idx, double deadline,
+                         double since) {
+  double now = wg_now();
+  int all = now - since >= SESSION_GRACE_S;
+  double until = all ? deadline : fmin(deadline, since + SESSION_GRACE_S);
+  int k = 0;
+  rd->pfd[k] = (struct pollfd){.fd = t->intrfd, .events = POLLIN};
+  rd->pfd_idx[k++] = -1;
+  for (int i = 0; i < rd->n; i++) {
+    if (!rd->held[i])
+      continue;
+    wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
+    if (atomic_load(&p->dead))
+      continue;
+    short ev = (i == idx || all) ? POLLIN : 0;
+    if (!queue_empty(p))
+      ev |= POLLOUT;
+    if (ev == 0)
+      continue;
+    rd->pfd[k] = (struct pollfd){.fd = p->fd, .events = ev};
+    rd->pfd_idx[k++] = i;
+  }
+  double left = until - now;
+  if (left < 0)
+    left = 0;
+  if (left > 3600)
+    left = 3600;
+  struct timespec ts = {.tv_sec = (time_t)left, .tv_nsec = (long)((left - floor(left)) * 1e9)};
+  int n = ppoll(rd->pfd, (nfds_t)k, &ts, NULL);
+  if (n <= 0)
+    return;
+  for (int j = 1; j < k; j++) {
+    short re = rd->pfd[j].revents;
+    if (re == 0)
+      continue;
+    int i = rd->pfd_idx[j];
+    wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
+    if (re & POLLOUT)
+      flush_queue(t, p);
+    if (i != idx && (re & (POLLIN | POLLERR | POLLHUP))) {
+      rd_ctx_t ctx = {.scratch = rd->scratch};
+      read_peer(t, p, &ctx); /* into the mailbox */
+    }
+  }
+}
+
+/* Waits on the mailbox condition variable until ts (or shorter when given). Called with
+ * mbox_lock held. */
+static void cond_wait_until(struct wg_transport *t, const struct timespec *ts, double short_s) {
+  if (short_s > 0) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double until = (double)now.tv_sec + now.tv_nsec * 1e-9 + short_s;
+    double lim = (double)ts->tv_sec + ts->tv_nsec * 1e-9;
+    if (until < lim) {
+      struct timespec s2 = {.tv_sec = (time_t)floor(until),
+                            .tv_nsec = (long)((until - floor(until)) * 1e9)};
+      pthread_cond_timedwait(&t->mbox_cond, &t->mbox_lock, &s2);
+      return;
+    }
+  }
+  pthread_cond_timedwait(&t->mbox_cond, &t->mbox_lock, ts);
+}
+
+/* Takes the oldest mailbox message matching; called with mbox_lock held. */
+static wg_message_t *mailbox_take(struct wg_transport *t, const wg_match_t *match) {
+  wg_message_t *prev = NULL, *m = t->mbox_head;
+  while (m != NULL && !matches(match, &m->header)) {
+    prev = m;
+    m = m->next;
+  }
+  if (m == NULL)
+    return NULL;
+  if (prev != NULL)
+    prev->next = m->next;
+  else
+    t->mbox_head = m->next;
+  if (t->mbox_tail == m)
+    t->mbox_tail = prev;
+  m->next = NULL;
+  return m;
+}
+
+/* The caller took m for recv_into: into the sink, or out. */
+static int hand_over(wg_message_t *m, const wg_sink_t *sink, wg_message_t **out) {
+  if (sink == NULL) {
+    *out = m;
+    return 0;
+  }
+  int rc = 0;
+  if (m->header.length != sink->length)
+    rc = WAGMA_EPROTO;
+  else if (sink->length > 0)
+    memcpy(sink->dst, m->payload, sink->length);
+  wg_message_free(m);
+  return rc;
+}
+
+static int tcp_recv_into(wg_transport_t *t, wg_reader_t *rd, const wg_match_t *match,
+                         double deadline, const wg_sink_t *sink, wg_message_t **out) {
+  if (t == NULL || match == NULL || out == NULL || (sink && sink->length > 0 && !sink->dst))
     return WAGMA_EINVAL;
   *out = NULL;
   int src_rank = -1;
@@ -590,6 +970,10 @@ static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
       return WAGMA_EINVAL;
     src_rank = (int)match->src;
   }
+  int idx = -1; /* the session's entry of src, when it has one */
+  for (int i = 0; rd != NULL && src_rank >= 0 && i < rd->n && idx < 0; i++)
+    if (rd->ranks[i] == src_rank)
+      idx = i;
   struct timespec ts;
   double whole = floor(deadline);
   if (!(deadline < 1e15)) /* far future or NaN: wait "forever" (until close/interrupt) */
@@ -602,52 +986,75 @@ static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
     ts.tv_nsec = 0;
 
   int rc = 0;
-  double spin_until = 0;
-  pthread_mutex_lock(&t->mbox_lock);
+  double spin_until = 0, wait_since = 0;
+  wg_tcp_peer_t *p = src_rank >= 0 ? &t->peers[src_rank] : NULL;
   for (;;) {
+    int held = idx >= 0 && hold(t, rd, idx);
+    pthread_mutex_lock(&t->mbox_lock);
+    if (idx >= 0 && !held) /* again under the lock: a wake-up after this is not missed */
+      held = hold(t, rd, idx);
     if (t->interrupted || atomic_load(&t->closing)) {
+      pthread_mutex_unlock(&t->mbox_lock);
       rc = WAGMA_ECLOSED;
       break;
     }
-    wg_message_t *prev = NULL, *m = t->mbox_head;
-    while (m != NULL && !matches(match, &m->header)) {
-      prev = m;
-      m = m->next;
-    }
+    wg_message_t *m = mailbox_take(t, match);
     if (m != NULL) {
-      if (prev != NULL)
-        prev->next = m->next;
-      else
-        t->mbox_head = m->next;
-      if (t->mbox_tail == m)
-        t->mbox_tail = prev;
-      m->next = NULL;
-      *out = m;
+      pthread_mutex_unlock(&t->mbox_lock);
+      rc = hand_over(m, sink, out);
       break;
     }
-    if (src_rank >= 0 && src_rank != t->rank && atomic_load(&t->peers[src_rank].dead)) {
+    if (src_rank >= 0 && src_rank != t->rank && atomic_load(&p->dead)) {
+      pthread_mutex_unlock(&t->mbox_lock);
       rc = WAGMA_EPEER;
       break;
     }
     double now = wg_now();
     if (now >= deadline) {
+      pthread_mutex_unlock(&t->mbox_lock);
       rc = WAGMA_ETIMEDOUT;
       break;
     }
+    if (spin_until == 0) {
+      spin_until = now + (idx >= 0 ? SESSION_SPIN_S : RECV_SPIN_S);
+      wait_since = now;
+    }
+    if (held) {
+      /* This thread reads src's socket: no mailbox hand-off, no progress thread. */
+      pthread_mutex_unlock(&t->mbox_lock);
+      rd_ctx_t ctx = {.scratch = rd->scratch, .want = match, .sink = sink};
+      read_peer(t, p, &ctx);
+      if (ctx.found) {
+        rc = ctx.msg != NULL ? hand_over(ctx.msg, sink, out) : 0;
+        break;
+      }
+      if (atomic_load(&p->dead))
+        continue; /* what it sent before is in the mailbox; else WAGMA_EPEER */
+      if (now < spin_until)
+        sched_yield();
+      else
+        session_wait(t, rd, idx, deadline, wait_since);
+      continue;
+    }
     /* Briefly yield instead of sleeping: on a busy host the progress thread usually delivers
      * the next frame within a few scheduler slices, and a condvar sleep adds a wake-up. */
-    if (spin_until == 0)
-      spin_until = now + RECV_SPIN_S;
     if (now < spin_until) {
       pthread_mutex_unlock(&t->mbox_lock);
       sched_yield();
-      pthread_mutex_lock(&t->mbox_lock);
       continue;
     }
-    pthread_cond_timedwait(&t->mbox_cond, &t->mbox_lock, &ts);
+    /* A session that waits to take src's socket from the progress thread looks again soon. */
+    cond_wait_until(t, &ts, idx >= 0 ? 1e-3 : 0);
+    pthread_mutex_unlock(&t->mbox_lock);
   }
-  pthread_mutex_unlock(&t->mbox_lock);
+  if (idx >= 0 && rd->held[idx])
+    unsink(t, p); /* a frame half read into the sink: the caller's buffer is its own again */
   return rc;
+}
+
+static int tcp_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
+                    wg_message_t **out) {
+  return tcp_recv_into(t, NULL, match, deadline, NULL, out);
 }
 
 static int tcp_peer_alive(wg_transport_t *t, int rank) {
@@ -665,6 +1072,9 @@ static void tcp_interrupt(wg_transport_t *t) {
   t->interrupted = 1;
   pthread_cond_broadcast(&t->mbox_cond);
   pthread_mutex_unlock(&t->mbox_lock);
+  uint64_t one = 1;
+  ssize_t n = write(t->intrfd, &one, sizeof one); /* wakes sessions waiting in ppoll */
+  (void)n;
 }
 
 static void tcp_stats(wg_transport_t *t, wg_transport_stats_t *out) {
@@ -690,6 +1100,9 @@ static void tcp_close(wg_transport_t *t) {
   atomic_store(&t->closing, 1);
   pthread_cond_broadcast(&t->mbox_cond);
   pthread_mutex_unlock(&t->mbox_lock);
+  uint64_t one = 1;
+  ssize_t n = write(t->intrfd, &one, sizeof one);
+  (void)n;
   wake_progress(t);
   if (t->thread_started)
     pthread_join(t->thread, NULL);
@@ -701,6 +1114,9 @@ const wg_transport_ops_t wg_tcp_transport = {
     .open = tcp_open,
     .send = tcp_send,
     .recv = tcp_recv,
+    .reader_begin = tcp_reader_begin,
+    .reader_end = tcp_reader_end,
+    .recv_into = tcp_recv_into,
     .peer_alive = tcp_peer_alive,
     .interrupt = tcp_interrupt,
     .stats = tcp_stats,

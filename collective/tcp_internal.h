@@ -39,6 +39,9 @@ typedef struct wg_out_frame {
   uint8_t data[];
 } wg_out_frame_t;
 
+/* Who reads a peer's socket (wg_tcp_peer_t.reader). */
+enum { WG_RD_FREE = 0, WG_RD_PROGRESS = 1, WG_RD_CALLER = 2 };
+
 typedef struct wg_tcp_peer {
   int rank;
   int fd;          /* connected socket or -1; closed only by close() */
@@ -46,19 +49,38 @@ typedef struct wg_tcp_peer {
   /* fd >= 0 only for a connection that completed the handshake as this rank; every frame
    * read from it must carry src == rank (tcp.c), so a BYE or bad frame only ends this rank */
 
-  /* Outbound queue, guarded by out_lock. Only the progress thread writes from a non-empty
-   * queue; a sender writes directly (non-blocking, under out_lock) only when it is empty. */
+  /* Outbound queue, guarded by out_lock. Whoever writes to the socket holds out_lock: a
+   * sender writes directly only when the queue is empty; the progress thread, or a reader
+   * session of this peer while it waits, writes the head of a non-empty queue and pops it. So
+   * frames leave in the order they were queued. */
   pthread_mutex_t out_lock;
   wg_out_frame_t *out_head, *out_tail;
   size_t out_head_off; /* bytes of out_head already written */
   size_t out_queued;   /* bytes still to write over the whole queue */
 
-  /* Inbound state machine, owned by the progress thread. */
-  int out_armed; /* EPOLLOUT registered */
+  /* Who reads fd: WG_RD_FREE, WG_RD_PROGRESS (the progress thread, for one wake-up) or
+   * WG_RD_CALLER (a caller's reader session, tcp.c). Taken by compare-and-swap from FREE; the
+   * holder alone reads fd and owns the inbound state machine below. */
+  atomic_int reader;
+  atomic_int claim_waiting; /* a reader session wants it: wake it when the progress thread
+                               gives it back */
+
+  /* The epoll registration of fd, guarded by ev_lock: EPOLLIN unless a caller reads fd,
+   * EPOLLOUT while the progress thread waits to write (ev_out). ev_removed: 1 the fd left
+   * the set for good (dead), 2 it left while a caller reads it (an error or hang-up event;
+   * added back when the caller lets go). */
+  pthread_mutex_t ev_lock;
+  uint32_t ev_mask;
+  int ev_out;
+  int ev_removed;
+
+  /* Inbound state machine, owned by the reader holder. */
   uint8_t in_hdr[WG_FRAME_HEADER_SIZE];
   size_t in_hdr_got;
   wg_message_t *in_msg; /* frame whose payload is being read */
   size_t in_payload_got;
+  uint8_t *in_sink; /* non-NULL: in_msg's payload goes here (a caller's recv_into sink), and
+                       in_msg->payload is NULL */
 } wg_tcp_peer_t;
 
 struct wg_transport {
@@ -74,6 +96,9 @@ struct wg_transport {
   wg_tcp_peer_t *peers; /* nranks entries; peers[rank] is me (fd -1) */
   int epfd;
   int wakefd; /* eventfd: senders and close wake the progress thread */
+  int intrfd; /* eventfd, written once by interrupt and close: wakes reader sessions' waits */
+  uint8_t *scratch; /* the progress thread's read buffer */
+  void *_Atomic spare_scratch; /* one reader session's read buffer, kept for the next one */
   pthread_t thread;
   int thread_started;
   atomic_int closing;

@@ -4,9 +4,12 @@
  * A transport moves framed messages between the members of one epoch. It owns a progress
  * thread that writes queued frames and reads incoming ones into a mailbox; engine threads
  * take messages out of the mailbox by matching (src, kind, round, group, seq) with a deadline.
- * Every frame header is validated (frame.h) before any payload buffer is allocated or touched.
+ * A thread may also read some connections itself for a while (reader_begin: the blocking
+ * collectives do, so a hop costs one wake-up instead of two). Every frame header is
+ * validated (frame.h) before any payload buffer is allocated or touched.
  *
- * Threads: send, recv, peer_alive and interrupt may be called from any thread concurrently.
+ * Threads: send, recv, recv_into, peer_alive and interrupt may be called from any thread
+ * concurrently; a reader belongs to the thread that began it.
  * close must be called once, from one thread, after no other call is in progress or while
  * calls are blocked in recv (they return WAGMA_ECLOSED). */
 #ifndef WAGMA_COLLECTIVE_TRANSPORT_H
@@ -19,6 +22,16 @@
 #include "wagma/collective.h"
 
 typedef struct wg_transport wg_transport_t;
+
+/* A caller's reader session (transport-private; see reader_begin). */
+typedef struct wg_reader wg_reader_t;
+
+/* Where recv_into puts the payload of the message it takes: copied to dst, which must hold
+ * exactly `length` bytes (a matching message of another length is an error). */
+typedef struct wg_sink {
+  void *dst;
+  size_t length;
+} wg_sink_t;
 
 /* A received message. Ownership: the receiver frees it with wg_message_free. */
 typedef struct wg_message {
@@ -106,6 +119,32 @@ typedef struct wg_transport_ops {
    * WAGMA_EPEER if match->src is a single rank that is dead and nothing matching is queued,
    * or WAGMA_ECLOSED (close began or interrupt was called). */
   int (*recv)(wg_transport_t *t, const wg_match_t *match, double deadline, wg_message_t **out);
+
+  /* Optional (NULL in a transport without it; callers then use recv). The calling thread
+   * becomes the reader of the connections of `ranks` (self, dead ranks and connections
+   * another thread reads now are skipped, and taken later if they come free) until
+   * reader_end: its recv_into calls with *out's reader read those sockets themselves and wait
+   * on them (a wait costs one wake-up, with no hand-off from the progress thread), and it
+   * writes the outbound queues of those peers while it waits. Frames it reads that its
+   * current call does not want go to the mailbox, where other threads' recv find them as
+   * before. While it waits on one of them for longer than a short grace time it reads all of
+   * them, so frames for other threads (activations, failure notices) wait at most that long;
+   * between its calls they stay in the kernel. Each connection is read by one thread at a
+   * time. A reader is used by one thread; reader_end must come before close. Returns 0 or
+   * WAGMA_ENOMEM. Ownership: *out is the caller's, released with reader_end. */
+  int (*reader_begin)(wg_transport_t *t, const int *ranks, int n, wg_reader_t **out);
+
+  /* Hands the connections back to the progress thread. Complete frames already read are in
+   * the mailbox; NULL is a no-op. */
+  void (*reader_end)(wg_transport_t *t, wg_reader_t *reader);
+
+  /* recv with an optional reader (NULL: as recv) and an optional sink: with a sink, the
+   * matching message's payload is copied to sink->dst (read straight from the socket into it
+   * when the reader reads that connection), *out is left NULL, and a matching message whose
+   * length is not sink->length is taken and dropped with WAGMA_EPROTO. Otherwise as recv.
+   * Optional (NULL when reader_begin is NULL). */
+  int (*recv_into)(wg_transport_t *t, wg_reader_t *reader, const wg_match_t *match,
+                   double deadline, const wg_sink_t *sink, wg_message_t **out);
 
   /* 1 if rank is connected and not declared dead, else 0. */
   int (*peer_alive)(wg_transport_t *t, int rank);

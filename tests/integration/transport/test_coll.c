@@ -1,6 +1,7 @@
 /* test_coll.c — blocking collectives (coll.h) between real processes on loopback: allreduce
  * sum/mean for P = 2, 4, 6, 8 and 64, small (recursive doubling) and large (ring) buffers,
- * 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
+ * each algorithm forced (doubling, Rabenseifner, ring) on empty, uneven and multi-segment
+ * blocks, 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
  * running at the same time, a participant that closes without taking part (every survivor
  * learns it within about a second through failure notices). Values are small integers so every sum
  * is exact and the result can be compared bit for bit. */
@@ -143,6 +144,19 @@ static int run_scenario(world_t *w, int rank, void *arg) {
     bad |= check_broadcast(&ctx, 300000, n / 2) << 4;
     bad |= check_average(&ctx, 1000) << 5;
     bad |= check_average(&ctx, 200000) << 5;
+    /* Every algorithm forced, on sizes that leave blocks empty (fewer floats than ranks),
+     * uneven, and large enough for several segments per exchange (8 MiB + 12 bytes). */
+    static const size_t counts[] = {1, 3, 1000, 100003, (2u << 20) + 3};
+    for (int alg = WG_COLL_DOUBLING; alg <= WG_COLL_RING; alg++) {
+      ctx.algorithm = alg;
+      for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        int b = check_allreduce(&ctx, counts[i], i % 2 ? WAGMA_REDUCE_MEAN : WAGMA_REDUCE_SUM);
+        if (b)
+          fprintf(stderr, "rank %d: algorithm %d, %zu floats wrong\n", rank, alg, counts[i]);
+        bad |= b << 7;
+      }
+    }
+    ctx.algorithm = 0;
   }
   wg_transport_stats_t st;
   wg_tcp_transport.stats(t, &st);
@@ -250,10 +264,11 @@ static int run_closer(world_t *w, int rank, void *arg) {
     return 0;
   }
   int bad = 0;
-  for (int pass = 0; pass < 2; pass++) { /* small (recursive doubling) then large (ring) */
+  for (int pass = 0; pass < 3; pass++) { /* doubling, ring, Rabenseifner */
     size_t count = pass == 0 ? 100 : 100000;
     int failed = -1;
     wg_coll_ctx_t ctx = make_ctx(t, rank, all_ranks, 8);
+    ctx.algorithm = pass == 0 ? WG_COLL_DOUBLING : pass == 1 ? WG_COLL_RING : WG_COLL_RABENSEIFNER;
     ctx.seq = (uint64_t)pass << 21;
     ctx.failed_rank = &failed;
     float *buf = calloc(count, sizeof(float));
@@ -269,7 +284,7 @@ static int run_closer(world_t *w, int rank, void *arg) {
   }
   static const int survivors[] = {0, 1, 2, 3, 4, 6, 7};
   wg_coll_ctx_t ctx = make_ctx(t, rank, survivors, 7);
-  ctx.seq = (uint64_t)3 << 20;
+  ctx.seq = (uint64_t)7 << 20;
   ctx.round = 2;
   bad |= check_allreduce(&ctx, 1000, WAGMA_REDUCE_SUM) << 2;
   wg_tcp_transport.close(t);
