@@ -1,0 +1,215 @@
+/* test_agent_churn.c — membership changes close together never stall a job (issue 9.1): real
+ * etcd, coordinator and 6 wagma-agent processes on 127.0.0.1 (tests/integration/agent/cluster),
+ * a wagma job of 6 workers (min 2) on synthetic data, agents with a 2 s lease and a 20 s
+ * connect timeout (the setting in which two changes 3.5 s apart used to stall the job for the
+ * whole connect timeout). After each sequence the survivors must train again (every member of
+ * a newer epoch past its start) within the lease TTL + 1 s of the last change, plus a fixed
+ * allowance for this test's polling and 2 shared cores (POLL_SLACK_S).
+ *   - two SIGKILLs, the second as soon as the plan of the first is published (so it lands
+ *     while the new epoch's mesh is being set up: the case that stalled);
+ *   - a SIGKILL, then likewise a SIGSTOP of another member;
+ *   - an agent joining 0.1 s after a job started.
+ * Label timing: the bounds are wall-clock. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster.h"
+
+#define LEASE_TTL_S 2.0
+#define POLL_SLACK_S 2.0 /* progress interval 0.2 s, REST polls 0.1 s, a loaded 2-core machine */
+
+static const char *const agent_args[] = {"--lease-ttl",
+                                         "2",
+                                         "--progress-interval",
+                                         "0.2",
+                                         "--round-deadline",
+                                         "0.3",
+                                         "--connect-timeout",
+                                         "20",
+                                         "--synthetic-train",
+                                         "2048",
+                                         "--synthetic-test",
+                                         "512",
+                                         "--eval-samples",
+                                         "256",
+                                         "--data-dir",
+                                         "/nonexistent/wagma-test",
+                                         NULL};
+
+static void submit(cluster_t *c, const char *name, int workers) {
+  char json[512], *body = NULL;
+  long st = 0;
+  snprintf(json, sizeof json,
+           "{\"name\":\"%s\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+           "\"algorithm\":\"wagma\",\"workers\":%d,\"min_workers\":2,\"group_size\":2,"
+           "\"staleness_bound\":4,\"batch_size\":32,\"iterations\":100000000,"
+           "\"eval_every\":1000}",
+           name, workers);
+  assert_int_equal(cluster_http(c, "POST", "/v1/jobs", json, &st, &body), 0);
+  free(body);
+  assert_int_equal(st, 201);
+}
+
+static void delete_job(cluster_t *c, const char *job) {
+  char path[128], *body = NULL;
+  long st = 0;
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  assert_int_equal(cluster_http(c, "DELETE", path, NULL, &st, &body), 0);
+  free(body);
+}
+
+/* Polls until the job has an epoch > after with n members, each of which reported progress of
+ * that epoch at least `steps` iterations past the smallest first report it made there.
+ * Returns the seconds waited, or -1. */
+static double wait_training(cluster_t *c, const char *job, uint64_t after, int n, int steps,
+                            double timeout_s, job_view_t *v) {
+  double t0 = cluster_now();
+  uint64_t first[CLUSTER_MAX_AGENTS] = {0};
+  uint64_t epoch = 0;
+  while (cluster_now() - t0 < timeout_s) {
+    if (cluster_job_get(c, job, v) == 0 && v->epoch > after && v->nmembers == n) {
+      if (v->epoch != epoch) {
+        epoch = v->epoch;
+        memset(first, 0, sizeof first);
+      }
+      int ok = 1;
+      for (int i = 0; i < v->nmembers; i++) {
+        const job_member_t *m = &v->members[i];
+        if (!m->has_progress || m->epoch != v->epoch) {
+          ok = 0;
+          continue;
+        }
+        if (first[i] == 0)
+          first[i] = m->iteration + 1;
+        ok &= m->iteration + 1 >= first[i] + (uint64_t)steps;
+      }
+      if (ok)
+        return cluster_now() - t0;
+    }
+    cluster_sleep(0.1);
+  }
+  fprintf(stderr,
+          "job %s: no epoch > %llu training with %d members within %.0f s (epoch %llu, "
+          "%d members)\n",
+          job, (unsigned long long)after, n, timeout_s, (unsigned long long)v->epoch, v->nmembers);
+  return -1;
+}
+
+static int index_of(const cluster_t *c, const char *name) {
+  for (int i = 0; i < c->nagents; i++)
+    if (strcmp(c->agent_name[i], name) == 0)
+      return i;
+  return -1;
+}
+
+static void kill_member(cluster_t *c, const job_view_t *v, int k, int sig) {
+  int i = index_of(c, v->members[k].name);
+  assert_true(i >= 0 && c->agent[i] > 0);
+  assert_int_equal(kill(c->agent[i], sig), 0);
+  if (sig == SIGKILL) {
+    waitpid(c->agent[i], NULL, 0);
+    c->agent[i] = 0;
+  }
+}
+
+/* Waits (polling fast) until the job's epoch passes after; 0 or -1. */
+static int wait_new_plan(cluster_t *c, const char *job, uint64_t after, job_view_t *v) {
+  for (double t0 = cluster_now(); cluster_now() - t0 < 20;) {
+    if (cluster_job_get(c, job, v) == 0 && v->epoch > after && v->nmembers > 0)
+      return 0;
+    cluster_sleep(0.02);
+  }
+  return -1;
+}
+
+static void report(const char *what, double since_last_s) {
+  fprintf(stderr, "  %s: training again %.2f s after the last change (bound %.1f s)\n", what,
+          since_last_s, LEASE_TTL_S + 1.0 + POLL_SLACK_S);
+}
+
+static void test_two_kills_close_together(void **state) {
+  (void)state;
+  cluster_t c;
+  assert_int_equal(cluster_start(&c, 6, agent_args), 0);
+  job_view_t v;
+  submit(&c, "twokills", 6);
+  if (wait_training(&c, "twokills", 0, 6, 20, 60, &v) < 0)
+    cluster_dump_logs(&c);
+  assert_int_equal(v.nmembers, 6);
+  uint64_t e0 = v.epoch;
+  kill_member(&c, &v, 5, SIGKILL);
+  assert_int_equal(wait_new_plan(&c, "twokills", e0, &v), 0);
+  int k = v.nmembers - 1; /* a member still listed */
+  assert_true(k >= 0);
+  kill_member(&c, &v, k, SIGKILL);
+  double t = wait_training(&c, "twokills", e0, 4, 5, 30, &v);
+  if (t < 0)
+    cluster_dump_logs(&c);
+  report("two SIGKILLs, the second during the new epoch's setup", t);
+  assert_true(t >= 0 && t <= LEASE_TTL_S + 1.0 + POLL_SLACK_S);
+  delete_job(&c, "twokills");
+  cluster_stop(&c);
+}
+
+static void test_kill_then_stop(void **state) {
+  (void)state;
+  cluster_t c;
+  assert_int_equal(cluster_start(&c, 6, agent_args), 0);
+  job_view_t v;
+  submit(&c, "killstop", 6);
+  if (wait_training(&c, "killstop", 0, 6, 20, 60, &v) < 0)
+    cluster_dump_logs(&c);
+  assert_int_equal(v.nmembers, 6);
+  uint64_t e0 = v.epoch;
+  kill_member(&c, &v, 5, SIGKILL);
+  assert_int_equal(wait_new_plan(&c, "killstop", e0, &v), 0);
+  int k = v.nmembers - 1;
+  int stopped = index_of(&c, v.members[k].name);
+  assert_true(stopped >= 0);
+  kill_member(&c, &v, k, SIGSTOP);
+  double t = wait_training(&c, "killstop", e0, 4, 5, 30, &v);
+  if (t < 0)
+    cluster_dump_logs(&c);
+  report("a SIGKILL, then a SIGSTOP during the new epoch's setup", t);
+  kill(c.agent[stopped], SIGCONT);
+  assert_true(t >= 0 && t <= LEASE_TTL_S + 1.0 + POLL_SLACK_S);
+  delete_job(&c, "killstop");
+  cluster_stop(&c);
+}
+
+static void test_join_right_after_start(void **state) {
+  (void)state;
+  cluster_t c;
+  assert_int_equal(cluster_start(&c, 3, agent_args), 0);
+  job_view_t v;
+  submit(&c, "latejoin", 4);
+  cluster_sleep(0.1);
+  double t0 = cluster_now();
+  assert_true(cluster_add_agent(&c, NULL) >= 0);
+  double t = wait_training(&c, "latejoin", 0, 4, 5, 40, &v);
+  if (t < 0)
+    cluster_dump_logs(&c);
+  t = cluster_now() - t0; /* from the join on */
+  report("a join 0.1 s after the start", t);
+  assert_true(t >= 0 && t <= LEASE_TTL_S + 1.0 + POLL_SLACK_S + 3.0 /* first data load */);
+  delete_job(&c, "latejoin");
+  cluster_stop(&c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_two_kills_close_together),
+      cmocka_unit_test(test_kill_then_stop),
+      cmocka_unit_test(test_join_right_after_start),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
