@@ -22,7 +22,7 @@ static const char *const cmd_names[WG_CTL_CMD_COUNT] = {
     [WG_CTL_CMD_NONE] = "",       [WG_CTL_CMD_HELP] = "help",     [WG_CTL_CMD_SUBMIT] = "submit",
     [WG_CTL_CMD_LIST] = "list",   [WG_CTL_CMD_GET] = "get",       [WG_CTL_CMD_GROUPS] = "groups",
     [WG_CTL_CMD_SCALE] = "scale", [WG_CTL_CMD_STOP] = "stop",     [WG_CTL_CMD_AGENTS] = "agents",
-    [WG_CTL_CMD_PLAN] = "plan",   [WG_CTL_CMD_HEALTH] = "health",
+    [WG_CTL_CMD_PLAN] = "plan",   [WG_CTL_CMD_HEALTH] = "health",   [WG_CTL_CMD_WATCH] = "watch",
 };
 
 const char *wg_ctl_cmd_name(wg_ctl_cmd_t cmd) {
@@ -276,6 +276,7 @@ static int finish_command(parse_state_t *ps) {
   case WG_CTL_CMD_GROUPS:
   case WG_CTL_CMD_STOP:
   case WG_CTL_CMD_PLAN:
+  case WG_CTL_CMD_WATCH:
     if (want_positionals(ps, 1, "a job id") != 0)
       return -1;
     return take_id(ps, 0);

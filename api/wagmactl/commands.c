@@ -283,6 +283,7 @@ int wg_ctl_run(const wg_ctl_args_t *a, FILE *out, FILE *err) {
     snprintf(path, sizeof path, "/v1/jobs/%s/plan", a->id);
     return show(a, "GET", path, wg_ctl_render_plan, out, err);
   case WG_CTL_CMD_AGENTS: return show(a, "GET", "/v1/agents", wg_ctl_render_agents, out, err);
+  case WG_CTL_CMD_WATCH: return wg_ctl_watch(a, out, err);
   case WG_CTL_CMD_HEALTH:
     return show(a, "GET", a->live ? "/healthz" : "/readyz", wg_ctl_render_health, out, err);
   default: break;

@@ -7,6 +7,7 @@
  *   table.c    aligned text tables and cell formatting (numbers, times, null)
  *   render.c   server JSON -> tables (jobs, job, groups, plan, agents, health)
  *   commands.c command -> request -> output and exit code
+ *   watch.c    watch: the job's event stream (server-sent events) followed to its end
  *   main.c     wires them together
  *
  * Exit codes (stable; documented in --help and docs/wagmactl.md): */
@@ -24,6 +25,7 @@
 #define WG_CTL_EXIT_USAGE 2       /* bad command line, unreadable file, invalid id */
 #define WG_CTL_EXIT_UNREACHABLE 3 /* cannot connect, timeout, transport failure */
 #define WG_CTL_EXIT_NOT_FOUND 4   /* 404: no such job (or no plan yet) */
+#define WG_CTL_EXIT_JOB_FAILED 5  /* watch: the job ended failed or stopped */
 
 #define WG_CTL_DEFAULT_SERVER "http://127.0.0.1:8080"
 #define WG_CTL_DEFAULT_TIMEOUT_S 10.0
@@ -45,6 +47,7 @@ typedef enum wg_ctl_cmd {
   WG_CTL_CMD_AGENTS,
   WG_CTL_CMD_PLAN,
   WG_CTL_CMD_HEALTH,
+  WG_CTL_CMD_WATCH,
   WG_CTL_CMD_COUNT
 } wg_ctl_cmd_t;
 
@@ -155,6 +158,35 @@ void wg_ctl_print_error(long status, const char *body, size_t len, FILE *err);
 
 /* The exit code for an HTTP status (2xx -> 0, 404 -> 4, other -> 1). */
 int wg_ctl_exit_for_status(long status);
+
+/* ---- watch (watch.c) ------------------------------------------------------------------------ */
+
+/* An incremental text/event-stream parser: feed it bytes as they come; on_event(user, name,
+ * data) is called for each complete event (name "message" when the stream gave none; data
+ * lines joined with "\n"); comments and id/retry fields are skipped. Lines longer than
+ * WG_CTL_SSE_MAX are an error (-1 from wg_ctl_sse_feed). */
+#define WG_CTL_SSE_MAX (64u << 20)
+typedef struct wg_ctl_sse {
+  char *line; /* the line being read */
+  size_t len, cap;
+  int cr;      /* the last byte was a CR (a following LF ends nothing) */
+  char name[64];
+  char *data; /* the event's data so far */
+  size_t dlen, dcap;
+  int has_data;
+  void (*on_event)(void *user, const char *name, const char *data);
+  void *user;
+} wg_ctl_sse_t;
+void wg_ctl_sse_init(wg_ctl_sse_t *p, void (*on_event)(void *, const char *, const char *),
+                     void *user);
+int wg_ctl_sse_feed(wg_ctl_sse_t *p, const char *bytes, size_t n);
+void wg_ctl_sse_free(wg_ctl_sse_t *p);
+
+/* watch ID: follows GET /v1/jobs/ID/events as a stream (reconnecting when it breaks, for up to
+ * --timeout of failed attempts in a row) until the job is finished: 0 succeeded, 5 failed or
+ * stopped, 4 no such job, 3 unreachable, 1 other errors. Output: progress, members and their
+ * lag, the groups of the round, epoch changes as they come; --json: one event per line. */
+int wg_ctl_watch(const wg_ctl_args_t *a, FILE *out, FILE *err);
 
 /* ---- commands ---------------------------------------------------------------------------- */
 

@@ -17,6 +17,7 @@ static const char usage_text[] =
     "  agents                    registered agents and their jobs\n"
     "  plan ID                   the job's current averaging plan\n"
     "  health [--live]           is the coordinator ready (etcd answers)? --live: alive?\n"
+    "  watch ID                  follow a job live until it ends (--json: its events)\n"
     "  help [COMMAND]            this text, or one command's help (also COMMAND --help)\n"
     "\n"
     "Global options (before or after the command):\n"
@@ -32,7 +33,8 @@ static const char usage_text[] =
     "  1  the server answered with an error (code, message and field go to stderr)\n"
     "  2  usage error: bad arguments, unreadable spec file, invalid job id\n"
     "  3  cannot reach the server: connection refused, timeout, transport error\n"
-    "  4  not found (HTTP 404): no such job, or the job has no plan yet\n";
+    "  4  not found (HTTP 404): no such job, or the job has no plan yet\n"
+    "  5  watch: the job ended failed or stopped\n";
 
 void wg_ctl_usage(FILE *out) {
   fputs(usage_text, out);
@@ -73,6 +75,16 @@ static const cmd_help_t helps[WG_CTL_CMD_COUNT] = {
     [WG_CTL_CMD_PLAN] = {"plan ID",
                          "GET /v1/jobs/ID/plan. The plan's parameters, its members and each\n"
                          "phase's groups (by rank). Exit 4 when the job has no plan yet.\n"},
+    [WG_CTL_CMD_WATCH] = {"watch ID",
+                          "GET /v1/jobs/ID/events as a stream (server-sent events). Prints the\n"
+                          "job's progress (a bar to its iterations), its members and their lag,\n"
+                          "the groups of the current round and each epoch change with who left\n"
+                          "or joined and why, as they happen; reconnects when the stream breaks\n"
+                          "(a coordinator failover). Ends with the job: exit 0 when it\n"
+                          "succeeded, 5 when it failed or was stopped. --json: one line per\n"
+                          "event, {\"event\":NAME,\"data\":{...}}. --timeout bounds each\n"
+                          "connection attempt and the time spent failing to reconnect. Needs\n"
+                          "the token when the coordinator has one.\n"},
     [WG_CTL_CMD_HEALTH] = {"health [--live]",
                            "GET /readyz: exit 0 when the coordinator is ready (etcd answers),\n"
                            "1 when it is not. --live: GET /healthz (the process only).\n"},

@@ -1,0 +1,480 @@
+/* test_events.c — the coordinator's event streams (issue 14) against a real etcd and a real
+ * wagma-coordinator with a token, agents faked as leased keys:
+ *   - the token: streams and timelines refused without it (401), served with it;
+ *   - order: a job's stream opens with a snapshot, then its timeline (running, epoch 1, scaled,
+ *     epoch 2 with the member that left and why, stopped) and 200 progress reports of one
+ *     agent, every one, in the order they were written, revisions never going back; heartbeats
+ *     while nothing happens; the timeline list (JSON) says the same;
+ *   - a slow client (a stream nobody reads) is dropped once its buffer is full, while /healthz
+ *     keeps answering fast and a reading stream gets every event;
+ *   - wagmactl watch: --json events until the job ends, exit 0 (succeeded) / 5 (stopped).
+ * Raw sockets for the streams (tests/integration/coordinator/raw_http.c), stopped by PID. */
+#define _GNU_SOURCE /* memmem */
+#include <errno.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "process.h"
+#include "raw_http.h"
+
+#define TOKEN "s3cret-token"
+
+typedef struct fixture {
+  harness_env_t *env;
+  coord_proc_t coord;
+} fixture_t;
+
+static int setup(void **state) {
+  fixture_t *f = calloc(1, sizeof *f);
+  *state = f;
+  if (harness_env_start(&f->env) != 0)
+    return -1;
+  const char *extra[] = {"--sse-heartbeat-ms", "300", "--sse-client-buffer", "65536", NULL};
+  harness_coord_start(&f->coord, etcd_fixture_endpoints(f->env->fx), "events", 3, TOKEN, extra);
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture_t *f = *state;
+  if (f->coord.pid > 0)
+    harness_coord_stop(&f->coord, SIGTERM);
+  harness_env_stop(f->env);
+  free(f);
+  return 0;
+}
+
+/* ---- a stream on a raw socket ------------------------------------------------------------ */
+
+typedef struct sse {
+  int fd;
+  char buf[1 << 20];
+  size_t len, off; /* parsed up to off */
+  int status;
+  int comments;
+} sse_t;
+
+static int sse_open(sse_t *s, int port, const char *path, const char *token, int rcvbuf) {
+  memset(s, 0, sizeof *s);
+  s->fd = raw_connect(NULL, port, 5);
+  if (s->fd < 0)
+    return -1;
+  if (rcvbuf > 0)
+    setsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  char req[512];
+  int n = snprintf(req, sizeof req,
+                   "GET %s HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n%s%s%s\r\n", path,
+                   token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+  return send(s->fd, req, (size_t)n, MSG_NOSIGNAL) == n ? 0 : -1;
+}
+
+/* Reads what is there within timeout_s (0: only what is ready). 0 = the server closed. */
+static ssize_t sse_fill(sse_t *s, double timeout_s) {
+  struct pollfd p = {.fd = s->fd, .events = POLLIN};
+  if (poll(&p, 1, (int)(timeout_s * 1000)) <= 0)
+    return -1;
+  if (s->len == sizeof s->buf) { /* keep the unparsed tail */
+    memmove(s->buf, s->buf + s->off, s->len - s->off);
+    s->len -= s->off;
+    s->off = 0;
+  }
+  ssize_t n = recv(s->fd, s->buf + s->len, sizeof s->buf - s->len, 0);
+  if (n > 0)
+    s->len += (size_t)n;
+  return n;
+}
+
+/* The next event (name, data; HTTP/1.0, so the body is the stream itself, not chunked),
+ * waiting up to timeout_s. 1 = got one, 0 = none in time, -1 = closed. */
+static int sse_next(sse_t *s, char *name, size_t nlen, char **data, double timeout_s) {
+  double t0 = harness_now();
+  for (;;) {
+    if (!s->status && s->len) {
+      char *end = memmem(s->buf, s->len, "\r\n\r\n", 4);
+      if (end) {
+        s->status = atoi(s->buf + 9);
+        s->off = (size_t)(end + 4 - s->buf);
+      }
+    }
+    /* an event: lines up to a blank line */
+    if (s->status == 200) {
+      char *p = s->buf + s->off, *lim = s->buf + s->len;
+      char *blank = memmem(p, (size_t)(lim - p), "\n\n", 2);
+      if (blank) {
+        name[0] = '\0';
+        *data = NULL;
+        size_t dl = 0;
+        char *line = p;
+        while (line < blank + 1) {
+          char *nl = memchr(line, '\n', (size_t)(blank + 1 - line));
+          size_t ll = (size_t)(nl - line);
+          if (ll && line[ll - 1] == '\r')
+            ll--;
+          if (ll > 7 && memcmp(line, "event: ", 7) == 0) {
+            snprintf(name, nlen, "%.*s", (int)(ll - 7), line + 7);
+          } else if (ll >= 6 && memcmp(line, "data: ", 6) == 0) {
+            *data = realloc(*data, dl + ll + 2);
+            memcpy(*data + dl, line + 6, ll - 6);
+            dl += ll - 6;
+            (*data)[dl] = '\0';
+          } else if (ll && line[0] == ':') {
+            s->comments++;
+          }
+          line = nl + 1;
+        }
+        s->off = (size_t)(blank + 2 - s->buf);
+        if (*data)
+          return 1;
+        continue; /* a comment or framing only */
+      }
+    }
+    double left = timeout_s - (harness_now() - t0);
+    if (left <= 0)
+      return 0;
+    ssize_t n = sse_fill(s, left);
+    if (n == 0)
+      return -1;
+  }
+}
+
+/* Waits for an event named want (others skipped; progress and timeline kept in order by the
+ * caller when it wants them). Returns its parsed data or NULL. */
+static json_t *sse_expect(sse_t *s, const char *want, double timeout_s) {
+  double t0 = harness_now();
+  char name[64];
+  char *data = NULL;
+  while (harness_now() - t0 < timeout_s) {
+    int r = sse_next(s, name, sizeof name, &data, timeout_s - (harness_now() - t0));
+    if (r <= 0)
+      return NULL;
+    if (strcmp(name, want) == 0) {
+      json_t *v = json_loads(data, 0, NULL);
+      free(data);
+      return v;
+    }
+    free(data);
+  }
+  return NULL;
+}
+
+static int status_of(int port, const char *path, const char *token) {
+  sse_t *s = malloc(sizeof *s);
+  char name[64];
+  char *data = NULL;
+  assert_int_equal(sse_open(s, port, path, token, 0), 0);
+  sse_next(s, name, sizeof name, &data, 2);
+  free(data);
+  int st = s->status;
+  close(s->fd);
+  free(s);
+  return st;
+}
+
+static json_t *call(fixture_t *f, const char *method, const char *path, const char *body,
+                    int want) {
+  char url[256];
+  http_result_t r;
+  snprintf(url, sizeof url, "%s%s", f->coord.base, path);
+  harness_http(method, url, body, body ? strlen(body) : 0, body ? "application/json" : NULL, TOKEN,
+               &r);
+  if (r.status != want)
+    fail_msg("%s %s: %ld, want %d: %s", method, path, r.status, want, r.body);
+  json_t *v = json_loads(r.body, 0, NULL);
+  harness_http_free(&r);
+  return v;
+}
+
+/* ---- tests ---------------------------------------------------------------------------------- */
+
+static void test_token(void **state) {
+  fixture_t *f = *state;
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"tok\",\"workers\":9}", 201));
+  assert_int_equal(status_of(f->coord.port, "/v1/jobs/tok/events", NULL), 401);
+  assert_int_equal(status_of(f->coord.port, "/v1/jobs/tok/events", "wrong"), 401);
+  assert_int_equal(status_of(f->coord.port, "/v1/events", NULL), 401);
+  assert_int_equal(status_of(f->coord.port, "/v1/jobs/tok/events", TOKEN), 200);
+  assert_int_equal(status_of(f->coord.port, "/v1/events", TOKEN), 200);
+  assert_int_equal(status_of(f->coord.port, "/v1/jobs/nope/events", TOKEN), 404);
+  /* The timeline as JSON: the same rule. */
+  char url[256];
+  http_result_t r;
+  snprintf(url, sizeof url, "%s/v1/jobs/tok/events", f->coord.base);
+  harness_http("GET", url, NULL, 0, NULL, NULL, &r);
+  assert_int_equal(r.status, 401);
+  harness_http_free(&r);
+  json_t *v = call(f, "GET", "/v1/jobs/tok/events", NULL, 200);
+  assert_string_equal(json_string_value(json_object_get(
+                          json_array_get(json_object_get(v, "events"), 0), "type")),
+                      "submitted");
+  json_decref(v);
+  /* Reads stay open (docs/api.md): GET of the job needs no token. */
+  snprintf(url, sizeof url, "%s/v1/jobs/tok", f->coord.base);
+  harness_http("GET", url, NULL, 0, NULL, NULL, &r);
+  assert_int_equal(r.status, 200);
+  harness_http_free(&r);
+  json_decref(call(f, "DELETE", "/v1/jobs/tok", NULL, 200));
+}
+
+static void test_order(void **state) {
+  fixture_t *f = *state;
+  wagma_etcd_t *etcd = f->env->etcd;
+  sse_t *s = malloc(sizeof *s), *all = malloc(sizeof *all);
+  json_decref(call(f, "POST", "/v1/jobs",
+                   "{\"name\":\"ord\",\"workers\":2,\"min_workers\":2,\"max_workers\":3,"
+                   "\"group_size\":2}",
+                   201));
+  assert_int_equal(sse_open(s, f->coord.port, "/v1/jobs/ord/events", TOKEN, 0), 0);
+  assert_int_equal(sse_open(all, f->coord.port, "/v1/events", TOKEN, 0), 0);
+  json_t *snap = sse_expect(s, "snapshot", 5);
+  assert_non_null(snap);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(snap, "job"), "id")), "ord");
+  json_decref(snap);
+  snap = sse_expect(all, "snapshot", 5);
+  assert_non_null(snap);
+  json_decref(snap);
+
+  /* Heartbeats while nothing happens. */
+  char name[64];
+  char *data = NULL;
+  assert_int_equal(sse_next(s, name, sizeof name, &data, 1.0), 0);
+  assert_true(s->comments >= 2);
+
+  fake_agent_t a0, a1;
+  harness_agent_start(etcd, &a0, "a0", 7100, 2);
+  harness_agent_start(etcd, &a1, "a1", 7101, 2);
+  assert_true(harness_wait_epoch(f->coord.base, "ord", 1, 10) >= 0);
+  for (int i = 1; i <= 200; i++)
+    harness_progress(etcd, "ord", "a0", (uint64_t)i, "running", 1.0 / i);
+  json_decref(call(f, "PATCH", "/v1/jobs/ord", "{\"workers\":3}", 200));
+  harness_agent_kill(etcd, &a1);
+  assert_true(harness_wait_epoch(f->coord.base, "ord", 2, 10) >= 0);
+  json_decref(call(f, "DELETE", "/v1/jobs/ord", NULL, 200));
+
+  /* Everything in order: the timeline entries as listed, a0's 200 reports one by one. */
+  const char *want[] = {"state:pending->running", "epoch:1", "scaled", "epoch:2",
+                        "state:running->stopped"};
+  int next_tl = 0, next_it = 1;
+  long long last_rev = 0;
+  double t0 = harness_now();
+  while (next_tl < 5 && harness_now() - t0 < 15) {
+    int r = sse_next(s, name, sizeof name, &data, 15 - (harness_now() - t0));
+    assert_int_equal(r, 1);
+    json_t *d = json_loads(data, 0, NULL);
+    free(data);
+    assert_non_null(d);
+    if (strcmp(name, "progress") == 0 &&
+        strcmp(json_string_value(json_object_get(d, "agent")), "a0") == 0) {
+      long long it = json_integer_value(json_object_get(json_object_get(d, "progress"), "iteration"));
+      if (it != next_it)
+        fail_msg("progress of a0: iteration %lld, want %d", it, next_it);
+      next_it++;
+    } else if (strcmp(name, "timeline") == 0) {
+      long long rev = json_integer_value(json_object_get(d, "revision"));
+      assert_true(rev >= last_rev);
+      last_rev = rev;
+      const char *type = json_string_value(json_object_get(d, "type"));
+      char got[96];
+      if (strcmp(type, "state") == 0)
+        snprintf(got, sizeof got, "state:%s->%s", json_string_value(json_object_get(d, "from")),
+                 json_string_value(json_object_get(d, "to")));
+      else if (strcmp(type, "epoch") == 0)
+        snprintf(got, sizeof got, "epoch:%lld", json_integer_value(json_object_get(d, "epoch")));
+      else
+        snprintf(got, sizeof got, "%s", type);
+      print_message("timeline: %s (%s)\n", got, json_string_value(json_object_get(d, "message")));
+      if (strcmp(got, want[next_tl]) != 0)
+        fail_msg("timeline entry %d: %s, want %s", next_tl, got, want[next_tl]);
+      if (strcmp(got, "epoch:2") == 0) { /* who left, and why */
+        json_t *left = json_array_get(json_object_get(d, "left"), 0);
+        assert_string_equal(json_string_value(json_object_get(left, "agent")), "a1");
+        assert_non_null(strstr(json_string_value(json_object_get(left, "reason")), "registration"));
+      }
+      next_tl++;
+    }
+    json_decref(d);
+  }
+  assert_int_equal(next_tl, 5);
+  assert_int_equal(next_it, 201);
+  /* The all-jobs stream saw the job change state, without the progress reports. */
+  int jobs = 0, progress = 0;
+  while (sse_next(all, name, sizeof name, &data, 0.5) == 1) {
+    jobs += strcmp(name, "job") == 0;
+    progress += strcmp(name, "progress") == 0;
+    free(data);
+  }
+  assert_true(jobs >= 3);
+  assert_int_equal(progress, 0);
+  /* The timeline list says the same. */
+  json_t *v = call(f, "GET", "/v1/jobs/ord/events", NULL, 200);
+  assert_int_equal(json_array_size(json_object_get(v, "events")), 6); /* submitted + the 5 */
+  json_decref(v);
+  close(s->fd);
+  close(all->fd);
+  free(s);
+  free(all);
+  harness_agent_kill(etcd, &a0);
+}
+
+static long metric(fixture_t *f, const char *name) {
+  char url[256];
+  http_result_t r;
+  snprintf(url, sizeof url, "%s/metrics", f->coord.base);
+  harness_http("GET", url, NULL, 0, NULL, NULL, &r);
+  char pat[160];
+  snprintf(pat, sizeof pat, "\n%s ", name);
+  const char *p = strstr(r.body, pat);
+  long v = p ? strtol(p + strlen(pat), NULL, 10) : -1;
+  harness_http_free(&r);
+  return v;
+}
+
+/* One Txn of 100 progress reports of job slow (padded errors make each event ~700 bytes). */
+static void burst(wagma_etcd_t *etcd, int round) {
+  char keys[100][96], vals[100][900];
+  wagma_etcd_op_t ops[100];
+  char pad[512];
+  memset(pad, 'x', sizeof pad - 1);
+  pad[sizeof pad - 1] = '\0';
+  for (int i = 0; i < 100; i++) {
+    snprintf(keys[i], sizeof keys[i], "/wagma/jobs/slow/progress/p%03d", i);
+    snprintf(vals[i], sizeof vals[i],
+             "{\"state\":\"running\",\"epoch\":0,\"iteration\":%d,\"error\":\"%s\"}", round, pad);
+    ops[i] = (wagma_etcd_op_t){
+        .type = WAGMA_ETCD_OP_PUT, .key = keys[i], .value = vals[i], .value_len = strlen(vals[i])};
+  }
+  assert_int_equal(wagma_etcd_txn(etcd, NULL, 0, ops, 100, NULL, 0, NULL), 0);
+}
+
+static void test_slow_client(void **state) {
+  fixture_t *f = *state;
+  sse_t *slow = malloc(sizeof *slow), *fast = malloc(sizeof *fast);
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"slow\",\"workers\":9}", 201));
+  long dropped0 = metric(f, "wagma_event_streams_dropped_total");
+  long open0 = metric(f, "wagma_event_streams");
+  assert_true(dropped0 >= 0 && open0 >= 0);
+  /* A stream that never reads (a small receive window), and one that reads everything. */
+  assert_int_equal(sse_open(slow, f->coord.port, "/v1/jobs/slow/events", TOKEN, 4096), 0);
+  assert_int_equal(sse_open(fast, f->coord.port, "/v1/jobs/slow/events", TOKEN, 0), 0);
+  json_t *snap = sse_expect(fast, "snapshot", 5);
+  assert_non_null(snap);
+  json_decref(snap);
+  assert_int_equal(metric(f, "wagma_event_streams"), open0 + 2);
+  double worst = 0;
+  int rounds = 0, got = 0;
+  long dropped = dropped0;
+  char name[64];
+  char *data = NULL;
+  for (; rounds < 300 && dropped == dropped0; rounds++) {
+    burst(f->env->etcd, rounds);
+    int st;
+    double dt = raw_get_timed(NULL, f->coord.port, "/healthz", &st, 5);
+    assert_int_equal(st, 200);
+    if (dt > worst)
+      worst = dt;
+    while (sse_next(fast, name, sizeof name, &data, 0) == 1) {
+      got += strcmp(name, "progress") == 0;
+      free(data);
+    }
+    dropped = metric(f, "wagma_event_streams_dropped_total");
+  }
+  print_message("slow stream dropped after %d bursts of 100 events; /healthz worst %.1f ms\n",
+                rounds, worst * 1e3);
+  assert_true(dropped == dropped0 + 1);
+  assert_true(worst < 0.5);
+  /* The reader was not held back: it gets every report written. */
+  double t0 = harness_now();
+  while (got < rounds * 100 && harness_now() - t0 < 10) {
+    if (sse_next(fast, name, sizeof name, &data, 1) == 1) {
+      got += strcmp(name, "progress") == 0;
+      free(data);
+    }
+  }
+  assert_int_equal(got, rounds * 100);
+  /* The dropped stream is gone from the server's count. */
+  long open = -1;
+  for (t0 = harness_now(); harness_now() - t0 < 5 && open != open0 + 1; harness_sleep(0.1))
+    open = metric(f, "wagma_event_streams");
+  assert_int_equal(open, open0 + 1);
+  close(slow->fd);
+  close(fast->fd);
+  free(slow);
+  free(fast);
+}
+
+/* wagmactl watch --json until the job ends: 0 when it succeeded, 5 when it was stopped. */
+static int run_watch(fixture_t *f, const char *job, const char *log) {
+  const char *argv[] = {WAGMACTL_BIN, "--server", f->coord.base, "--token", TOKEN, "--json",
+                        "watch", job, NULL};
+  return proc_spawn(argv, log, NULL);
+}
+
+static void test_watch(void **state) {
+  fixture_t *f = *state;
+  wagma_etcd_t *etcd = f->env->etcd;
+  char log[256], log2[256];
+  snprintf(log, sizeof log, "/tmp/wagma-watch-%d.log", (int)getpid());
+  snprintf(log2, sizeof log2, "/tmp/wagma-watch2-%d.log", (int)getpid());
+  unlink(log);
+  unlink(log2);
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"w1\",\"workers\":1,\"iterations\":10}", 201));
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"w2\",\"workers\":5}", 201));
+  pid_t p1 = run_watch(f, "w1", log), p2 = run_watch(f, "w2", log2);
+  assert_true(p1 > 0 && p2 > 0);
+  fake_agent_t a;
+  harness_agent_start(etcd, &a, "wa", 7200, 2);
+  assert_true(harness_wait_epoch(f->coord.base, "w1", 1, 10) >= 0);
+  harness_progress(etcd, "w1", "wa", 5, "running", 0.5);
+  harness_progress(etcd, "w1", "wa", 10, "done", 0.1);
+  int st = proc_wait(p1, 15);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  json_decref(call(f, "DELETE", "/v1/jobs/w2", NULL, 200));
+  st = proc_wait(p2, 15);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 5);
+  /* The --json lines: the snapshot first, a0's reports, the end. */
+  FILE *fp = fopen(log, "r");
+  assert_non_null(fp);
+  char line[65536];
+  int n = 0, progress = 0, succeeded = 0;
+  while (fgets(line, sizeof line, fp)) {
+    json_t *v = json_loads(line, 0, NULL);
+    assert_non_null(v);
+    const char *ev = json_string_value(json_object_get(v, "event"));
+    if (n++ == 0)
+      assert_string_equal(ev, "snapshot");
+    progress += strcmp(ev, "progress") == 0;
+    json_t *d = json_object_get(v, "data");
+    succeeded |= strcmp(ev, "timeline") == 0 &&
+                 json_string_value(json_object_get(d, "to")) &&
+                 strcmp(json_string_value(json_object_get(d, "to")), "succeeded") == 0;
+    json_decref(v);
+  }
+  fclose(fp);
+  assert_int_equal(progress, 2);
+  assert_true(succeeded);
+  unlink(log);
+  unlink(log2);
+  harness_agent_kill(etcd, &a);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_token),
+      cmocka_unit_test(test_order),
+      cmocka_unit_test(test_slow_client),
+      cmocka_unit_test(test_watch),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
