@@ -817,9 +817,10 @@ static void reconcile(wg_scheduler_t *sch) {
   }
   if (p.leader && !p.abort)
     cleanup_assignments(&p);
+  wg_metrics_set_snapshot(c->metrics, wg_snapshot_render(&s));
+  /* after the metrics: a finished job's gauges must not wait for its secrets' delete */
   if (p.leader && !p.abort)
     cleanup_secrets(&p);
-  wg_metrics_set_snapshot(c->metrics, wg_snapshot_render(&s));
   wg_snapshot_free(&s);
   if (p.again) {
     pthread_mutex_lock(&sch->mu);
