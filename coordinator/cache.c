@@ -304,20 +304,25 @@ static json_t *tl_entry(const cjob_t *j, int64_t rev, int type, double when) {
 static json_t *tl_add(cjob_t *j, json_t *e) {
   if (!e)
     return NULL;
+  /* Ordered by id: (revision, kind), so entries of one Txn come in one order everywhere. */
   const char *id = json_string_value(json_object_get(e, "id"));
   json_int_t rev = json_integer_value(json_object_get(e, "revision"));
+  const char *dot = id ? strchr(id, '.') : NULL;
+  int kind = dot ? atoi(dot + 1) : 0;
   size_t n = json_array_size(j->timeline), at = n;
   for (size_t i = n; i-- > 0;) {
     json_t *o = json_array_get(j->timeline, i);
     json_int_t orev = json_integer_value(json_object_get(o, "revision"));
-    if (orev < rev)
+    const char *oid = json_string_value(json_object_get(o, "id"));
+    const char *odot = oid ? strchr(oid, '.') : NULL;
+    int okind = odot ? atoi(odot + 1) : 0;
+    if (orev < rev || (orev == rev && okind < kind))
       break;
-    if (id && orev == rev && strcmp(json_string_value(json_object_get(o, "id")), id) == 0) {
+    if (orev == rev && okind == kind) {
       json_decref(e);
       return NULL;
     }
-    if (orev > rev)
-      at = i;
+    at = i;
   }
   json_array_insert_new(j->timeline, at, e);
   while (json_array_size(j->timeline) > WG_CACHE_TIMELINE_MAX)
@@ -1077,6 +1082,23 @@ int wg_cache_start(wg_coord_t *co, wg_cache_t **out) {
   c->thread_up = 1;
   *out = c;
   return 0;
+}
+
+wg_cache_t *wg_cache_detached(wg_coord_t *co) {
+  wg_cache_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->c = co;
+  pthread_rwlock_init(&c->rw, NULL);
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  c->valid = 1;
+  return c;
+}
+
+void wg_cache_feed(wg_cache_t *c, int status, const wagma_etcd_event_t *events, size_t n,
+                   int64_t rev) {
+  on_watch(c, status, events, n, rev);
 }
 
 void wg_cache_stop(wg_cache_t *c) {

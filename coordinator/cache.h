@@ -88,4 +88,11 @@ void wg_kvarr_prefix(const kvarr_t *a, const char *prefix, size_t *lo, size_t *h
 char *wg_cache_job_snapshot(wg_cache_t *cache, const cjob_t *j, size_t *len);
 char *wg_cache_all_snapshot(wg_cache_t *cache, size_t *len);
 
+/* Tests (tests/unit/coordinator): a view without etcd, valid at once, with neither watch nor
+ * thread; wg_cache_feed is the watch callback (events in revision order, rev the last one's).
+ * Stop it with wg_cache_stop. */
+wg_cache_t *wg_cache_detached(wg_coord_t *c);
+void wg_cache_feed(wg_cache_t *cache, int status, const wagma_etcd_event_t *events, size_t n,
+                   int64_t rev);
+
 #endif
