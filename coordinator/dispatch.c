@@ -146,8 +146,11 @@ void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r
   case WG_ROUTE_READYZ: wg_h_readyz(c, res); break;
   case WG_ROUTE_METRICS: wg_h_metrics(c, res); break;
   case WG_ROUTE_UI: wg_h_ui(r, res); break;
+  case WG_ROUTE_EVENTS: /* not asked as a stream (http.c opens those) */
+    wg_response_error(res, 400, "bad_request", NULL,
+                      "/v1/events is a stream: ask with Accept: text/event-stream");
+    break;
   case WG_ROUTE_JOB_EVENTS: /* the timeline (a stream is opened by http.c): the cache has it */
-  case WG_ROUTE_EVENTS:
     if (!c->cache || wg_cache_serve(c->cache, req, r, res) != 0)
       wg_response_error(res, 503, "unavailable", NULL,
                         "the events need the read cache, which is not current; retry");

@@ -585,8 +585,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collect_query, req);
 
   if (wg_handle_prepare(c, req, &ctx->route, &ctx->res) == 0 &&
-      (ctx->route.id == WG_ROUTE_EVENTS ||
-       (ctx->route.id == WG_ROUTE_JOB_EVENTS && wants_stream(conn))))
+      (ctx->route.id == WG_ROUTE_EVENTS || ctx->route.id == WG_ROUTE_JOB_EVENTS) &&
+      wants_stream(conn))
     return open_stream(srv, conn, ctx, method);
   if (ctx->res.status || !wg_route_uses_etcd(ctx->route.id)) {
     if (ctx->res.status == 0) /* /healthz, /metrics, the web view: no etcd, answered here */

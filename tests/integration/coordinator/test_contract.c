@@ -190,7 +190,7 @@ static void test_router_matches_document(void **state) {
   json_t *paths = json_object_get(g_api, "paths");
   const char *p;
   json_t *ops;
-  assert_int_equal(json_object_size(paths), 8);
+  assert_int_equal(json_object_size(paths), 10);
   json_object_foreach(paths, p, ops) {
     char concrete[128], upper[8];
     snprintf(concrete, sizeof concrete, "%s", p);
@@ -311,6 +311,9 @@ static void test_live_walk(void **state) {
   check(&c, "GET", "/v1/jobs/{id}/plan", "/v1/jobs/ct/plan", NULL);
   check(&c, "GET", "/v1/jobs/{id}/plan", "/v1/jobs/pend/plan", NULL); /* 404 */
   check(&c, "GET", "/v1/agents", "/v1/agents", NULL);
+  check(&c, "GET", "/v1/jobs/{id}/events", "/v1/jobs/ct/events", NULL);   /* the timeline */
+  check(&c, "GET", "/v1/jobs/{id}/events", "/v1/jobs/none/events", NULL); /* 404 */
+  check(&c, "GET", "/v1/events", "/v1/events", NULL); /* 400: a stream only (test_events) */
   check(&c, "GET", "/healthz", "/healthz", NULL);
   check(&c, "GET", "/readyz", "/readyz", NULL);
   check(&c, "GET", "/metrics", "/metrics", NULL);
