@@ -46,7 +46,7 @@ static void test_router(void **state) {
       {"GET", "/v1/jobs/.x", 404, WG_ROUTE_NONE, ""},
       {"GET", "/v1/jobs//plan", 404, WG_ROUTE_NONE, ""},
       {"GET", "/v1/job", 404, WG_ROUTE_NONE, ""},
-      {"GET", "/", 404, WG_ROUTE_NONE, ""},
+      {"GET", "/", 0, WG_ROUTE_UI, ""}, /* the web view (redirect to /ui/) */
       {"GET", "", 404, WG_ROUTE_NONE, ""},
       {"GET", "/healthz/", 404, WG_ROUTE_NONE, ""},
       /* Exact matches only: no dot segments, no empty segments, no trailing junk. */
