@@ -56,6 +56,7 @@
 #include <sys/ioctl.h>
 #include <linux/sockios.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,13 +66,20 @@
 
 #define READ_BUDGET ((size_t)8 << 20) /* bytes read from one peer per wake-up, for fairness */
 #define RECV_SPIN_S 100e-6            /* recv yields (sched_yield) this long before it sleeps */
-#define SESSION_SPIN_S 50e-6 /* a session yields this long, trying its socket, before ppoll */
+#define SESSION_SPIN_S 100e-6 /* a session yields this long, trying its socket, before ppoll */
 /* A session waiting on one peer reads its other peers too once it has waited this long, so
  * their frames for other threads wait at most about this. */
 #define SESSION_GRACE_S 1e-3
+/* An ended session leaves its sockets lingering this long: a collective that follows within it
+ * takes them back with no epoll change and finds its peers' early frames still in the
+ * kernel, with no progress-thread wake-up; frames for other threads wait at most this. */
+#define LINGER_S 2e-3
 #define SCRATCH_SIZE ((size_t)64 << 10) /* read buffer of a reader: frames up to this in one
                                            read */
 #define DIRECT_MIN (SCRATCH_SIZE / 2) /* a payload remainder this large is read in place */
+
+static void reader_free(wg_reader_t *rd);
+static int note_flush(struct wg_transport *t, int dst);
 
 static void wake_progress(struct wg_transport *t) {
   uint64_t one = 1;
@@ -108,7 +116,8 @@ static void free_queue(wg_tcp_peer_t *p) {
 static void ev_update(struct wg_transport *t, wg_tcp_peer_t *p) {
   if (p->ev_removed == 1)
     return;
-  int held = atomic_load(&p->reader) == WG_RD_CALLER;
+  int r = atomic_load(&p->reader);
+  int held = r == WG_RD_CALLER || r == WG_RD_LINGER;
   uint32_t want = (held ? 0 : EPOLLIN) | (p->ev_out ? EPOLLOUT : 0);
   struct epoll_event ev = {.events = want, .data.u32 = (uint32_t)p->rank};
   if (p->ev_removed == 2) {
@@ -343,8 +352,9 @@ static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p, uint32_t event
     /* A session reads it: an event from before EPOLLIN went off, or an error/hang-up (always
      * reported): take the fd out of the set until the session lets go, so it cannot spin. */
     pthread_mutex_lock(&p->ev_lock);
+    int r = atomic_load(&p->reader);
     if ((events & (EPOLLERR | EPOLLHUP)) && p->ev_removed == 0 &&
-        atomic_load(&p->reader) == WG_RD_CALLER) {
+        (r == WG_RD_CALLER || r == WG_RD_LINGER)) {
       if (epoll_ctl(t->epfd, EPOLL_CTL_DEL, p->fd, NULL) == 0)
         p->ev_removed = 2;
     } else {
@@ -361,6 +371,60 @@ static void on_readable(struct wg_transport *t, wg_tcp_peer_t *p, uint32_t event
     pthread_cond_broadcast(&t->mbox_cond);
     pthread_mutex_unlock(&t->mbox_lock);
   }
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Makes timerfd fire by at_ns (any thread). */
+static void linger_arm(struct wg_transport *t, uint64_t at_ns) {
+  pthread_mutex_lock(&t->linger_lock);
+  if (t->timer_armed_ns == 0 || t->timer_armed_ns > at_ns) {
+    struct itimerspec its = {.it_value = {.tv_sec = (time_t)(at_ns / 1000000000u),
+                                          .tv_nsec = (long)(at_ns % 1000000000u)}};
+    if (timerfd_settime(t->timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0)
+      t->timer_armed_ns = at_ns;
+  }
+  pthread_mutex_unlock(&t->linger_lock);
+}
+
+/* Progress thread, timerfd fired: takes back the sockets whose linger has passed (EPOLLIN on:
+ * what came meanwhile wakes it now) and arms the timer for the others. */
+static void on_timer(struct wg_transport *t) {
+  uint64_t v;
+  ssize_t rn = read(t->timerfd, &v, sizeof v);
+  (void)rn;
+  pthread_mutex_lock(&t->linger_lock);
+  t->timer_armed_ns = 0;
+  pthread_mutex_unlock(&t->linger_lock);
+  uint64_t now = now_ns(), next = 0;
+  for (int r = 0; r < t->nranks; r++) {
+    wg_tcp_peer_t *p = &t->peers[r];
+    if (atomic_load(&p->reader) != WG_RD_LINGER)
+      continue;
+    uint64_t until = atomic_load(&p->linger_until_ns);
+    if (until > now) {
+      if (next == 0 || until < next)
+        next = until;
+      continue;
+    }
+    int expected = WG_RD_LINGER;
+    if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_FREE))
+      continue; /* a session took it back */
+    pthread_mutex_lock(&p->ev_lock);
+    ev_update(t, p);
+    pthread_mutex_unlock(&p->ev_lock);
+    if (atomic_exchange(&p->claim_waiting, 0)) {
+      pthread_mutex_lock(&t->mbox_lock);
+      pthread_cond_broadcast(&t->mbox_cond);
+      pthread_mutex_unlock(&t->mbox_lock);
+    }
+  }
+  if (next != 0)
+    linger_arm(t, next);
 }
 
 /* Writes as much of iov as the socket takes now. Returns bytes written or -1 (errno). */
@@ -475,7 +539,7 @@ static size_t unacknowledged(struct wg_transport *t) {
 static void *progress_main(void *arg) {
   struct wg_transport *t = arg;
   double linger_deadline = 0;
-  const uint32_t wake_id = (uint32_t)t->nranks;
+  const uint32_t wake_id = (uint32_t)t->nranks, timer_id = wake_id + 1;
   for (;;) {
     int timeout_ms = -1;
     if (atomic_load(&t->closing)) {
@@ -495,6 +559,10 @@ static void *progress_main(void *arg) {
     int n = epoll_wait(t->epfd, events, 64, timeout_ms);
     for (int i = 0; i < n; i++) {
       uint32_t id = events[i].data.u32;
+      if (id == timer_id) {
+        on_timer(t);
+        continue;
+      }
       if (id == wake_id) {
         uint64_t v;
         ssize_t r = read(t->wakefd, &v, sizeof v);
@@ -537,7 +605,7 @@ static void tcp_free(struct wg_transport *t) {
   }
   free(t->peers);
   free(t->scratch);
-  free(atomic_load(&t->spare_scratch));
+  reader_free(atomic_load(&t->spare_reader));
   wg_message_t *m = t->mbox_head;
   while (m != NULL) {
     wg_message_t *next = m->next;
@@ -550,6 +618,9 @@ static void tcp_free(struct wg_transport *t) {
     close(t->wakefd);
   if (t->intrfd >= 0)
     close(t->intrfd);
+  if (t->timerfd >= 0)
+    close(t->timerfd);
+  pthread_mutex_destroy(&t->linger_lock);
   pthread_cond_destroy(&t->mbox_cond);
   pthread_mutex_destroy(&t->mbox_lock);
   free(t);
@@ -571,7 +642,8 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   t = calloc(1, sizeof *t);
   if (t == NULL)
     return WAGMA_ENOMEM;
-  t->epfd = t->wakefd = t->intrfd = -1;
+  t->epfd = t->wakefd = t->intrfd = t->timerfd = -1;
+  pthread_mutex_init(&t->linger_lock, NULL);
   t->rank = cfg->rank;
   t->nranks = cfg->plan->nranks;
   t->epoch = cfg->epoch;
@@ -606,7 +678,8 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   t->epfd = epoll_create1(EPOLL_CLOEXEC);
   t->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   t->intrfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (t->epfd < 0 || t->wakefd < 0 || t->intrfd < 0) {
+  t->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (t->epfd < 0 || t->wakefd < 0 || t->intrfd < 0 || t->timerfd < 0) {
     rc = WAGMA_EIO;
     goto out;
   }
@@ -619,7 +692,9 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   if (rc != 0)
     goto out;
   struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)t->nranks};
-  if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->wakefd, &ev) != 0) {
+  struct epoll_event tev = {.events = EPOLLIN, .data.u32 = (uint32_t)t->nranks + 1};
+  if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->wakefd, &ev) != 0 ||
+      epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->timerfd, &tev) != 0) {
     rc = WAGMA_EIO;
     goto out;
   }
@@ -753,7 +828,9 @@ unlock:
               written > 0 ? "outbound queue overflow" : "send failed or queue overflow");
   else if (rc != 0 && written > 0)
     peer_kill(t, dst, WAGMA_LOG_ERROR, "out of memory with a frame half written");
-  if (rc == 0 && kick)
+  /* A reader session of this thread writes the rest itself while it waits (or hands it to
+   * the progress thread when it ends): no wake-up of the progress thread for it. */
+  if (rc == 0 && kick && !note_flush(t, dst))
     wake_progress(t);
   return rc;
 }
@@ -762,23 +839,109 @@ unlock:
  * Reader sessions
  * ---------------------------------------------------------------------------------------- */
 
+#define FLUSH_MAX 8 /* peers whose queue a session writes itself */
+
 struct wg_reader {
+  struct wg_transport *t;
+  int cap; /* entries the arrays below hold */
   int n;
   int *ranks;
-  uint8_t *held; /* held[i]: this session reads ranks[i]'s socket */
-  struct pollfd *pfd; /* n + 1 entries */
-  int *pfd_idx;       /* index in ranks of pfd[k], -1 for intrfd */
+  uint8_t *held;      /* held[i]: this session reads ranks[i]'s socket */
+  struct pollfd *pfd; /* cap + 1 + FLUSH_MAX entries */
+  int *pfd_idx;       /* pfd[k]: index in ranks, -1 intrfd, -2 - rank a peer in flush[] */
   uint8_t *scratch;   /* SCRATCH_SIZE bytes */
+  /* Peers whose outbound queue this session's own sends left non-empty: it writes them while
+   * it waits, and wakes the progress thread for what is left when it ends. */
+  int nflush;
+  int flush[FLUSH_MAX];
 };
 
-/* Takes ranks[i]'s socket for the session if nobody reads it now. Returns 1 if held. */
+/* The reader session of the calling thread, if it has one (sends consult it). */
+static _Thread_local wg_reader_t *tls_reader;
+
+/* tcp_send from this thread left dst's queue non-empty: 1 if this thread's session takes
+ * care of writing it (then the progress thread is not woken). */
+static int note_flush(struct wg_transport *t, int dst) {
+  wg_reader_t *rd = tls_reader;
+  if (rd == NULL || rd->t != t)
+    return 0;
+  for (int i = 0; i < rd->nflush; i++)
+    if (rd->flush[i] == dst)
+      return 1;
+  if (rd->nflush == FLUSH_MAX)
+    return 0;
+  rd->flush[rd->nflush++] = dst;
+  return 1;
+}
+
+/* Writes the queues of the session's own frames; forgets the peers whose queue emptied. */
+static void flush_own(struct wg_transport *t, wg_reader_t *rd) {
+  for (int i = 0; i < rd->nflush;) {
+    if (flush_queue(t, &t->peers[rd->flush[i]]) == 1) {
+      i++;
+      continue;
+    }
+    rd->flush[i] = rd->flush[--rd->nflush]; /* empty, or dead */
+  }
+}
+
+/* Hands what the session's own sends left queued to the progress thread. */
+static void flush_handoff(struct wg_transport *t, wg_reader_t *rd) {
+  if (rd->nflush == 0)
+    return;
+  flush_own(t, rd);
+  if (rd->nflush > 0)
+    wake_progress(t);
+  rd->nflush = 0;
+}
+
+static void reader_free(wg_reader_t *rd) {
+  if (rd == NULL)
+    return;
+  free(rd->scratch);
+  free(rd);
+}
+
+/* A reader for n peers: the transport's spare one when it is large enough. One block for the
+ * arrays; the scratch buffer apart. */
+static wg_reader_t *reader_alloc(struct wg_transport *t, int n) {
+  wg_reader_t *rd = atomic_exchange(&t->spare_reader, NULL);
+  if (rd != NULL && rd->cap >= n)
+    return rd;
+  reader_free(rd);
+  int cap = n < 8 ? 8 : n;
+  size_t k = (size_t)cap + 1 + FLUSH_MAX;
+  size_t size = sizeof *rd + k * (sizeof(struct pollfd) + 2 * sizeof(int) + 1);
+  rd = calloc(1, size);
+  uint8_t *scratch = malloc(SCRATCH_SIZE);
+  if (rd == NULL || scratch == NULL) {
+    free(rd);
+    free(scratch);
+    return NULL;
+  }
+  rd->cap = cap;
+  rd->scratch = scratch;
+  rd->pfd = (struct pollfd *)(rd + 1);
+  rd->ranks = (int *)(rd->pfd + k);
+  rd->pfd_idx = rd->ranks + k;
+  rd->held = (uint8_t *)(rd->pfd_idx + k);
+  return rd;
+}
+
+/* Takes ranks[i]'s socket for the session if nobody reads it now (free, or lingering after
+ * an earlier session). Returns 1 if held. */
 static int hold(struct wg_transport *t, wg_reader_t *rd, int i) {
   if (rd->held[i])
     return 1;
   wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
   if (p->fd < 0 || atomic_load(&p->dead))
     return 0;
-  int expected = WG_RD_FREE;
+  int expected = WG_RD_LINGER;
+  if (atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_CALLER)) {
+    rd->held[i] = 1; /* EPOLLIN is off already */
+    return 1;
+  }
+  expected = WG_RD_FREE;
   if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_CALLER)) {
     atomic_store(&p->claim_waiting, 1); /* the progress thread reads it: wake me after */
     return 0;
@@ -790,15 +953,15 @@ static int hold(struct wg_transport *t, wg_reader_t *rd, int i) {
   return 1;
 }
 
-static void let_go(struct wg_transport *t, wg_reader_t *rd, int i) {
+/* Leaves ranks[i]'s socket lingering until until_ns: the next session takes it back as is;
+ * else the progress thread does when the timer fires. */
+static void let_go(struct wg_transport *t, wg_reader_t *rd, int i, uint64_t until_ns) {
   if (!rd->held[i])
     return;
   wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
   unsink(t, p);
-  atomic_store(&p->reader, WG_RD_FREE);
-  pthread_mutex_lock(&p->ev_lock);
-  ev_update(t, p); /* EPOLLIN on: data left in the kernel wakes the progress thread */
-  pthread_mutex_unlock(&p->ev_lock);
+  atomic_store(&p->linger_until_ns, until_ns);
+  atomic_store(&p->reader, WG_RD_LINGER);
   rd->held[i] = 0;
 }
 
@@ -806,38 +969,27 @@ static int tcp_reader_begin(wg_transport_t *t, const int *ranks, int n, wg_reade
   if (t == NULL || out == NULL || n < 0 || (n > 0 && ranks == NULL))
     return WAGMA_EINVAL;
   *out = NULL;
-  wg_reader_t *rd = calloc(1, sizeof *rd);
+  wg_reader_t *rd = reader_alloc(t, n);
   if (rd == NULL)
     return WAGMA_ENOMEM;
-  size_t k = (size_t)n;
-  rd->ranks = malloc((k + 1) * sizeof *rd->ranks);
-  rd->held = calloc(k + 1, 1);
-  rd->pfd = malloc((k + 1) * sizeof *rd->pfd);
-  rd->pfd_idx = malloc((k + 1) * sizeof *rd->pfd_idx);
-  rd->scratch = atomic_exchange(&t->spare_scratch, NULL);
-  if (rd->scratch == NULL)
-    rd->scratch = malloc(SCRATCH_SIZE);
-  if (rd->ranks == NULL || rd->held == NULL || rd->pfd == NULL || rd->pfd_idx == NULL ||
-      rd->scratch == NULL) {
-    free(rd->ranks);
-    free(rd->held);
-    free(rd->pfd);
-    free(rd->pfd_idx);
-    free(rd->scratch);
-    free(rd);
-    return WAGMA_ENOMEM;
-  }
+  rd->t = t;
+  rd->n = 0;
+  rd->nflush = 0;
   for (int i = 0; i < n; i++) {
     if (ranks[i] < 0 || ranks[i] >= t->nranks || ranks[i] == t->rank)
       continue;
     int dup = 0;
     for (int j = 0; j < rd->n && !dup; j++)
       dup = rd->ranks[j] == ranks[i];
-    if (!dup)
+    if (!dup) {
+      rd->held[rd->n] = 0;
       rd->ranks[rd->n++] = ranks[i];
+    }
   }
   for (int i = 0; i < rd->n; i++)
     hold(t, rd, i);
+  if (tls_reader == NULL)
+    tls_reader = rd;
   *out = rd;
   return 0;
 }
@@ -845,16 +997,20 @@ static int tcp_reader_begin(wg_transport_t *t, const int *ranks, int n, wg_reade
 static void tcp_reader_end(wg_transport_t *t, wg_reader_t *rd) {
   if (t == NULL || rd == NULL)
     return;
-  for (int i = 0; i < rd->n; i++)
-    let_go(t, rd, i);
+  if (tls_reader == rd)
+    tls_reader = NULL;
+  flush_handoff(t, rd);
+  uint64_t until = now_ns() + (uint64_t)(LINGER_S * 1e9);
+  int any = 0;
+  for (int i = 0; i < rd->n; i++) {
+    any |= rd->held[i];
+    let_go(t, rd, i, until);
+  }
+  if (any)
+    linger_arm(t, until);
   void *none = NULL;
-  if (!atomic_compare_exchange_strong(&t->spare_scratch, &none, (void *)rd->scratch))
-    free(rd->scratch);
-  free(rd->ranks);
-  free(rd->held);
-  free(rd->pfd);
-  free(rd->pfd_idx);
-  free(rd);
+  if (!atomic_compare_exchange_strong(&t->spare_reader, &none, (void *)rd))
+    reader_free(rd);
 }
 
 /* A session waits (ppoll) on the socket of ranks[idx], the one its recv wants, until it is
@@ -883,6 +1039,15 @@ static void session_wait(struct wg_transport *t, wg_reader_t *rd, int idx, doubl
     rd->pfd[k] = (struct pollfd){.fd = p->fd, .events = ev};
     rd->pfd_idx[k++] = i;
   }
+  for (int j = 0; j < rd->nflush; j++) { /* my own frames to peers I do not read */
+    int r = rd->flush[j], in = 0;
+    for (int i = 0; i < rd->n && !in; i++)
+      in = rd->held[i] && rd->ranks[i] == r;
+    if (in || atomic_load(&t->peers[r].dead))
+      continue;
+    rd->pfd[k] = (struct pollfd){.fd = t->peers[r].fd, .events = POLLOUT};
+    rd->pfd_idx[k++] = -2 - r;
+  }
   double left = until - now;
   if (left < 0)
     left = 0;
@@ -897,6 +1062,10 @@ static void session_wait(struct wg_transport *t, wg_reader_t *rd, int idx, doubl
     if (re == 0)
       continue;
     int i = rd->pfd_idx[j];
+    if (i <= -2) {
+      flush_queue(t, &t->peers[-2 - i]);
+      continue;
+    }
     wg_tcp_peer_t *p = &t->peers[rd->ranks[i]];
     if (re & POLLOUT)
       flush_queue(t, p);
@@ -1020,20 +1189,36 @@ static int tcp_recv_into(wg_transport_t *t, wg_reader_t *rd, const wg_match_t *m
       wait_since = now;
     }
     if (held) {
-      /* This thread reads src's socket: no mailbox hand-off, no progress thread. */
+      /* This thread reads src's socket: no mailbox hand-off, no progress thread. Nothing
+       * matching can reach the mailbox meanwhile (only this thread reads src), so it is not
+       * looked at again until something ends the wait. */
       pthread_mutex_unlock(&t->mbox_lock);
       rd_ctx_t ctx = {.scratch = rd->scratch, .want = match, .sink = sink};
-      read_peer(t, p, &ctx);
+      for (;;) {
+        if (rd->nflush > 0)
+          flush_own(t, rd); /* my queued frames first: the peer may wait for them */
+        read_peer(t, p, &ctx);
+        if (ctx.found || atomic_load(&p->dead) || atomic_load(&t->interrupted) ||
+            atomic_load(&t->closing))
+          break;
+        now = wg_now();
+        if (now >= deadline)
+          break;
+        if (now < spin_until)
+          sched_yield();
+        else
+          session_wait(t, rd, idx, deadline, wait_since);
+      }
       if (ctx.found) {
         rc = ctx.msg != NULL ? hand_over(ctx.msg, sink, out) : 0;
         break;
       }
-      if (atomic_load(&p->dead))
-        continue; /* what it sent before is in the mailbox; else WAGMA_EPEER */
-      if (now < spin_until)
-        sched_yield();
-      else
-        session_wait(t, rd, idx, deadline, wait_since);
+      continue; /* closed, dead (what it sent first is in the mailbox) or deadline: decided
+                   above, under the lock */
+    }
+    if (rd != NULL && rd->nflush > 0) { /* this wait does not write: the progress thread does */
+      pthread_mutex_unlock(&t->mbox_lock);
+      flush_handoff(t, rd);
       continue;
     }
     /* Briefly yield instead of sleeping: on a busy host the progress thread usually delivers

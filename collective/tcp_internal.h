@@ -39,8 +39,10 @@ typedef struct wg_out_frame {
   uint8_t data[];
 } wg_out_frame_t;
 
-/* Who reads a peer's socket (wg_tcp_peer_t.reader). */
-enum { WG_RD_FREE = 0, WG_RD_PROGRESS = 1, WG_RD_CALLER = 2 };
+/* Who reads a peer's socket (wg_tcp_peer_t.reader). LINGER: a reader session ended and
+ * left it to the next session for a moment (tcp.c, LINGER_S); nobody reads it, EPOLLIN stays
+ * off, and the progress thread takes it back when the moment has passed. */
+enum { WG_RD_FREE = 0, WG_RD_PROGRESS = 1, WG_RD_CALLER = 2, WG_RD_LINGER = 3 };
 
 typedef struct wg_tcp_peer {
   int rank;
@@ -64,6 +66,7 @@ typedef struct wg_tcp_peer {
   atomic_int reader;
   atomic_int claim_waiting; /* a reader session wants it: wake it when the progress thread
                                gives it back */
+  atomic_uint_fast64_t linger_until_ns; /* WG_RD_LINGER ends then (CLOCK_MONOTONIC ns) */
 
   /* The epoll registration of fd, guarded by ev_lock: EPOLLIN unless a caller reads fd,
    * EPOLLOUT while the progress thread waits to write (ev_out). ev_removed: 1 the fd left
@@ -97,8 +100,11 @@ struct wg_transport {
   int epfd;
   int wakefd; /* eventfd: senders and close wake the progress thread */
   int intrfd; /* eventfd, written once by interrupt and close: wakes reader sessions' waits */
+  int timerfd; /* the progress thread takes lingering sockets back when it fires */
+  pthread_mutex_t linger_lock;
+  uint64_t timer_armed_ns; /* guarded by linger_lock: when timerfd fires, 0 = disarmed */
   uint8_t *scratch; /* the progress thread's read buffer */
-  void *_Atomic spare_scratch; /* one reader session's read buffer, kept for the next one */
+  void *_Atomic spare_reader; /* an ended reader session, kept for the next one */
   pthread_t thread;
   int thread_started;
   atomic_int closing;
@@ -107,7 +113,7 @@ struct wg_transport {
   pthread_mutex_t mbox_lock;
   pthread_cond_t mbox_cond; /* CLOCK_MONOTONIC; broadcast on every arrival and death */
   wg_message_t *mbox_head, *mbox_tail;
-  int interrupted; /* guarded by mbox_lock */
+  atomic_int interrupted; /* set under mbox_lock (condvar waiters), read anywhere */
 
   atomic_uint_fast64_t bytes_sent;
   atomic_uint_fast64_t bytes_received;
