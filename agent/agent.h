@@ -61,7 +61,9 @@ int wg_ckroot_opendir(const wg_ckroot_t *root, const char *rel, int create, char
 typedef struct wg_agent_options {
   char endpoints[512];
   char name[WAGMA_NAME_MAX];
-  char listen[WAGMA_ADDRESS_MAX]; /* "host:port" the collective listens on */
+  char listen[WAGMA_ADDRESS_MAX];    /* "host:port" the collective binds */
+  char advertise[WAGMA_ADDRESS_MAX]; /* "host:port" peers dial (registered, in plans); default
+                                        listen */
   char prefix[128];
   int device_cuda; /* 0 = cpu */
   int capacity;

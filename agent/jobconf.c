@@ -109,7 +109,7 @@ char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {
   wagma_agent_info_t a;
   char *json = NULL;
   memset(&a, 0, sizeof a);
-  snprintf(a.address, sizeof a.address, "%s", opt->listen);
+  snprintf(a.address, sizeof a.address, "%s", opt->advertise[0] ? opt->advertise : opt->listen);
   a.device = opt->device_cuda ? WAGMA_DEVICE_CUDA : WAGMA_DEVICE_CPU;
   a.capacity = opt->capacity;
   snprintf(a.version, sizeof a.version, "%s", WG_AGENT_VERSION);

@@ -99,8 +99,11 @@ static void usage(FILE *f) {
           "\n"
           "  --etcd ENDPOINTS        etcd client endpoints, comma separated (required)\n"
           "  --name NAME             agent name, unique in the cluster (required)\n"
-          "  --listen HOST:PORT      address the collective listens on; peers connect to it\n"
-          "                          (required)\n"
+          "  --listen HOST:PORT      address the collective binds (required); 0.0.0.0:PORT\n"
+          "                          binds every interface\n"
+          "  --advertise ADDR        address peers dial, registered and put in plans: HOST,\n"
+          "                          HOST:PORT, [V6]:PORT or a bare IPv6 address (the port\n"
+          "                          defaults to --listen's; default: the --listen address)\n"
           "  --prefix PREFIX         etcd key prefix (default /wagma)\n"
           "  --device cpu|cuda       device (default cpu). cuda is checked at startup: without\n"
           "                          a usable CUDA GPU, or in a build without the CUDA\n"
@@ -162,6 +165,33 @@ static int valid_hostport(const char *s) {
   return *end == '\0' && port > 0 && port < 65536;
 }
 
+/* Completes o->advertise from --listen: empty = the --listen address; a host without a port
+ * (a name, IPv4, a bare or bracketed IPv6) takes --listen's port. 0 or -1 (malformed). */
+static int advertise_address(wg_agent_options_t *o) {
+  const char *port = strrchr(o->listen, ':') + 1; /* --listen is valid HOST:PORT */
+  const char *a = o->advertise;
+  char out[2 * WAGMA_ADDRESS_MAX + 16];
+  size_t colons = 0;
+  for (const char *p = a; *p; p++)
+    colons += *p == ':';
+  if (!a[0])
+    snprintf(out, sizeof out, "%s", o->listen);
+  else if (a[0] == '[' && !strchr(a, ']'))
+    return -1;
+  else if (a[0] == '[' && strchr(a, ']')[1] == '\0')
+    snprintf(out, sizeof out, "%s:%s", a, port); /* [V6] */
+  else if (a[0] != '[' && colons > 1)
+    snprintf(out, sizeof out, "[%s]:%s", a, port); /* a bare IPv6 address, e.g. $(POD_IP) */
+  else if (colons == 0)
+    snprintf(out, sizeof out, "%s:%s", a, port);
+  else
+    snprintf(out, sizeof out, "%s", a);
+  if (strlen(out) >= sizeof o->advertise || !valid_hostport(out))
+    return -1;
+  memcpy(o->advertise, out, strlen(out) + 1);
+  return 0;
+}
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "wagma-agent: " __VA_ARGS__);                                                  \
@@ -173,6 +203,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   static const struct option longs[] = {{"etcd", required_argument, 0, 'e'},
                                         {"name", required_argument, 0, 'n'},
                                         {"listen", required_argument, 0, 'l'},
+                                        {"advertise", required_argument, 0, 'A'},
                                         {"prefix", required_argument, 0, 'p'},
                                         {"device", required_argument, 0, 'D'},
                                         {"capacity", required_argument, 0, 'c'},
@@ -238,6 +269,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       if (strlen(optarg) >= sizeof o->listen || !valid_hostport(optarg))
         FAIL("--listen must be HOST:PORT with a port in 1..65535");
       snprintf(o->listen, sizeof o->listen, "%s", optarg);
+      break;
+    case 'A':
+      if (strlen(optarg) >= sizeof o->advertise - 8)
+        FAIL("--advertise is too long");
+      snprintf(o->advertise, sizeof o->advertise, "%s", optarg);
       break;
     case 'p':
       if (optarg[0] != '/' || strlen(optarg) >= sizeof o->prefix)
@@ -356,6 +392,9 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   }
   if (optind < argc)
     FAIL("unexpected argument %s", argv[optind]);
+  if (o->listen[0] && advertise_address(o) != 0)
+    FAIL("--advertise must be HOST, HOST:PORT, [V6]:PORT or a bare IPv6 address (got '%s')",
+         o->advertise);
   if (!o->endpoints[0] || !o->name[0] || !o->listen[0]) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");

@@ -184,7 +184,7 @@ static int try_register(wg_control_t *c, holder_t *h) {
     goto out;
   c->lease = lease;
   lease = 0;
-  LOG(c, WAGMA_LOG_INFO, "registered %s (address %s, lease %llx, ttl %d s)", key, c->opt->listen,
+  LOG(c, WAGMA_LOG_INFO, "registered %s (address %s, lease %llx, ttl %d s)", key, c->opt->advertise,
       (unsigned long long)c->lease, c->opt->lease_ttl_s);
 out:
   if (lease)

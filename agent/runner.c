@@ -407,7 +407,16 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   pthread_mutex_lock(&r->comm_log_mu);
   r->comm_error[0] = '\0';
   pthread_mutex_unlock(&r->comm_log_mu);
-  if ((e = wagma_comm_create(&co, &j->comm)) != 0) {
+  /* The plan holds the address peers dial (--advertise); the transport binds my own member's
+   * address, so the communicator gets a copy of the plan with mine set to --listen. */
+  char advertised[WAGMA_ADDRESS_MAX];
+  snprintf(advertised, sizeof advertised, "%s", j->plan.members[j->rank].address);
+  snprintf(j->plan.members[j->rank].address, sizeof j->plan.members[j->rank].address, "%s",
+           r->opt->listen);
+  e = wagma_comm_create(&co, &j->comm); /* copies the plan */
+  snprintf(j->plan.members[j->rank].address, sizeof j->plan.members[j->rank].address, "%s",
+           advertised);
+  if (e != 0) {
     char cause[sizeof r->comm_error], why[300];
     double now = wg_mono();
     j->comm = NULL;

@@ -203,7 +203,8 @@ function scenario(name, docs, byKind, find) {
     const env = Object.fromEntries((ac.env || []).map((e) => [e.name, e.valueFrom && e.valueFrom.fieldRef && e.valueFrom.fieldRef.fieldPath]));
     expect(env.POD_NAME === 'metadata.name' && env.POD_IP === 'status.podIP', `${a.metadata.name}: POD_NAME and POD_IP from the downward API`);
     expect(flag(ac.args, '--name') === '$(POD_NAME)', `${a.metadata.name}: --name $(POD_NAME)`);
-    expect(/^\$\(POD_IP\):\d+$/.test(flag(ac.args, '--listen') || ''), `${a.metadata.name}: --listen $(POD_IP):PORT`);
+    expect(/^0\.0\.0\.0:\d+$/.test(flag(ac.args, '--listen') || ''), `${a.metadata.name}: --listen 0.0.0.0:PORT`);
+    expect(flag(ac.args, '--advertise') === '$(POD_IP)', `${a.metadata.name}: --advertise $(POD_IP)`);
     const svc = find('Service', a.spec.serviceName);
     expect(svc && svc.spec.clusterIP === 'None', `${a.metadata.name}: a headless governing Service`);
     expect(flag(ac.args, '--etcd') === flag(cargs, '--etcd'), `${a.metadata.name}: the coordinators' etcd endpoints`);
