@@ -6,9 +6,11 @@
  *    exists for the epoch (64 hex characters), a new epoch (PATCH workers) gets a new secret,
  *    the epoch before stays and the one before that is deleted (in the plan's Txn), and all of
  *    them go when the job is stopped;
- *  - no REST response holds a secret: every GET (jobs list, job, plan, groups, agents,
- *    metrics, healthz, readyz) is searched for each secret seen, as lower- and upper-case hex,
- *    base64 (standard and URL-safe) and raw bytes;
+ *  - no REST response holds a secret: every GET (jobs list, job, plan, groups, the job's
+ *    timeline, agents, metrics, healthz, readyz, the web view's page) and both event streams
+ *    (/v1/events and the job's, read from before the first plan until the check) are searched
+ *    for each secret seen, as lower- and upper-case hex, base64 (standard and URL-safe) and raw
+ *    bytes;
  *  - an impostor that knows the plan (GET /v1/jobs/{id}/plan) but not the secret cannot join a
  *    member's mesh: while rank 1 is stopped (SIGSTOP) rank 0 waits for it, and the impostor
  *    connects to rank 0's collective port as rank 1: an unauthenticated HELLO and one with a
@@ -31,6 +33,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <curl/curl.h>
+#include <pthread.h>
 
 #include "cluster.h"
 #include "wagma/api.h"
@@ -66,11 +70,29 @@ typedef struct seen_secret {
 static seen_secret_t seen[MAX_SECRETS];
 static int nseen;
 
+/* An event stream (text/event-stream) read by a thread from before the first secret was
+ * written until the REST check: whatever the coordinator streamed meanwhile. */
+typedef struct stream {
+  const cluster_t *c;
+  const char *path;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  char *buf;
+  size_t len, cap;
+  volatile int stop;
+  long status;
+} stream_t;
+
+static stream_t streams[2] = {{.path = "/v1/events"}, {.path = "/v1/jobs/authed/events"}};
+
 static int setup(void **state) {
   return cluster_group_setup(state, 3, agent_args);
 }
 
+static void streams_stop(void);
+
 static int teardown(void **state) {
+  streams_stop();
   return cluster_group_teardown(state);
 }
 
@@ -214,6 +236,71 @@ static int log_count(const cluster_t *c, int agent, const char *needle, const ch
   return n;
 }
 
+static size_t stream_data(char *p, size_t size, size_t n, void *user) {
+  stream_t *st = user;
+  size_t k = size * n;
+  pthread_mutex_lock(&st->mu);
+  if (st->len + k + 1 > st->cap) {
+    size_t cap = (st->len + k + 1) * 2;
+    char *b = realloc(st->buf, cap);
+    if (!b) {
+      pthread_mutex_unlock(&st->mu);
+      return 0;
+    }
+    st->buf = b;
+    st->cap = cap;
+  }
+  memcpy(st->buf + st->len, p, k);
+  st->len += k;
+  st->buf[st->len] = '\0';
+  pthread_mutex_unlock(&st->mu);
+  return k;
+}
+
+static int stream_progress(void *user, curl_off_t a, curl_off_t b, curl_off_t c, curl_off_t d) {
+  (void)a, (void)b, (void)c, (void)d;
+  return ((stream_t *)user)->stop; /* non-zero ends the transfer */
+}
+
+static void *stream_main(void *arg) {
+  stream_t *st = arg;
+  char url[256];
+  struct curl_slist *hdr = curl_slist_append(NULL, "Accept: text/event-stream");
+  CURL *h = curl_easy_init();
+  snprintf(url, sizeof url, "%s%s", st->c->api, st->path);
+  curl_easy_setopt(h, CURLOPT_URL, url);
+  curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdr);
+  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, stream_data);
+  curl_easy_setopt(h, CURLOPT_WRITEDATA, st);
+  curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, stream_progress);
+  curl_easy_setopt(h, CURLOPT_XFERINFODATA, st);
+  curl_easy_setopt(h, CURLOPT_TIMEOUT, 200L);
+  curl_easy_perform(h);
+  curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st->status);
+  curl_easy_cleanup(h);
+  curl_slist_free_all(hdr);
+  return NULL;
+}
+
+static void streams_start(const cluster_t *c) {
+  for (int i = 0; i < 2; i++) {
+    streams[i].c = c;
+    pthread_mutex_init(&streams[i].mu, NULL);
+    assert_int_equal(pthread_create(&streams[i].thread, NULL, stream_main, &streams[i]), 0);
+  }
+}
+
+static void streams_stop(void) {
+  for (int i = 0; i < 2; i++) {
+    if (!streams[i].c)
+      continue;
+    streams[i].stop = 1;
+    pthread_join(streams[i].thread, NULL);
+    streams[i].c = NULL;
+  }
+}
+
 /* ---- encodings of a secret --------------------------------------------------------------- */
 
 static void base64(const uint8_t *in, size_t n, int url, char *out) {
@@ -271,6 +358,7 @@ static void test_members_authenticated_secret_per_epoch(void **state) {
             "\"algorithm\":\"wagma\",\"workers\":2,\"max_workers\":3,\"group_size\":2,"
             "\"staleness_bound\":4,"
             "\"batch_size\":32,\"iterations\":100000000,\"eval_every\":100}");
+  streams_start(c); /* the event streams, from now on (searched by the next test) */
   assert_int_equal(wait_epoch(c, job, 0, 2, 60, &v), 0);
   uint64_t e1 = v.epoch;
   assert_int_equal(secret_of(c, job, e1, s1), 0);
@@ -317,7 +405,9 @@ static void test_members_authenticated_secret_per_epoch(void **state) {
 
 static void test_rest_never_shows_a_secret(void **state) {
   cluster_t *c = *state;
-  const char *paths[] = {"/v1/jobs",
+  const char *paths[] = {"/ui/",
+                         "/ui/app.js",
+                         "/v1/jobs",
                          "/v1/jobs?state=running",
                          "/v1/jobs?limit=1",
                          "/v1/jobs/authed",
@@ -325,6 +415,7 @@ static void test_rest_never_shows_a_secret(void **state) {
                          "/v1/jobs/authed/groups",
                          "/v1/jobs/authed/groups?iteration=0",
                          "/v1/jobs/authed/groups?iteration=5",
+                         "/v1/jobs/authed/events",
                          "/v1/agents",
                          "/metrics",
                          "/healthz",
@@ -350,7 +441,23 @@ static void test_rest_never_shows_a_secret(void **state) {
     }
     free(body);
   }
-  fprintf(stderr, "  %d secrets x %zu endpoints: none shown\n", nseen,
+  /* the event streams, open since before the first plan: three epochs of changes */
+  streams_stop();
+  for (int k = 0; k < 2; k++) {
+    stream_t *stm = &streams[k];
+    fprintf(stderr, "  stream %-30s %ld, %zu bytes\n", stm->path, stm->status, stm->len);
+    assert_int_equal(stm->status, 200);
+    assert_true(stm->len > 0);
+    for (int i = 0; i < nseen; i++) {
+      const char *form = holds_secret(stm->buf, stm->len, seen[i].hex);
+      if (form)
+        fail_msg("the stream %s shows the secret of %s epoch %llu (%s)", stm->path, seen[i].job,
+                 (unsigned long long)seen[i].epoch, form);
+    }
+    free(stm->buf);
+    stm->buf = NULL;
+  }
+  fprintf(stderr, "  %d secrets x %zu endpoints and 2 streams: none shown\n", nseen,
           sizeof paths / sizeof *paths);
   assert_true(checked > 0);
 }
