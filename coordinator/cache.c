@@ -270,8 +270,8 @@ static void job_render(wg_cache_t *c, cjob_t *j) {
   wagma_etcd_kv_t *sub = malloc((j->kvs.n ? j->kvs.n : 1) * sizeof *sub);
   size_t n = 0, nprog = 0;
   for (size_t i = 0; sub && i < j->kvs.n; i++) {
-    wagma_key_kind_t k = wagma_key_parse(&c->c->keys, j->kvs.kv[i].key, j->kvs.kv[i].key_len, NULL,
-                                         NULL);
+    wagma_key_kind_t k =
+        wagma_key_parse(&c->c->keys, j->kvs.kv[i].key, j->kvs.kv[i].key_len, NULL, NULL);
     if (k == WAGMA_KEY_JOB_SPEC || k == WAGMA_KEY_JOB_STATUS ||
         (k == WAGMA_KEY_JOB_PROGRESS && !terminal && nprog++ < WG_LIST_PROGRESS_MAX))
       sub[n++] = j->kvs.kv[i];
@@ -355,8 +355,9 @@ static void leave_reason(wg_cache_t *c, const cjob_t *j, const wagma_member_t *m
   int has_p = pkv && wagma_progress_from_json(pkv->value, pkv->value_len, &p, &err) == 0;
   wagma_agent_info_t info;
   if (!akv) {
-    snprintf(out, len, "its registration ended (the agent stopped, crashed or lost etcd: its "
-                       "lease expired or was revoked)");
+    snprintf(out, len,
+             "its registration ended (the agent stopped, crashed or lost etcd: its "
+             "lease expired or was revoked)");
   } else if (wagma_agent_info_from_json(akv->value, akv->value_len, &info, &err) == 0 &&
              strcmp(info.address, m->address) != 0) {
     snprintf(out, len, "it registered again at %s", info.address);
@@ -399,12 +400,13 @@ static json_t *epoch_entry(wg_cache_t *c, const cjob_t *j, const wagma_plan_t *o
   for (int r = 0; r < np->nranks; r++) {
     if (old && names_has(old, np->members[r].name))
       continue;
-    const char *reason = !old && np->epoch <= 1 ? "first plan"
-                         : !observed            ? "not observed (before this coordinator watched)"
-                         : survivors == 0       ? "fresh start (no member survived)"
-                         : old && workers > old->nranks && r >= old->nranks - (int)json_array_size(left)
-                             ? "scaled up"
-                             : "free agent joined";
+    const char *reason =
+        !old && np->epoch <= 1 ? "first plan"
+        : !observed            ? "not observed (before this coordinator watched)"
+        : survivors == 0       ? "fresh start (no member survived)"
+        : old && workers > old->nranks && r >= old->nranks - (int)json_array_size(left)
+            ? "scaled up"
+            : "free agent joined";
     add_person(joined, np->members[r].name, reason);
   }
   char msg[512];
@@ -476,8 +478,8 @@ static void seed_timeline(wg_cache_t *c, cjob_t *j) {
   if (has_st && wagma_job_state_terminal(st.state)) {
     json_t *e = tl_entry(j, stkv->mod_revision, TL_STATE, st.finished);
     char msg[512];
-    snprintf(msg, sizeof msg, "%s%s%.400s", wagma_job_state_name(st.state), st.reason[0] ? ": " : "",
-             st.reason);
+    snprintf(msg, sizeof msg, "%s%s%.400s", wagma_job_state_name(st.state),
+             st.reason[0] ? ": " : "", st.reason);
     json_object_set_new(e, "to", json_string(wagma_job_state_name(st.state)));
     json_object_set_new(e, "reason", json_string(st.reason));
     json_object_set_new(e, "message", json_string(msg));
@@ -525,8 +527,10 @@ static void series_add(cjob_t *j, const char *agent, const wagma_progress_t *p) 
     j->points = np;
     j->cappoints = cap;
   }
-  j->points[j->npoints++] = (series_point_t){
-      .iteration = p->iteration, .accuracy = (float)p->accuracy, .loss = (float)p->loss, .agent = a};
+  j->points[j->npoints++] = (series_point_t){.iteration = p->iteration,
+                                             .accuracy = (float)p->accuracy,
+                                             .loss = (float)p->loss,
+                                             .agent = a};
 }
 
 static json_t *real_or_null(float v) {
@@ -560,8 +564,9 @@ char *wg_cache_job_snapshot(wg_cache_t *c, const cjob_t *j, size_t *len) {
     size_t n = strlen(j->full) + strlen(tls) + strlen(ss) + 96;
     out = malloc(n);
     if (out)
-      *len = (size_t)snprintf(out, n, "{\"revision\":%lld,\"job\":%s,\"timeline\":%s,\"series\":%s}",
-                              (long long)c->applied, j->full, tls, ss);
+      *len =
+          (size_t)snprintf(out, n, "{\"revision\":%lld,\"job\":%s,\"timeline\":%s,\"series\":%s}",
+                           (long long)c->applied, j->full, tls, ss);
   }
   free(tls);
   free(ss);
@@ -592,7 +597,8 @@ char *wg_cache_all_snapshot(wg_cache_t *c, size_t *len) {
   return out;
 }
 
-/* ---- publishing -------------------------------------------------------------------------------- */
+/* ---- publishing --------------------------------------------------------------------------------
+ */
 
 static void publish(wg_cache_t *c, const char *job, int all_too, int64_t rev, const char *event,
                     const char *data) {
@@ -618,15 +624,14 @@ static void publish_value(wg_cache_t *c, const char *job, int all_too, int64_t r
 static json_t *plan_event_value(const cjob_t *j) {
   json_t *members = json_array();
   for (int r = 0; r < j->plan.nranks; r++)
-    json_array_append_new(members, json_pack("{s:i,s:s,s:b}", "rank", r, "name",
-                                             j->plan.members[r].name, "joiner",
-                                             j->plan.members[r].joiner));
+    json_array_append_new(members,
+                          json_pack("{s:i,s:s,s:b}", "rank", r, "name", j->plan.members[r].name,
+                                    "joiner", j->plan.members[r].joiner));
   return json_pack("{s:s,s:I,s:I,s:i,s:i,s:s,s:i,s:o}", "job", j->id, "epoch",
                    (json_int_t)j->plan.epoch, "start_round", (json_int_t)j->plan.start_round,
                    "group_size", j->plan.group_size, "staleness_bound", j->plan.staleness_bound,
                    "global_sync",
-                   j->plan.global_sync == WAGMA_GLOBAL_WAIT_AVOIDING ? "wait-avoiding"
-                                                                          : "barrier",
+                   j->plan.global_sync == WAGMA_GLOBAL_WAIT_AVOIDING ? "wait-avoiding" : "barrier",
                    "phases", j->plan.nphases, "members", members);
 }
 
@@ -634,7 +639,7 @@ static json_t *plan_event_value(const cjob_t *j) {
 
 typedef struct change {
   wg_cache_t *c;
-  int64_t rev; /* of the batch */
+  int64_t rev;  /* of the batch */
   int observed; /* 1: from the watch (derive reasons); 0: a load */
 } change_t;
 
@@ -778,8 +783,7 @@ static void settle(change_t *ch) {
     job_render(c, j);
     if (ch->observed && j->announce && j->summary)
       publish(c, j->id, 1, ch->rev, "job", j->summary);
-    if (ch->observed && j->announce && j->has_plan && j->plan.epoch &&
-        j->plan.nranks > 0)
+    if (ch->observed && j->announce && j->has_plan && j->plan.epoch && j->plan.nranks > 0)
       publish_value(c, j->id, 0, ch->rev, "plan", plan_event_value(j));
     j->announce = 0;
     i++;

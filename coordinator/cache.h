@@ -69,8 +69,8 @@ struct wg_cache {
   int64_t pending_rev;
   double pending_t0; /* a sync waits for applied >= pending_rev to verify at pending_t0 */
   int want, stop, reload;
-  int64_t seen_applied; /* applied, as the watch thread last reported it */
-  unsigned failures;    /* syncs that failed (etcd), to wake waiters */
+  int64_t seen_applied;    /* applied, as the watch thread last reported it */
+  unsigned failures;       /* syncs that failed (etcd), to wake waiters */
   atomic_llong last_write; /* the highest revision this coordinator wrote */
   wagma_etcd_watch_t *watch;
   pthread_t thread;

@@ -149,8 +149,7 @@ static void job_plan(wg_cache_t *c, const char *id, wg_response_t *res) {
 }
 
 /* GET .../groups: as wg_h_job_groups, from the view. */
-static void job_groups(wg_cache_t *c, const char *id, const wg_request_t *req,
-                       wg_response_t *res) {
+static void job_groups(wg_cache_t *c, const char *id, const wg_request_t *req, wg_response_t *res) {
   uint64_t t = 0;
   int given = 0;
   const char *it = wg_request_query(req, "iteration", &given);

@@ -76,9 +76,9 @@ const char *wg_request_query(const wg_request_t *req, const char *key, int *pres
 
 typedef struct wg_response {
   int status;
-  int static_body;          /* body points at static memory (not freed, not copied) */
+  int static_body;           /* body points at static memory (not freed, not copied) */
   const char *cache_control; /* static string, NULL = none */
-  char *body; /* malloc'd, owned by the response */
+  char *body;                /* malloc'd, owned by the response */
   size_t body_len;
   const char *content_type; /* static string */
   char location[192];       /* "" = none */
@@ -155,7 +155,12 @@ void wg_metrics_conn_refused(wg_metrics_t *m);
 void wg_metrics_abandoned(wg_metrics_t *m);
 void wg_metrics_queue_depth(wg_metrics_t *m, long depth);
 /* The read cache (what: one of these) and the event streams (open delta, dropped). */
-enum { WG_METRIC_CACHE_HIT, WG_METRIC_CACHE_WAIT, WG_METRIC_CACHE_FALLBACK, WG_METRIC_CACHE_RELOAD };
+enum {
+  WG_METRIC_CACHE_HIT,
+  WG_METRIC_CACHE_WAIT,
+  WG_METRIC_CACHE_FALLBACK,
+  WG_METRIC_CACHE_RELOAD
+};
 void wg_metrics_cache(wg_metrics_t *m, int what);
 void wg_metrics_sse(wg_metrics_t *m, int clients_delta, int dropped);
 
@@ -219,8 +224,8 @@ typedef struct wg_coord {
   size_t max_body;
   int lease_ttl_s;
   int threads;
-  int quarantine_s; /* how long an agent that cannot serve jobs is not assigned; 0 = never */
-  int read_cache;    /* serve reads from the watch-fed cache (--read-cache on, the default) */
+  int quarantine_s;        /* how long an agent that cannot serve jobs is not assigned; 0 = never */
+  int read_cache;          /* serve reads from the watch-fed cache (--read-cache on, the default) */
   double read_staleness_s; /* --read-staleness-ms / 1000: 0 = consistent reads (see cache.c) */
   double sse_heartbeat_s;  /* event streams: a comment line this often (default 15 s) */
   size_t sse_client_buffer; /* event streams: bytes queued for one client before it is dropped */
@@ -329,8 +334,8 @@ typedef struct wg_walk_pos {
 /* Compares job ids in key order ("a/" against "b/" bytewise). */
 int wg_job_key_cmp(const char *a, const char *b);
 /* Puts up to want ids after *pos into ids (n of them, in key order) with at most
- * *round_trips etcd calls through io (counted down), and moves *pos past them. *done = 1 when no id is left after *pos.
- * Returns 0 or the first error of io (then *n ids were still found). */
+ * *round_trips etcd calls through io (counted down), and moves *pos past them. *done = 1 when no id
+ * is left after *pos. Returns 0 or the first error of io (then *n ids were still found). */
 int wg_jobs_walk(const wg_walk_io_t *io, wg_walk_pos_t *pos, size_t want, int *round_trips,
                  size_t probe_keys, char (*ids)[WAGMA_API_NAME_MAX], size_t *n, int *done);
 /* The opaque continue token of a position (base64url), and back: -1 when token is not one
@@ -379,9 +384,8 @@ void wg_groups_answer(const char *job, const struct wagma_plan *plan, uint64_t t
 /* The plan in effect at t from the history entries kvs (<prefix>/jobs/<job>/plans/..., n of
  * them, in key order): see docs/api.md "Groups of a round"; answers 404 no_plan or 500 itself.
  * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
-int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t,
-                             const wagma_etcd_kv_t *kvs, size_t n, struct wagma_plan *plan,
-                             wg_response_t *res);
+int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t, const wagma_etcd_kv_t *kvs,
+                             size_t n, struct wagma_plan *plan, wg_response_t *res);
 /* The answer of GET /v1/agents from the three ranges (sorted by key) at wall time now. */
 void wg_agents_answer(wg_coord_t *c, const wagma_etcd_range_t *agents,
                       const wagma_etcd_range_t *assign, const wagma_etcd_range_t *quar, double now,
@@ -531,7 +535,8 @@ int wg_cache_serve(wg_cache_t *cache, const wg_request_t *req, const wg_route_t 
  * caller's. */
 int wg_cache_subscribe(wg_cache_t *cache, wg_sse_client_t *cl, wg_response_t *res);
 
-/* ---- the web view (ui.c) ---------------------------------------------------------------------- */
+/* ---- the web view (ui.c) ----------------------------------------------------------------------
+ */
 
 /* The files, generated from coordinator/ui/ by cmake/WagmaEmbed.cmake (ui_assets.c). */
 typedef struct wg_ui_file {

@@ -1,7 +1,7 @@
 /* coordinator/dispatch.c — one request from router to handler: request target, route,
- * content type, bearer token (mutations and the events paths), then the endpoint. Also the response helpers. Independent of
- * libmicrohttpd so tests and fuzzers can drive it. Thread-safe: the checks run on MHD's
- * threads, the endpoints that call etcd on the HTTP workers (http.c). */
+ * content type, bearer token (mutations and the events paths), then the endpoint. Also the response
+ * helpers. Independent of libmicrohttpd so tests and fuzzers can drive it. Thread-safe: the checks
+ * run on MHD's threads, the endpoints that call etcd on the HTTP workers (http.c). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -567,9 +567,8 @@ int wg_parse_u64(const char *s, uint64_t *out) {
  * checkpoint the later epoch ran those rounds again and wins). Answers 404 no_plan when no
  * kept entry starts at or before t, 500 when the entry does not decode or rebuild.
  * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
-int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t,
-                             const wagma_etcd_kv_t *kvs, size_t n, wagma_plan_t *plan,
-                             wg_response_t *res) {
+int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t, const wagma_etcd_kv_t *kvs,
+                             size_t n, wagma_plan_t *plan, wg_response_t *res) {
   wagma_plan_record_t rec, best;
   wagma_api_error_t err;
   uint64_t oldest_epoch = 0, oldest_start = 0;

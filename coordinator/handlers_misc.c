@@ -115,8 +115,7 @@ void wg_h_readyz(wg_coord_t *c, wg_response_t *res) {
 }
 
 /* http.c pings from its readiness prober and answers through this. */
-void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail,
-                        wg_response_t *res) {
+void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail, wg_response_t *res) {
   if (e) {
     wg_response_error(res, 503, "unavailable", NULL, "etcd does not answer: %s", detail);
     return;

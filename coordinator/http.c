@@ -335,8 +335,9 @@ static void *cache_waiter_main(void *arg) {
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
   (void)pos;
   long n = wg_hub_read(cls, buf, max);
-  return n >= 0 ? (ssize_t)n
-                : n == -1 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+  return n >= 0    ? (ssize_t)n
+         : n == -1 ? MHD_CONTENT_READER_END_OF_STREAM
+                   : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void sse_done(void *cls) {
@@ -559,7 +560,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_NO; /* nobody to answer: close */
   }
   if (ctx->state == CTX_WAITING)
-    return MHD_YES; /* not resumed yet (MHD should not call then) */
+    return MHD_YES;               /* not resumed yet (MHD should not call then) */
   if (ctx->state == CTX_CACHED) { /* a sync verified the view after this read arrived */
     if (wg_cache_serve(c->cache, &ctx->req, &ctx->route, &ctx->res) == 0) {
       wg_metrics_cache(c->metrics, WG_METRIC_CACHE_WAIT);

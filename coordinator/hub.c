@@ -76,8 +76,8 @@ wg_sse_client_t *wg_hub_client_new(wg_hub_t *h, const char *job, struct MHD_Conn
   cl->hub = h;
   snprintf(cl->job, sizeof cl->job, "%s", job ? job : "");
   pthread_mutex_init(&cl->mu, NULL);
-  wg_sse_queue_init(&cl->q, h->c->sse_client_buffer ? h->c->sse_client_buffer
-                                                    : WG_SSE_CLIENT_BUFFER);
+  wg_sse_queue_init(&cl->q,
+                    h->c->sse_client_buffer ? h->c->sse_client_buffer : WG_SSE_CLIENT_BUFFER);
   cl->conn = conn;
   cl->fd = fd;
   cl->gen = gen;
@@ -262,7 +262,8 @@ void wg_hub_close_all(wg_hub_t *h) {
   wg_hub_unlock(h);
 }
 
-/* ---- the heartbeat thread --------------------------------------------------------------------- */
+/* ---- the heartbeat thread ---------------------------------------------------------------------
+ */
 
 static void *heartbeat_main(void *arg) {
   wg_hub_t *h = arg;

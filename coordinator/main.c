@@ -4,8 +4,9 @@
  * -> wait until etcd answers, at most --etcd-startup-timeout (else exit 4; once running, etcd
  * outages are survived) -> metrics -> bind the REST socket (resolves port 0) -> election
  * (campaign thread) -> scheduler (reconcile thread) -> event hub -> read cache (load, watch) ->
- * REST server. Stop (SIGINT / SIGTERM): REST server -> read cache -> hub -> scheduler -> election (revokes the lease so a follower takes over at once) -> etcd. The
- * main thread only waits for a signal. */
+ * REST server. Stop (SIGINT / SIGTERM): REST server -> read cache -> hub -> scheduler -> election
+ * (revokes the lease so a follower takes over at once) -> etcd. The main thread only waits for a
+ * signal. */
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
@@ -394,7 +395,7 @@ int main(int argc, char **argv) {
           "listening on http://%s (web view http://%s/ui/), etcd %s, prefix %s, lease ttl %d s, "
           "auth %s, read cache %s",
           address, address, endpoints, c.keys.prefix, c.lease_ttl_s, c.token[0] ? "bearer" : "off",
-          !c.read_cache ? "off"
+          !c.read_cache            ? "off"
           : c.read_staleness_s > 0 ? "on (bounded staleness)"
                                    : "on (consistent)");
   for (;;) {

@@ -22,7 +22,7 @@ static const char *const cmd_names[WG_CTL_CMD_COUNT] = {
     [WG_CTL_CMD_NONE] = "",       [WG_CTL_CMD_HELP] = "help",     [WG_CTL_CMD_SUBMIT] = "submit",
     [WG_CTL_CMD_LIST] = "list",   [WG_CTL_CMD_GET] = "get",       [WG_CTL_CMD_GROUPS] = "groups",
     [WG_CTL_CMD_SCALE] = "scale", [WG_CTL_CMD_STOP] = "stop",     [WG_CTL_CMD_AGENTS] = "agents",
-    [WG_CTL_CMD_PLAN] = "plan",   [WG_CTL_CMD_HEALTH] = "health",   [WG_CTL_CMD_WATCH] = "watch",
+    [WG_CTL_CMD_PLAN] = "plan",   [WG_CTL_CMD_HEALTH] = "health", [WG_CTL_CMD_WATCH] = "watch",
 };
 
 const char *wg_ctl_cmd_name(wg_ctl_cmd_t cmd) {

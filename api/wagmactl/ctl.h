@@ -169,7 +169,7 @@ int wg_ctl_exit_for_status(long status);
 typedef struct wg_ctl_sse {
   char *line; /* the line being read */
   size_t len, cap;
-  int cr;      /* the last byte was a CR (a following LF ends nothing) */
+  int cr; /* the last byte was a CR (a following LF ends nothing) */
   char name[64];
   char *data; /* the event's data so far */
   size_t dlen, dcap;

@@ -20,7 +20,7 @@
 
 #include "ctl.h"
 
-/* ---- the event-stream parser ------------------------------------------------------------------ */
+/* ---- the event-stream parser ---------------------------------------------------------- */
 
 void wg_ctl_sse_init(wg_ctl_sse_t *p, void (*on_event)(void *, const char *, const char *),
                      void *user) {
@@ -120,7 +120,7 @@ typedef struct watch {
   json_t *progress; /* agent -> its last progress */
   json_t *plan;     /* GET .../plan, for the groups */
   long long plan_epoch;
-  int done;          /* the job is finished: exit code in code */
+  int done; /* the job is finished: exit code in code */
   int code;
   int got_snapshot;
   double last_print;
@@ -162,7 +162,8 @@ static void check_finished(watch_t *w) {
 }
 
 static long long job_iteration(const watch_t *w) {
-  long long it = json_integer_value(json_object_get(json_object_get(w->job, "status"), "iteration"));
+  long long it =
+      json_integer_value(json_object_get(json_object_get(w->job, "status"), "iteration"));
   long long epoch = json_integer_value(json_object_get(json_object_get(w->job, "status"), "epoch"));
   const char *k;
   json_t *p;
@@ -194,7 +195,7 @@ static void print_status(watch_t *w) {
   const json_t *members = json_object_get(w->plan, "members");
   if (!json_is_array(members))
     members = json_object_get(w->job, "members");
-  static const char *const head[] = {"RANK", "NAME", "STATE", "ITERATION", "LAG",
+  static const char *const head[] = {"RANK", "NAME",     "STATE",     "ITERATION", "LAG",
                                      "LOSS", "ACCURACY", "STEP_TIME", "STALENESS"};
   wg_ctl_table_t *t = wg_ctl_table_new(9, head);
   size_t i;
@@ -242,8 +243,8 @@ static void print_status(watch_t *w) {
         size_t k;
         json_t *rank;
         json_array_foreach(grp, k, rank) {
-          const char *n = json_string_value(json_object_get(
-              json_array_get(members, (size_t)json_integer_value(rank)), "name"));
+          const char *n = json_string_value(
+              json_object_get(json_array_get(members, (size_t)json_integer_value(rank)), "name"));
           fprintf(o, "%s%s", k ? " " : "", n ? n : "?");
         }
         fputc(']', o);
@@ -265,11 +266,11 @@ static void print_timeline(watch_t *w, const json_t *e) {
   size_t i;
   json_t *x;
   json_array_foreach(json_object_get(e, "left"), i, x)
-    fprintf(w->out, "    - %s: %s\n", json_string_value(json_object_get(x, "agent")),
-            json_string_value(json_object_get(x, "reason")));
+      fprintf(w->out, "    - %s: %s\n", json_string_value(json_object_get(x, "agent")),
+              json_string_value(json_object_get(x, "reason")));
   json_array_foreach(json_object_get(e, "joined"), i, x)
-    fprintf(w->out, "    + %s: %s\n", json_string_value(json_object_get(x, "agent")),
-            json_string_value(json_object_get(x, "reason")));
+      fprintf(w->out, "    + %s: %s\n", json_string_value(json_object_get(x, "agent")),
+              json_string_value(json_object_get(x, "reason")));
   fflush(w->out);
 }
 
@@ -434,9 +435,10 @@ static int stream_once(watch_t *w, char *why, size_t whylen) {
     snprintf(why, whylen, "%s", errbuf[0] ? errbuf : curl_easy_strerror(cc));
     return -1;
   }
-  snprintf(why, whylen, "the stream ended (%s)", cc == CURLE_OK ? "closed by the server"
-                                                   : errbuf[0]        ? errbuf
-                                                                      : curl_easy_strerror(cc));
+  snprintf(why, whylen, "the stream ended (%s)",
+           cc == CURLE_OK ? "closed by the server"
+           : errbuf[0]    ? errbuf
+                          : curl_easy_strerror(cc));
   return s.status == 200 ? 0 : -1;
 }
 

@@ -21,10 +21,22 @@
 #include "cluster.h"
 #include "process.h"
 
-static const char *agent_args[] = {"--lease-ttl",         "2",      "--progress-interval", "0.2",
-                                   "--round-deadline",    "0.3",    "--synthetic-train",   "4096",
-                                   "--synthetic-test",    "1024",   "--eval-samples",      "256",
-                                   "--sleep-prob",        "1",      "--sleep-ms",          "4",
+static const char *agent_args[] = {"--lease-ttl",
+                                   "2",
+                                   "--progress-interval",
+                                   "0.2",
+                                   "--round-deadline",
+                                   "0.3",
+                                   "--synthetic-train",
+                                   "4096",
+                                   "--synthetic-test",
+                                   "1024",
+                                   "--eval-samples",
+                                   "256",
+                                   "--sleep-prob",
+                                   "1",
+                                   "--sleep-ms",
+                                   "4",
                                    NULL};
 
 static const char *node_bin(void) {
@@ -87,9 +99,10 @@ static void test_web_view(void **state) {
   if (getenv("WAGMA_WEB_SCREENSHOT"))
     snprintf(shot, sizeof shot, "%s", getenv("WAGMA_WEB_SCREENSHOT"));
   else
-    snprintf(shot, sizeof shot, "%s/web-view.png", getenv("WAGMA_WEB_OUT") ? getenv("WAGMA_WEB_OUT") : ".");
-  const char *argv[] = {node_bin(), getenv("WAGMA_WEB_SCRIPT"), c.api, "web", pid, victim, shot,
-                        getenv("WAGMA_TOOLS"), NULL};
+    snprintf(shot, sizeof shot, "%s/web-view.png",
+             getenv("WAGMA_WEB_OUT") ? getenv("WAGMA_WEB_OUT") : ".");
+  const char *argv[] = {node_bin(), getenv("WAGMA_WEB_SCRIPT"), c.api, "web", pid, victim,
+                        shot,       getenv("WAGMA_TOOLS"),      NULL};
   double tb = cluster_now();
   pid_t node = proc_spawn(argv, NULL, NULL);
   assert_true(node > 0);

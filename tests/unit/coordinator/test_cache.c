@@ -76,8 +76,12 @@ static char *plan_record(uint64_t epoch, uint64_t start, const char *const *name
   wg_plan_member_t m[8];
   for (int r = 0; r < n; r++)
     m[r] = (wg_plan_member_t){.name = names[r], .address = "127.0.0.1:1"};
-  wg_plan_request_t req = {.epoch = epoch, .start_round = start, .group_size = 2,
-                           .staleness_bound = 4, .nmembers = n, .members = m};
+  wg_plan_request_t req = {.epoch = epoch,
+                           .start_round = start,
+                           .group_size = 2,
+                           .staleness_bound = 4,
+                           .nmembers = n,
+                           .members = m};
   char *json = NULL, *record = NULL;
   double secs;
   assert_int_equal(wg_planner_build(&req, &json, &record, &secs), 0);
@@ -130,12 +134,15 @@ static void test_view_and_timeline(void **state) {
   json_t *v = serve(c, "GET", "/v1/jobs/j", NULL, NULL, 404);
   json_decref(v);
   /* Agents, a job, its first plan. */
-  change(c, "/wagma/agents/a0", "{\"address\":\"127.0.0.1:7000\",\"device\":\"cpu\",\"capacity\":1,"
-                                "\"version\":\"t\",\"started\":1}");
-  change(c, "/wagma/agents/a1", "{\"address\":\"127.0.0.1:7001\",\"device\":\"cpu\",\"capacity\":1,"
-                                "\"version\":\"t\",\"started\":1}");
-  change(c, "/wagma/agents/a2", "{\"address\":\"127.0.0.1:7002\",\"device\":\"cpu\",\"capacity\":1,"
-                                "\"version\":\"t\",\"started\":1}");
+  change(c, "/wagma/agents/a0",
+         "{\"address\":\"127.0.0.1:7000\",\"device\":\"cpu\",\"capacity\":1,"
+         "\"version\":\"t\",\"started\":1}");
+  change(c, "/wagma/agents/a1",
+         "{\"address\":\"127.0.0.1:7001\",\"device\":\"cpu\",\"capacity\":1,"
+         "\"version\":\"t\",\"started\":1}");
+  change(c, "/wagma/agents/a2",
+         "{\"address\":\"127.0.0.1:7002\",\"device\":\"cpu\",\"capacity\":1,"
+         "\"version\":\"t\",\"started\":1}");
   change(c, "/wagma/jobs/j/spec", spec(3));
   change(c, "/wagma/jobs/j/status", "{\"state\":\"pending\",\"created\":100}");
   v = serve(c, "GET", "/v1/jobs/j", NULL, NULL, 200);
@@ -160,10 +167,12 @@ static void test_view_and_timeline(void **state) {
   assert_string_equal(res.body, p1);
   wg_response_free(&res);
   /* Progress: members and the job's iteration. */
-  change(c, "/wagma/jobs/j/progress/a0", "{\"state\":\"running\",\"epoch\":1,\"iteration\":41,"
-                                         "\"loss\":0.5,\"accuracy\":0.75}");
+  change(c, "/wagma/jobs/j/progress/a0",
+         "{\"state\":\"running\",\"epoch\":1,\"iteration\":41,"
+         "\"loss\":0.5,\"accuracy\":0.75}");
   v = serve(c, "GET", "/v1/jobs/j", NULL, NULL, 200);
-  assert_int_equal(json_integer_value(json_object_get(json_object_get(v, "status"), "iteration")), 41);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(v, "status"), "iteration")),
+                   41);
   assert_int_equal(json_array_size(json_object_get(v, "members")), 3);
   json_decref(v);
   /* a1's registration ends; then scaled down to 1 worker: a2 leaves for that. */
@@ -183,9 +192,9 @@ static void test_view_and_timeline(void **state) {
   json_decref(v);
   v = serve(c, "GET", "/v1/jobs/j/groups", "iteration", "45", 200);
   assert_int_equal(json_integer_value(json_object_get(v, "epoch")), 2);
-  assert_int_equal(json_array_size(json_object_get(json_array_get(json_object_get(v, "groups"), 0),
-                                                   "members")),
-                   2);
+  assert_int_equal(
+      json_array_size(json_object_get(json_array_get(json_object_get(v, "groups"), 0), "members")),
+      2);
   json_decref(v);
   v = serve(c, "GET", "/v1/jobs/j/groups", "iteration", "x", 400);
   json_decref(v);
@@ -213,8 +222,11 @@ static void test_view_and_timeline(void **state) {
   assert_int_equal(c->count, live);
   assert_int_equal(c->applied, rev);
   /* Purged: every key of the job deleted at once. */
-  const char *keys[] = {"/wagma/jobs/j/spec", "/wagma/jobs/j/status", "/wagma/jobs/j/plan",
-                        "/wagma/jobs/j/progress/a0", "/wagma/jobs/j/plans/00000000000000000001",
+  const char *keys[] = {"/wagma/jobs/j/spec",
+                        "/wagma/jobs/j/status",
+                        "/wagma/jobs/j/plan",
+                        "/wagma/jobs/j/progress/a0",
+                        "/wagma/jobs/j/plans/00000000000000000001",
                         "/wagma/jobs/j/plans/00000000000000000002",
                         "/wagma/jobs/j/plans/00000000000000000003"};
   wagma_etcd_event_t del[7];
@@ -261,8 +273,8 @@ static void test_pages(void **state) {
   char token[256] = "";
   int seen = 0;
   for (int page = 0; page < 5; page++) {
-    json_t *v = serve(c, "GET", "/v1/jobs", token[0] ? "continue" : "limit",
-                      token[0] ? token : "2", 200);
+    json_t *v =
+        serve(c, "GET", "/v1/jobs", token[0] ? "continue" : "limit", token[0] ? token : "2", 200);
     json_t *jobs = json_object_get(v, "jobs");
     for (size_t i = 0; i < json_array_size(jobs); i++)
       assert_string_equal(str(json_array_get(jobs, i), "id", NULL), want[seen++]);

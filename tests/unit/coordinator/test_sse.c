@@ -32,8 +32,7 @@ static void test_encode(void **state) {
   expect_event(NULL, "m", "a\nb\r\nc\rd", "event: m\ndata: a\ndata: b\ndata: c\ndata: d\n\n");
   expect_event(NULL, NULL, "end\n", "data: end\ndata: \n\n");
   /* A newline in id or event cannot start a field of its own. */
-  expect_event("1\n2", "a\r\nevent: evil", "d",
-               "id: 1 2\nevent: a  event: evil\ndata: d\n\n");
+  expect_event("1\n2", "a\r\nevent: evil", "d", "id: 1 2\nevent: a  event: evil\ndata: d\n\n");
   /* Short buffers: the length is still told, and what fits is written. */
   char small[8];
   size_t n = wg_sse_encode(small, sizeof small, "123", "e", "data");
