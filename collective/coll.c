@@ -2,9 +2,10 @@
  *
  * Owns no state and no threads: each call runs on the caller's thread, sends through
  * ops->send (which never blocks) and waits in ops->recv (or ops->recv_into) for
- * WG_FRAME_COLL frames matched on (src, round, group, seq). Data moves in segments of at most
- * WG_COLL_SEGMENT_BYTES so a large buffer streams: a segment is forwarded as soon as it has
- * been reduced, and at most PIPE_WINDOW segments run ahead of what has been received.
+ * WG_FRAME_COLL frames matched on (src, round, group, seq). Data moves in segments of
+ * PIPE_SEGMENT_BYTES (at most WG_COLL_SEGMENT_BYTES) so a large buffer streams: a segment is
+ * forwarded as soon as it has been reduced, and at most PIPE_WINDOW segments run ahead of
+ * what has been received.
  *
  * Where the transport offers reader sessions (ops->reader_begin), an operation is a session
  * over the peers it receives from: its thread reads their sockets itself while it waits (one
@@ -44,7 +45,14 @@
 
 #define SEQ_SPAN ((uint64_t)1 << 20) /* seq range an operation may use (coll.h) */
 
-#define PIPE_WINDOW 2 /* segments a pipelined sender runs ahead of what it received */
+/* Data moves in segments of PIPE_SEGMENT_BYTES (at most WG_COLL_SEGMENT_BYTES, the frame
+ * bound), and a pipelined sender runs at most PIPE_WINDOW segments ahead of what it received.
+ * Measured (docs/benchmarks.md): 128 KiB with a window of 2 keeps what is in flight within
+ * the sockets' buffers and each received segment in cache for its reduction; it took 40-50 %
+ * less CPU per operation than 1 MiB segments from 4 MiB up (Rabenseifner, P = 4 and 8), and
+ * a window of 3 or 4 undid most of it. */
+#define PIPE_SEGMENT_BYTES ((size_t)128 << 10)
+#define PIPE_WINDOW 2
 
 typedef struct coll {
   const wg_coll_ctx_t *ctx;
@@ -238,7 +246,7 @@ typedef struct segs {
 
 static segs_t make_segs(size_t count, uint64_t max_nseg) {
   segs_t s;
-  size_t per = WG_COLL_SEGMENT_BYTES / sizeof(float);
+  size_t per = PIPE_SEGMENT_BYTES / sizeof(float);
   s.nseg = count == 0 ? 1 : (count + per - 1) / per;
   if (s.nseg > max_nseg)
     s.nseg = max_nseg;
@@ -499,11 +507,17 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
   return 0;
 }
 
+/* Measured on loopback TCP, 2 cores, P = 3 .. 8 (docs/benchmarks.md): doubling's log2 P
+ * whole-buffer steps win up to 32 KiB (fewest hops); above, Rabenseifner moves the ring's
+ * bytes in 2 log2 P steps instead of 2 (P - 1) and took the least CPU per operation; with a
+ * non-power-of-two P its fold-in and fold-out move the whole buffer twice more for 2 rem
+ * ranks, and from 1 MiB the ring was faster (P = 3, 6; even at P = 5). */
 wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n) {
-  (void)n;
-  if (bytes <= WG_COLL_SMALL_THRESHOLD_DEFAULT)
+  if (bytes <= ((size_t)32 << 10))
     return WG_COLL_DOUBLING;
-  return WG_COLL_RING;
+  if ((n & (n - 1)) != 0 && bytes >= ((size_t)1 << 20))
+    return WG_COLL_RING;
+  return WG_COLL_RABENSEIFNER;
 }
 
 static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,

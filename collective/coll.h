@@ -62,7 +62,8 @@ typedef enum wg_coll_algorithm {
 } wg_coll_algorithm_t;
 
 /* The allreduce algorithm used for `bytes` over n participants when ctx->algorithm is 0 and
- * ctx->small_threshold is 0 (measured on loopback TCP: docs/benchmarks.md). */
+ * ctx->small_threshold is 0 (measured on loopback TCP: docs/benchmarks.md): doubling up to
+ * 32 KiB, Rabenseifner above, the ring from 1 MiB when n is not a power of two. */
 wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n);
 
 /* buf (count floats, identical count everywhere) <- sum or mean over ctx->ranks. */

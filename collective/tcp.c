@@ -443,7 +443,7 @@ static ssize_t write_nonblocking(int fd, struct iovec *iov, int iovcnt) {
 /* Writes queued frames to p until the queue is empty or the socket full (any thread).
  * Returns 0 (queue empty), 1 (socket full, more queued) or -1 (peer killed or dead). */
 static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
-  int rc = 0;
+  int rc = 0, err = 0;
   pthread_mutex_lock(&p->out_lock);
   for (;;) {
     wg_out_frame_t *f = p->out_head;
@@ -457,6 +457,7 @@ static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
     ssize_t n = write_nonblocking(p->fd, &iov, 1);
     if (n < 0) {
       rc = -2;
+      err = errno;
       break;
     }
     atomic_fetch_add(&t->bytes_sent, (uint64_t)n);
@@ -474,7 +475,7 @@ static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
   }
   pthread_mutex_unlock(&p->out_lock);
   if (rc == -2) {
-    peer_kill(t, p->rank, WAGMA_LOG_WARN, strerror(errno));
+    peer_kill(t, p->rank, WAGMA_LOG_WARN, strerror(err));
     rc = -1;
   }
   return rc;
