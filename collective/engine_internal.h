@@ -51,7 +51,6 @@ typedef struct wg_snapshot {
   int pinned;  /* buffer of the outstanding contribution, -1 if none */
   int writing; /* buffer publish is filling outside mu, -1 if none */
   uint64_t version;
-  uint64_t seq;        /* grows whenever front changes */
   float *acc;          /* sum of corrections resolved and not yet added to the model */
   int acc_n;           /* corrections in acc */
   uint64_t acc_global; /* newest global round among them, +1 (0 = none) */
@@ -76,8 +75,6 @@ typedef struct wg_entry {
   uint64_t version; /* snapshot version contributed */
   int leader;
   int sending; /* a CONTRIB of it is in an outbox flush: its pinned buffer is being read */
-  int by_round_thread;
-  double created;
   /* filled when resolved */
   int activator;
   int members;

@@ -67,9 +67,7 @@ wg_entry_t *wg_member_contribute(wagma_comm_t *c, uint64_t round, uint32_t group
   e->state = WG_ENTRY_WAITING;
   e->version = c->snap.version;
   e->leader = leader;
-  e->by_round_thread = by_round_thread;
   e->activator = -1;
-  e->created = wg_now();
   wg_entry_t **p = &c->entries;
   while (*p && (*p)->round < round)
     p = &(*p)->next;

@@ -85,7 +85,6 @@ int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int app
   s->front = w;
   s->writing = -1;
   s->version = version;
-  s->seq++;
   pthread_cond_broadcast(&c->cv);
   pthread_mutex_unlock(&c->mu);
   return applied;
@@ -112,12 +111,10 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
     s->front = w;
     if (round > s->version)
       s->version = round;
-    s->seq++;
   } else if (s->front >= 0) {
     float *f = s->buf[s->front];
     for (size_t i = 0; i < s->count; i++)
       f[i] += mean[i] - pinned[i];
-    s->seq++;
   }
   /* A publish copying right now gets the correction from acc when it finishes. */
   s->pinned = -1;
