@@ -160,7 +160,8 @@ void wg_hub_unlock(wg_hub_t *h) {
     list = local; /* resume what fits; the rest at the next heartbeat or publish */
     n = 64;
   }
-  memcpy(list, h->resume, n * sizeof *list);
+  if (n > 0)
+    memcpy(list, h->resume, n * sizeof *list);
   h->nresume = 0;
   pthread_mutex_unlock(&h->mu);
   for (size_t i = 0; i < n; i++)
