@@ -294,8 +294,8 @@ static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
 /* Sends buf[0..count) to idx and receives the peer's copy of it into the same range
  * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent), as segments
  * seq_base + k, at most PIPE_WINDOW segments ahead. */
-static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s,
-                    const float *sbuf, size_t scount, float *rbuf, size_t rcount, int add) {
+static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s, const float *sbuf,
+                    size_t scount, float *rbuf, size_t rcount, int add) {
   uint64_t sent = 0;
   for (uint64_t k = 0; k < s->nseg; k++) {
     for (; sent < s->nseg && sent < k + PIPE_WINDOW; sent++) {
@@ -496,7 +496,8 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
     float *cb = buf + CHUNK_OFF(ch);
     size_t a, len;
     seg_range(&s, CHUNK_LEN(ch), k, &a, &len);
-    int rc = phase0 ? recv_add(c, left, rs + i, cb + a, len) : recv_copy(c, left, rs + i, cb + a, len);
+    int rc =
+        phase0 ? recv_add(c, left, rs + i, cb + a, len) : recv_copy(c, left, rs + i, cb + a, len);
     if (rc != 0)
       return rc;
     if (phase0 && st == (uint64_t)(n - 2) && mean) /* chunk me + 1 is complete */

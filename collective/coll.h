@@ -56,9 +56,9 @@ typedef struct wg_coll_ctx {
 #define WG_COLL_ALGORITHMS 1 /* this header has wg_coll_ctx_t.algorithm (for benchmarks) */
 typedef enum wg_coll_algorithm {
   WG_COLL_AUTO = 0,
-  WG_COLL_DOUBLING = 1,    /* recursive doubling: log2 P steps of the whole buffer */
+  WG_COLL_DOUBLING = 1,     /* recursive doubling: log2 P steps of the whole buffer */
   WG_COLL_RABENSEIFNER = 2, /* recursive halving reduce-scatter + recursive doubling allgather */
-  WG_COLL_RING = 3,        /* ring reduce-scatter + ring allgather, segments pipelined */
+  WG_COLL_RING = 3,         /* ring reduce-scatter + ring allgather, segments pipelined */
 } wg_coll_algorithm_t;
 
 /* The allreduce algorithm used for `bytes` over n participants when ctx->algorithm is 0 and

@@ -74,8 +74,9 @@
  * takes them back with no epoll change and finds its peers' early frames still in the
  * kernel, with no progress-thread wake-up; frames for other threads wait at most this. */
 #define LINGER_S 2e-3
-#define SCRATCH_SIZE ((size_t)64 << 10) /* read buffer of a reader: frames up to this in one
-                                           read */
+#define SCRATCH_SIZE                                                                               \
+  ((size_t)64 << 10)                  /* read buffer of a reader: frames up to this in one         \
+                                         read */
 #define DIRECT_MIN (SCRATCH_SIZE / 2) /* a payload remainder this large is read in place */
 
 static void reader_free(wg_reader_t *rd);
@@ -187,7 +188,7 @@ typedef struct rd_ctx {
   uint8_t *scratch; /* SCRATCH_SIZE bytes */
   const wg_match_t *want;
   const wg_sink_t *sink;
-  int found;        /* the wanted frame is complete */
+  int found;         /* the wanted frame is complete */
   wg_message_t *msg; /* it, unless its payload went to the sink (then NULL) */
 } rd_ctx_t;
 
@@ -235,8 +236,8 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
     reject(t, p->rank, h.kind == WG_FRAME_HELLO ? "HELLO after handshake" : "wrong src rank");
     return -1;
   }
-  int sink = ctx->sink != NULL && !ctx->found && h.length > 0 &&
-             h.length == ctx->sink->length && matches(ctx->want, &h);
+  int sink = ctx->sink != NULL && !ctx->found && h.length > 0 && h.length == ctx->sink->length &&
+             matches(ctx->want, &h);
   wg_message_t *m = wg_message_new(&h, sink ? 0 : (size_t)h.length);
   if (m == NULL) {
     peer_kill(t, p->rank, WAGMA_LOG_ERROR, "out of memory for a frame payload");

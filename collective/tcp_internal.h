@@ -98,12 +98,12 @@ struct wg_transport {
 
   wg_tcp_peer_t *peers; /* nranks entries; peers[rank] is me (fd -1) */
   int epfd;
-  int wakefd; /* eventfd: senders and close wake the progress thread */
-  int intrfd; /* eventfd, written once by interrupt and close: wakes reader sessions' waits */
+  int wakefd;  /* eventfd: senders and close wake the progress thread */
+  int intrfd;  /* eventfd, written once by interrupt and close: wakes reader sessions' waits */
   int timerfd; /* the progress thread takes lingering sockets back when it fires */
   pthread_mutex_t linger_lock;
-  uint64_t timer_armed_ns; /* guarded by linger_lock: when timerfd fires, 0 = disarmed */
-  uint8_t *scratch; /* the progress thread's read buffer */
+  uint64_t timer_armed_ns;    /* guarded by linger_lock: when timerfd fires, 0 = disarmed */
+  uint8_t *scratch;           /* the progress thread's read buffer */
   void *_Atomic spare_reader; /* an ended reader session, kept for the next one */
   pthread_t thread;
   int thread_started;

@@ -143,8 +143,8 @@ typedef struct wg_transport_ops {
    * when the reader reads that connection), *out is left NULL, and a matching message whose
    * length is not sink->length is taken and dropped with WAGMA_EPROTO. Otherwise as recv.
    * Optional (NULL when reader_begin is NULL). */
-  int (*recv_into)(wg_transport_t *t, wg_reader_t *reader, const wg_match_t *match,
-                   double deadline, const wg_sink_t *sink, wg_message_t **out);
+  int (*recv_into)(wg_transport_t *t, wg_reader_t *reader, const wg_match_t *match, double deadline,
+                   const wg_sink_t *sink, wg_message_t **out);
 
   /* 1 if rank is connected and not declared dead, else 0. */
   int (*peer_alive)(wg_transport_t *t, int rank);

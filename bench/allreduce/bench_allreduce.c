@@ -295,8 +295,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (P < 2 || P > MAX_P || S < 2 || S > P || min_bytes < 4 || max_bytes < min_bytes ||
-      nlat < 0 || nlat > MAX_LAT || lat_bytes < 4) {
+  if (P < 2 || P > MAX_P || S < 2 || S > P || min_bytes < 4 || max_bytes < min_bytes || nlat < 0 ||
+      nlat > MAX_LAT || lat_bytes < 4) {
     fprintf(stderr, "bad arguments\n");
     return 2;
   }
