@@ -386,10 +386,15 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Makes timerfd fire by at_ns (any thread). */
-static void linger_arm(struct wg_transport *t, uint64_t at_ns) {
+/* Makes timerfd fire by at_ns (any thread); with push, also moves it later to at_ns when it
+ * would fire more than a quarter of LINGER_S earlier: while collectives follow each other the
+ * timer never fires (it used to wake the progress thread every LINGER_S, which showed in the
+ * latency tail), for one timerfd_settime per LINGER_S / 4 at most. */
+static void linger_arm(struct wg_transport *t, uint64_t at_ns, int push) {
   pthread_mutex_lock(&t->linger_lock);
-  if (t->timer_armed_ns == 0 || t->timer_armed_ns > at_ns) {
+  uint64_t armed = t->timer_armed_ns;
+  if (armed == 0 || armed > at_ns ||
+      (push && at_ns - armed > (uint64_t)(LINGER_S * 1e9 / 4))) {
     struct itimerspec its = {.it_value = {.tv_sec = (time_t)(at_ns / 1000000000u),
                                           .tv_nsec = (long)(at_ns % 1000000000u)}};
     if (timerfd_settime(t->timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0)
@@ -431,7 +436,7 @@ static void on_timer(struct wg_transport *t) {
     }
   }
   if (next != 0)
-    linger_arm(t, next);
+    linger_arm(t, next, 0);
 }
 
 /* Writes as much of iov as the socket takes now. Returns bytes written or -1 (errno). */
@@ -1015,7 +1020,7 @@ static void tcp_reader_end(wg_transport_t *t, wg_reader_t *rd) {
     let_go(t, rd, i, until);
   }
   if (any)
-    linger_arm(t, until);
+    linger_arm(t, until, 1);
   void *none = NULL;
   if (!atomic_compare_exchange_strong(&t->spare_reader, &none, (void *)rd))
     reader_free(rd);
