@@ -460,6 +460,10 @@ int wagma_model_set_params(wagma_model_t *m, const float *host) {
   return m->be->ops->upload(m->be, m->params, host, m->n_params * sizeof(float));
 }
 
+int wagma_model_set_grads(wagma_model_t *m, const float *host) {
+  return m->be->ops->upload(m->be, m->grads, host, m->n_params * sizeof(float));
+}
+
 int wagma_model_params_download_async(wagma_model_t *m, float *host) {
   return m->be->ops->download_async(m->be, host, m->params, m->n_params * sizeof(float));
 }

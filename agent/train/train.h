@@ -263,6 +263,8 @@ float *wagma_model_grads(wagma_model_t *m); /* same layout */
 int wagma_model_get_params(wagma_model_t *m, float *host);
 int wagma_model_get_grads(wagma_model_t *m, float *host);
 int wagma_model_set_params(wagma_model_t *m, const float *host);
+/* Gradients set from the host (the mean of an allreduce across members, before the update). */
+int wagma_model_set_grads(wagma_model_t *m, const float *host);
 /* The snapshot copy for the collective: starts copying the parameters, as they are after all
  * work issued so far, into host (param_count floats; page-locked memory from
  * wagma_backend_host_alloc for a truly asynchronous copy) on the backend's transfer stream,
