@@ -98,6 +98,7 @@ typedef struct wg_job_config {
   wagma_model_kind_t model;
   wagma_dataset_kind_t dataset;
   wagma_algorithm_t algorithm;
+  wagma_device_t device; /* the job's device: trained by agents of that device only */
   wagma_optimizer_type_t optimizer;
   double lr, momentum, weight_decay;
   int nesterov;

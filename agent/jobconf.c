@@ -37,11 +37,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->staleness_bound = spec.staleness_bound;
   cfg->checkpoint_every = spec.checkpoint.every;
   snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", spec.checkpoint.path);
-  if (spec.device != WAGMA_DEVICE_CPU) {
-    snprintf(err, err_len, "job %s: device %s is not supported by this agent", job,
-             wagma_device_name(spec.device));
-    return WAGMA_ENOSYS;
-  }
+  cfg->device = spec.device; /* the runner checks it against its own --device */
   return 0;
 }
 
