@@ -364,6 +364,32 @@ const wagma_optim_config_t *wagma_optim_config(const wagma_optim_t *o);
 /* Zeroes the state and the update count. */
 void wagma_optim_reset(wagma_optim_t *o);
 
+/* Gradient delay line (grad_delay.c): applies any optimizer's gradients d steps late, as the
+ * delayed-gradient studies do. A FIFO of d + 1 gradient buffers in the backend's memory;
+ * push(g_t) copies g_t in and returns g_{t-d} (the gradient pushed d pushes earlier), or NULL
+ * for the first d pushes, when no gradient is that old (the caller then takes no step).
+ * d = 0 keeps no buffer and returns g_t itself. Memory: (d + 1) x n floats. The line's
+ * contents are not checkpointed: a resumed worker starts with an empty line. */
+#define WAGMA_GRAD_DELAY_MAX 1024u
+typedef struct wagma_grad_delay wagma_grad_delay_t;
+
+/* delay in 0..WAGMA_GRAD_DELAY_MAX (WAGMA_EINVAL otherwise), n_params > 0; b NULL = the CPU.
+ * Ownership: *out is the caller's (wagma_grad_delay_destroy); b must outlive it. */
+int wagma_grad_delay_create_on(wagma_backend_t *b, size_t n_params, unsigned delay,
+                               wagma_grad_delay_t **out, char *err, size_t err_len);
+void wagma_grad_delay_destroy(wagma_grad_delay_t *q);
+/* grads: n_params floats in the backend's memory. The pointer returned (backend memory, owned
+ * by the line unless it is grads) stays valid until the next push. Stream-ordered on CUDA. */
+const float *wagma_grad_delay_push(wagma_grad_delay_t *q, const float *grads);
+unsigned wagma_grad_delay_length(const wagma_grad_delay_t *q); /* d */
+uint64_t wagma_grad_delay_pushed(const wagma_grad_delay_t *q); /* pushes since create/clear */
+/* Forgets every gradient held (the next d pushes return NULL again). */
+void wagma_grad_delay_clear(wagma_grad_delay_t *q);
+/* push(grads), then wagma_optim_step(o, iteration, params, g_{t-d}) when there is one.
+ * Returns 1 when a step was taken, 0 when the line was still filling. */
+int wagma_optim_step_delayed(wagma_optim_t *o, wagma_grad_delay_t *q, uint64_t iteration,
+                             float *params, const float *grads);
+
 /* ---------------------------------------------------------------- checkpoints */
 
 /* File: a 96-byte little-endian header (magic "WGMACKPT", version, header CRC, model signature,
