@@ -233,6 +233,10 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
     } else if (strcmp(key, "checkpoint") == 0) {
       if ((e = decode_checkpoint(v, &s.checkpoint, err)))
         goto out;
+    } else if (strcmp(key, "gradient_delay") == 0) {
+      if ((e = wg_api_int(v, key, 0, WAGMA_API_MAX_GRADIENT_DELAY, &i64, err)))
+        goto out;
+      s.gradient_delay = (int)i64;
     } else {
       e = wg_api_fail(err, key, "unknown field");
       goto out;
@@ -310,6 +314,9 @@ int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
     return wg_api_fail(err, "optimizer.nesterov", "applies to sgd only");
   if (!(s->optimizer.lr > 0 && s->optimizer.lr <= 10))
     return wg_api_fail(err, "optimizer.lr", "must be in (0, 10]");
+  if (s->gradient_delay < 0 || s->gradient_delay > WAGMA_API_MAX_GRADIENT_DELAY)
+    return wg_api_fail(err, "gradient_delay", "must be between 0 and %d",
+                       WAGMA_API_MAX_GRADIENT_DELAY);
   if (s->checkpoint.every > 0 && s->checkpoint.path[0] == '\0')
     return wg_api_fail(err, "checkpoint.path", "is required when checkpoint.every > 0");
   const char *why = checkpoint_path_problem(s->checkpoint.path);
@@ -365,6 +372,7 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
   json_object_set_new(o, "eval_every", json_integer((json_int_t)s->eval_every));
   json_object_set_new(o, "seed", json_integer((json_int_t)s->seed));
   json_object_set_new(o, "device", json_string(wagma_device_name(s->device)));
+  json_object_set_new(o, "gradient_delay", json_integer(s->gradient_delay));
   json_object_set_new(ck, "every", json_integer((json_int_t)s->checkpoint.every));
   json_object_set_new(ck, "path", json_string(s->checkpoint.path));
   json_object_set_new(o, "checkpoint", ck);
@@ -380,9 +388,9 @@ int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {
 
 /* Fields of the spec that exist but cannot change after submission. */
 static const char *const immutable_fields[] = {
-    "name",        "model",     "dataset",    "algorithm",  "group_size", "staleness_bound",
-    "global_sync", "optimizer", "batch_size", "iterations", "epochs",     "seed",
-    "device",      "checkpoint"};
+    "name",        "model",      "dataset",       "algorithm",  "group_size", "staleness_bound",
+    "global_sync", "optimizer",  "batch_size",    "iterations", "epochs",     "seed",
+    "device",      "checkpoint", "gradient_delay"};
 
 int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
                               wagma_api_error_t *err) {

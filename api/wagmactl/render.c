@@ -112,6 +112,12 @@ static void job_summary(const json_t *job, FILE *out) {
   snprintf(line, sizeof line, "%s, group size %s, staleness bound %s, global sync %s",
            str_at(spec, "algorithm", a), int_at(spec, "group_size", b),
            int_at(spec, "staleness_bound", c), str_at(spec, "global_sync", d));
+  const json_t *delay = json_object_get(spec, "gradient_delay");
+  if (json_is_integer(delay) && json_integer_value(delay) > 0) {
+    size_t used = strlen(line);
+    snprintf(line + used, sizeof line - used, ", gradient delay %s",
+             int_at(spec, "gradient_delay", e));
+  }
   kv(out, "algorithm:", line);
   snprintf(line, sizeof line, "%s on %s (%s), batch %s", str_at(spec, "model", a),
            str_at(spec, "dataset", b), str_at(spec, "device", c), int_at(spec, "batch_size", d));

@@ -131,7 +131,12 @@ typedef struct wagma_job_spec {
   uint64_t seed;         /* default 1 */
   wagma_device_t device; /* default cpu */
   wagma_checkpoint_spec_t checkpoint;
+  /* Every worker applies its optimizer's gradients this many steps late (a FIFO of
+   * gradients, agent/train's delay line), whatever the algorithm: the delayed-gradient
+   * studies' staleness. 0..WAGMA_API_MAX_GRADIENT_DELAY, default 0 (none). */
+  int gradient_delay;
 } wagma_job_spec_t;
+#define WAGMA_API_MAX_GRADIENT_DELAY 1024
 
 /* Sets every field to its default (name "", workers 0: the caller must set workers). */
 void wagma_job_spec_init(wagma_job_spec_t *spec);

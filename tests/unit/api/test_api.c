@@ -45,6 +45,7 @@ static void test_spec_defaults(void **state) {
   assert_int_equal(s.seed, 1);
   assert_int_equal(s.device, WAGMA_DEVICE_CPU);
   assert_int_equal(s.checkpoint.every, 0);
+  assert_int_equal(s.gradient_delay, 0);
 
   /* adam without momentum gets momentum 0; epochs replaces iterations */
   assert_int_equal(
@@ -71,7 +72,7 @@ static void test_spec_round_trip(void **state) {
       "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.2,\"momentum\":0.5,\"nesterov\":true,"
       "\"weight_decay\":0.0001,\"warmup\":50},\"batch_size\":128,\"iterations\":777,"
       "\"eval_every\":0,\"seed\":42,\"device\":\"cuda\","
-      "\"checkpoint\":{\"every\":100,\"path\":\"fmnist/run-1\"}}";
+      "\"checkpoint\":{\"every\":100,\"path\":\"fmnist/run-1\"},\"gradient_delay\":32}";
   wagma_job_spec_t a, b;
   wagma_api_error_t err;
   char *json = NULL;
@@ -85,7 +86,9 @@ static void test_spec_round_trip(void **state) {
   assert_int_equal(a.optimizer.warmup, 50);
   assert_int_equal(a.device, WAGMA_DEVICE_CUDA);
   assert_string_equal(a.checkpoint.path, "fmnist/run-1");
+  assert_int_equal(a.gradient_delay, 32);
   assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"gradient_delay\":32"));
   assert_int_equal(spec_parse(json, &b, &err), 0);
   char *json2 = NULL;
   assert_int_equal(wagma_job_spec_to_json(&b, &json2), 0);
@@ -134,6 +137,9 @@ static const struct bad_spec bad_specs[] = {
     {"{\"workers\":4,\"optimizer\":{\"warmup\":-1}}", "optimizer.warmup"},
     {"{\"workers\":4,\"optimizer\":{\"beta\":0.9}}", "optimizer.beta"},
     {"{\"workers\":4,\"batch_size\":0}", "batch_size"},
+    {"{\"workers\":4,\"gradient_delay\":-1}", "gradient_delay"},
+    {"{\"workers\":4,\"gradient_delay\":1025}", "gradient_delay"},
+    {"{\"workers\":4,\"gradient_delay\":2.5}", "gradient_delay"},
     {"{\"workers\":4,\"iterations\":0}", "iterations"},
     {"{\"workers\":4,\"iterations\":10,\"epochs\":1}", "epochs"},
     {"{\"workers\":4,\"epochs\":0}", "epochs"},
