@@ -47,7 +47,7 @@ static void note_round(wg_job_t *j, const wagma_round_stats_t *st) {
 int wg_algo_iteration(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   wagma_eval_t ev;
-  float *params = wagma_model_params(j->model), *grads = wagma_model_grads(j->model);
+  float *host;
   int e;
   double t0 = wg_mono();
 
@@ -60,12 +60,17 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   if (j->cfg.algorithm == WAGMA_ALGO_ALLREDUCE) {
     /* The straggler's delay belongs to its compute, before it joins the collective. */
     straggle(r, wg_mono() - t0);
-    if ((e = wagma_comm_allreduce(j->comm, grads, j->nparams, WAGMA_REDUCE_MEAN))) {
+    if (!(host = wg_job_grads_to_host(j, &e)))
+      return e;
+    if ((e = wagma_comm_allreduce(j->comm, host, j->nparams, WAGMA_REDUCE_MEAN))) {
       wg_runner_warn_comm(r, "gradient allreduce", e);
       return e;
     }
+    if ((e = wg_job_grads_from_host(j)))
+      return e;
   }
-  wagma_optim_step(j->optim, j->iteration, params, grads);
+  wagma_optim_step(j->optim, j->iteration, wagma_model_params(j->model),
+                   wagma_model_grads(j->model));
   if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE)
     straggle(r, wg_mono() - t0);
 
@@ -77,7 +82,13 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   case WAGMA_ALGO_WAGMA: {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
-    e = wagma_comm_step(j->comm, params, &st);
+    if (!(host = wg_job_params_to_host(j, &e)))
+      return e;
+    e = wagma_comm_step(j->comm, host, &st);
+    /* what the engine wrote (corrections, a result) goes back whatever it returned */
+    int back = wg_job_params_from_host(j);
+    if (e == 0)
+      e = back;
     if (e == 0 && st.max_staleness > j->staleness_window)
       j->staleness_window = st.max_staleness;
     if (e == 0)
@@ -90,7 +101,12 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   case WAGMA_ALGO_LOCAL_SGD:
     j->iteration++;
     if (j->cfg.staleness_bound > 0 && j->iteration % (uint64_t)j->cfg.staleness_bound == 0) {
-      e = wagma_comm_allreduce(j->comm, params, j->nparams, WAGMA_REDUCE_MEAN);
+      if (!(host = wg_job_params_to_host(j, &e)))
+        return e;
+      e = wagma_comm_allreduce(j->comm, host, j->nparams, WAGMA_REDUCE_MEAN);
+      int back = wg_job_params_from_host(j);
+      if (e == 0)
+        e = back;
       if (e)
         wg_runner_warn_comm(r, "model average", e);
     }

@@ -149,6 +149,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
   close_comm(r);
   wagma_plan_free(&j->plan);
   OPENSSL_cleanse(j->secret, sizeof j->secret);
+  wg_job_host_free(j);
   wagma_model_destroy(j->model);
   wagma_optim_destroy(j->optim);
   wagma_sampler_free(&j->sampler);
@@ -169,6 +170,14 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   j->rank = -1;
   j->loss_ema = j->step_ema = j->accuracy = NAN;
   j->window_start = wg_mono();
+  if (cfg->device != (r->opt->device_cuda ? WAGMA_DEVICE_CUDA : WAGMA_DEVICE_CPU)) {
+    /* the scheduler places a job on agents of its device only: an older coordinator? */
+    snprintf(err, sizeof err, "the job runs on %s, this agent on %s",
+             wagma_device_name(cfg->device), r->opt->device_cuda ? "cuda" : "cpu");
+    e = WAGMA_ENOSYS;
+    mine = 1;
+    goto out;
+  }
   if (cfg->dataset == WAGMA_DATASET_SYNTHETIC) {
     wagma_synthetic_config_t tr = wagma_synthetic_defaults(r->opt->synthetic_train, cfg->seed, 0);
     wagma_synthetic_config_t te = wagma_synthetic_defaults(r->opt->synthetic_test, cfg->seed, 1);
@@ -187,7 +196,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   wagma_model_config_t mc = wagma_model_defaults(arch);
   if ((size_t)cfg->batch_size > mc.max_batch)
     mc.max_batch = (size_t)cfg->batch_size;
-  if ((e = wagma_model_create(&mc, &j->model, err, sizeof err)))
+  if ((e = wagma_model_create_on(r->backend, &mc, &j->model, err, sizeof err)))
     goto out;
   wagma_model_init(j->model, cfg->seed);
   wagma_optim_config_t oc =
@@ -198,7 +207,9 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   oc.nesterov = cfg->nesterov;
   oc.weight_decay = (float)cfg->weight_decay;
   j->nparams = wagma_model_param_count(j->model);
-  if ((e = wagma_optim_create(&oc, j->nparams, &j->optim, err, sizeof err)))
+  if ((e = wagma_optim_create_on(r->backend, &oc, j->nparams, &j->optim, err, sizeof err)))
+    goto out;
+  if ((e = wg_job_host_alloc(j)))
     goto out;
   wagma_optim_state(j->optim, &j->nstate);
   if ((e = wagma_sampler_init(&j->sampler, j->train.n, WAGMA_SAMPLE_SHUFFLE,
@@ -281,9 +292,14 @@ static void finish(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   /* The models as trained (before the final average makes them equal): how far apart the
    * members ended shows whether the averaging during training worked. */
-  fingerprint(wagma_model_params(j->model), j->nparams, j->fingerprint, &j->nfingerprint);
-  if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
-    int e = wagma_comm_average(j->comm, wagma_model_params(j->model), j->nparams, 1.0f);
+  int e;
+  float *params = wg_job_params_to_host(j, &e);
+  if (params)
+    fingerprint(params, j->nparams, j->fingerprint, &j->nfingerprint);
+  if (params && j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
+    e = wagma_comm_average(j->comm, params, j->nparams, 1.0f);
+    if (e == 0)
+      e = wg_job_params_from_host(j);
     if (e)
       wg_runner_warn_comm(r, "final model average", e);
   }
@@ -486,21 +502,16 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   int joiner = plan_joiner;
   float weight = joiner ? 0.0f : 1.0f;
   size_t n = j->nparams + j->nstate;
-  float *state = wagma_optim_state(j->optim, NULL);
-  memcpy(j->sync_buf, wagma_model_params(j->model), j->nparams * sizeof(float));
-  if (j->nstate)
-    memcpy(j->sync_buf + j->nparams, state, j->nstate * sizeof(float));
-  e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
+  e = wg_job_state_to_host(j, j->sync_buf);
+  if (e == 0)
+    e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
   if (e == WAGMA_ECANCELED) {
     RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
          j->cfg.job, (unsigned long long)j->epoch);
     close_comm(r); /* aborted by the control side: a newer plan or a stop is waiting */
     return;
   }
-  if (e == 0) {
-    memcpy(wagma_model_params(j->model), j->sync_buf, j->nparams * sizeof(float));
-    if (j->nstate)
-      memcpy(state, j->sync_buf + j->nparams, j->nstate * sizeof(float));
+  if (e == 0 && (e = wg_job_state_from_host(j, j->sync_buf)) == 0) {
     j->have_model = 1;
   } else {
     wg_runner_warn_comm(r, "global sync", e);
@@ -687,6 +698,17 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
     return WAGMA_ENOMEM;
   r->ctx.opt = opt;
   r->ctx.shared = shared;
+  /* main.c probed --device cuda before registering; opening can still fail (memory) */
+  char why[256] = "";
+  int e = wagma_backend_open(opt->device_cuda ? "cuda" : "cpu", &r->ctx.backend, why, sizeof why);
+  if (e) {
+    wg_logf(wg_agent_log, (void *)opt->name, WAGMA_LOG_ERROR, "--device %s: %s",
+            opt->device_cuda ? "cuda" : "cpu", why[0] ? why : wagma_strerror(e));
+    free(r);
+    return e;
+  }
+  wg_logf(wg_agent_log, (void *)opt->name, WAGMA_LOG_INFO, "training on %s",
+          wagma_backend_name(r->ctx.backend));
   pthread_mutex_init(&r->ctx.comm_log_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -695,6 +717,7 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
   pthread_cond_init(&r->cv, &ca);
   pthread_condattr_destroy(&ca);
   if (pthread_create(&r->thread, NULL, runner_main, r) != 0) {
+    wagma_backend_close(r->ctx.backend);
     pthread_mutex_destroy(&r->ctx.comm_log_mu);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -721,6 +744,7 @@ int wg_runner_join(wg_runner_t *r, double timeout_s) {
   if (!finished)
     return WAGMA_ETIMEDOUT;
   pthread_join(r->thread, NULL);
+  wagma_backend_close(r->ctx.backend); /* after its models and optimizers (job_teardown) */
   pthread_mutex_destroy(&r->ctx.comm_log_mu);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);

@@ -19,7 +19,10 @@ typedef struct wg_job {
   wagma_batch_t batch;
   size_t nparams, nstate;
   float *sync_buf; /* params | optimizer state: the epoch's opening global sync */
-  int have_model;  /* the model holds this job's training (not just an init) */
+  /* page-locked host mirrors of the parameters and gradients for the collective when the
+   * model lives in device memory (model_host.c); NULL on the CPU backend */
+  float *host_params, *host_grads;
+  int have_model; /* the model holds this job's training (not just an init) */
 
   /* the current epoch */
   uint64_t epoch; /* plan epoch entered, 0 = none */
@@ -66,6 +69,7 @@ typedef struct wg_job {
 
 typedef struct wg_runner_ctx {
   const wg_agent_options_t *opt;
+  wagma_backend_t *backend; /* --device: the CPU, or the CUDA device opened at start */
   wg_shared_t *shared;
   wg_job_t job;
   /* the communicators' last error-level log line, under comm_log_mu (their threads log too):
@@ -85,6 +89,21 @@ int wg_ckroot_save(const wg_ckroot_t *root, const char *rel_dir, const char *nam
                    wagma_optim_t *o, uint64_t iteration, char *err, size_t err_len);
 int wg_ckroot_load(const wg_ckroot_t *root, const char *rel_file, wagma_model_t *m,
                    wagma_optim_t *o, uint64_t *iteration, char *err, size_t err_len);
+
+/* model_host.c: the model as host memory for the collective. On the CPU backend the model's
+ * own buffers (no copy); on a device backend the job's host mirrors, filled by *_to_host (the
+ * device buffer downloaded; NULL and *status on failure) and written back by *_from_host
+ * (after the collective changed them). state_to/from_host: params | optimizer state through
+ * buf (nparams + nstate floats), on any backend. host_alloc: WAGMA_ENOMEM or 0; host_free
+ * before the model is destroyed. */
+int wg_job_host_alloc(wg_job_t *j);
+void wg_job_host_free(wg_job_t *j);
+float *wg_job_params_to_host(wg_job_t *j, int *status);
+int wg_job_params_from_host(wg_job_t *j);
+float *wg_job_grads_to_host(wg_job_t *j, int *status);
+int wg_job_grads_from_host(wg_job_t *j);
+int wg_job_state_to_host(wg_job_t *j, float *buf);
+int wg_job_state_from_host(wg_job_t *j, const float *buf);
 
 /* runner.c helpers used by algorithms.c */
 void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status);

@@ -2,6 +2,7 @@
  * come from tests/support (process.h, coordinator_process.h, http_client.h). */
 #include "cluster.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,6 +311,22 @@ const job_member_t *job_member(const job_view_t *v, const char *name) {
     if (strcmp(v->members[i].name, name) == 0)
       return &v->members[i];
   return NULL;
+}
+
+double job_fingerprint_spread(const job_view_t *v) {
+  double spread = 0, norm = 0;
+  for (int a = 0; a < v->nmembers; a++) {
+    const job_member_t *x = &v->members[a];
+    if (x->nfingerprint != 5)
+      return -1;
+    norm += x->fingerprint[4] / v->nmembers;
+    for (int b = 0; b < a; b++)
+      for (int k = 0; k < 4; k++) {
+        double d = fabs(x->fingerprint[k] - v->members[b].fingerprint[k]);
+        spread = d > spread ? d : spread;
+      }
+  }
+  return norm > 0 ? spread / norm : -1;
 }
 
 uint64_t job_min_iteration(const job_view_t *v) {

@@ -92,6 +92,10 @@ int cluster_job_wait_state(const cluster_t *c, const char *job, const char *want
                            job_view_t *v);
 /* The member named name in v, or NULL. */
 const job_member_t *job_member(const job_view_t *v, const char *name);
+/* How far apart the members' models ended: the largest difference of one fingerprint
+ * projection between two members, over the mean L2 norm (~ |x_a - x_b| / |x|); -1 when a
+ * member reported no fingerprint (or the norm is 0). */
+double job_fingerprint_spread(const job_view_t *v);
 /* Smallest iteration over the members with progress (0 when none). */
 uint64_t job_min_iteration(const job_view_t *v);
 

@@ -156,23 +156,10 @@ static int alive(pid_t pid) {
   return pid > 0 && kill(pid, 0) == 0 && waitpid(pid, NULL, WNOHANG) == 0;
 }
 
-/* How far apart the members' models ended: the largest difference of one fingerprint
- * projection between two members, over the mean L2 norm (~ |x_a - x_b| / |x|). Every member
- * must have reported a fingerprint. */
 static double fingerprint_spread(const job_view_t *v) {
-  double spread = 0, norm = 0;
-  for (int a = 0; a < v->nmembers; a++) {
-    const job_member_t *x = &v->members[a];
-    assert_int_equal(x->nfingerprint, 5);
-    norm += x->fingerprint[4] / v->nmembers;
-    for (int b = 0; b < a; b++)
-      for (int k = 0; k < 4; k++) {
-        double d = fabs(x->fingerprint[k] - v->members[b].fingerprint[k]);
-        spread = d > spread ? d : spread;
-      }
-  }
-  assert_true(norm > 0);
-  return spread / norm;
+  double spread = job_fingerprint_spread(v);
+  assert_true(spread >= 0); /* every member reported a fingerprint */
+  return spread;
 }
 
 /* The groups REST gives for round t. */
