@@ -1,0 +1,598 @@
+/* agent/adpsgd.c — the AD-PSGD endpoint (adpsgd.h): pairwise model averaging between an active
+ * and a passive worker over TCP.
+ *
+ * Owns: a listening socket on an ephemeral port, its accept thread and one thread per accepted
+ * connection (the passive side: read a request, average against the snapshot, answer), the
+ * snapshot and pending correction (count floats each), and the active side's connections to
+ * the passives of the epoch (used by the training thread only).
+ * Threads: the training thread calls set_epoch, publish and average; the accept thread and the
+ * connection threads serve. mu guards the epoch, rank, token, snapshot, pending and counters;
+ * no socket I/O happens under it, so a stopped or slow active stalls only its own connection
+ * thread. Every socket operation of the active side has a deadline (poll); a connection thread
+ * sends under SO_SNDTIMEO and waits for requests without one (an idle active is normal).
+ * close() shuts every socket down and joins every thread. */
+#include "agent/adpsgd.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "wagma/clock_internal.h"
+#include "wagma/log_internal.h"
+
+#define GOSSIP_MAGIC 0x44414757u /* "WGAD" little-endian */
+#define GOSSIP_VERSION 1u
+enum { KIND_REQUEST = 1, KIND_REPLY = 2, KIND_REFUSED = 3 };
+#define MAX_CONNECTIONS 1024
+
+typedef struct gossip_header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t kind;
+  uint64_t epoch;
+  uint64_t token;
+  uint64_t count;
+  uint64_t reserved;
+} gossip_header_t;
+_Static_assert(sizeof(gossip_header_t) == 40, "header layout");
+
+typedef struct conn {
+  struct conn *next;
+  wg_adpsgd_t *g;
+  int fd;
+  pthread_t thread;
+  int done; /* the thread ended (under g->mu) */
+} conn_t;
+
+typedef struct out_peer {
+  wg_adpsgd_peer_t addr;
+  int fd;             /* -1 = not connected */
+  double suspect_end; /* skipped until then (wg_mono) */
+} out_peer_t;
+
+struct wg_adpsgd {
+  size_t count;
+  wagma_log_fn log;
+  void *log_user;
+  int listen_fd;
+  uint16_t port;
+  pthread_t accept_thread;
+
+  pthread_mutex_t mu;
+  int stopping;
+  conn_t *conns;
+  int nconns;
+  uint64_t epoch;
+  int rank, nranks;
+  uint64_t token;
+  float *snapshot, *pending;
+  int pending_n;
+  wg_adpsgd_counters_t counters;
+
+  /* active side: training thread only */
+  out_peer_t *peers;
+  int *candidates; /* nranks entries: the passives an averaging may pick */
+  double deadline_s, backoff_s;
+  float *reply;
+};
+
+/* ---- sockets ----------------------------------------------------------------------------- */
+
+static int set_nonblock(int fd, int on) {
+  int fl = fcntl(fd, F_GETFL, 0);
+  if (fl < 0)
+    return -1;
+  return fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
+/* Writes len bytes before the deadline (wg_mono). 0, or WAGMA_ETIMEDOUT / WAGMA_EPEER. */
+static int send_all(int fd, const void *buf, size_t len, double deadline) {
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+      continue;
+    }
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
+      return WAGMA_EPEER;
+    double left = deadline - wg_mono();
+    if (left <= 0)
+      return WAGMA_ETIMEDOUT;
+    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+    int ms = (int)(left * 1000.0) + 1;
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
+      return WAGMA_EIO;
+  }
+  return 0;
+}
+
+/* Reads len bytes before the deadline (deadline < 0: no deadline). 0, or WAGMA_ETIMEDOUT,
+ * WAGMA_EPEER (closed or reset). */
+static int recv_all(int fd, void *buf, size_t len, double deadline) {
+  char *p = buf;
+  while (len > 0) {
+    if (deadline >= 0) {
+      double left = deadline - wg_mono();
+      if (left <= 0)
+        return WAGMA_ETIMEDOUT;
+      struct pollfd pfd = {.fd = fd, .events = POLLIN};
+      int r = poll(&pfd, 1, (int)(left * 1000.0) + 1);
+      if (r < 0 && errno != EINTR)
+        return WAGMA_EIO;
+      if (r <= 0)
+        continue;
+    }
+    ssize_t n = recv(fd, p, len, deadline >= 0 ? MSG_DONTWAIT : 0);
+    if (n > 0) {
+      p += n;
+      len -= (size_t)n;
+    } else if (n == 0) {
+      return WAGMA_EPEER;
+    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+      return WAGMA_EPEER;
+    }
+  }
+  return 0;
+}
+
+static void header_init(gossip_header_t *h, int kind, uint64_t epoch, uint64_t token,
+                        uint64_t count) {
+  memset(h, 0, sizeof *h);
+  h->magic = GOSSIP_MAGIC;
+  h->version = GOSSIP_VERSION;
+  h->kind = (uint16_t)kind;
+  h->epoch = epoch;
+  h->token = token;
+  h->count = count;
+}
+
+/* ---- passive side: connection threads ---------------------------------------------------- */
+
+/* Averages the request w (count floats) into the snapshot under mu; reply gets the snapshot
+ * as it was. 0, or WAGMA_EEPOCH / WAGMA_EPERM when the request is refused. */
+static int serve_average(wg_adpsgd_t *g, const gossip_header_t *h, const float *w, float *reply) {
+  int e = 0;
+  pthread_mutex_lock(&g->mu);
+  if (h->epoch != g->epoch || g->rank < 0 || wg_adpsgd_rank_active(g->rank)) {
+    e = WAGMA_EEPOCH;
+  } else if (h->token != g->token) {
+    e = WAGMA_EPERM;
+  } else {
+    float *s = g->snapshot, *pend = g->pending;
+    for (size_t i = 0; i < g->count; i++) {
+      float half = 0.5f * (w[i] - s[i]);
+      reply[i] = s[i];
+      s[i] += half;
+      pend[i] += half;
+    }
+    g->pending_n++;
+    g->counters.served++;
+  }
+  if (e)
+    g->counters.refused++;
+  pthread_mutex_unlock(&g->mu);
+  return e;
+}
+
+static void *conn_main(void *arg) {
+  conn_t *c = arg;
+  wg_adpsgd_t *g = c->g;
+  float *w = malloc(g->count * sizeof(float)), *reply = malloc(g->count * sizeof(float));
+  struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
+  setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  while (w && reply) {
+    gossip_header_t h, out;
+    if (recv_all(c->fd, &h, sizeof h, -1) != 0)
+      break;
+    if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.kind != KIND_REQUEST ||
+        h.count != g->count)
+      break; /* not our protocol, or another model: drop the connection */
+    if (recv_all(c->fd, w, g->count * sizeof(float), -1) != 0)
+      break;
+    int e = serve_average(g, &h, w, reply);
+    header_init(&out, e ? KIND_REFUSED : KIND_REPLY, h.epoch, 0, e ? 0 : g->count);
+    if (send(c->fd, &out, sizeof out, MSG_NOSIGNAL) != (ssize_t)sizeof out)
+      break;
+    if (!e) {
+      size_t len = g->count * sizeof(float), off = 0;
+      while (off < len) {
+        ssize_t n = send(c->fd, (char *)reply + off, len - off, MSG_NOSIGNAL);
+        if (n <= 0)
+          break;
+        off += (size_t)n;
+      }
+      if (off < len)
+        break;
+    }
+  }
+  free(w);
+  free(reply);
+  pthread_mutex_lock(&g->mu);
+  c->done = 1;
+  pthread_mutex_unlock(&g->mu);
+  return NULL;
+}
+
+/* Joins and frees the connections whose thread ended (under nothing; takes mu). */
+static void reap_conns(wg_adpsgd_t *g) {
+  for (;;) {
+    conn_t *dead = NULL;
+    pthread_mutex_lock(&g->mu);
+    for (conn_t **pp = &g->conns; *pp; pp = &(*pp)->next)
+      if ((*pp)->done) {
+        dead = *pp;
+        *pp = dead->next;
+        g->nconns--;
+        break;
+      }
+    pthread_mutex_unlock(&g->mu);
+    if (!dead)
+      return;
+    pthread_join(dead->thread, NULL);
+    close(dead->fd);
+    free(dead);
+  }
+}
+
+static void *accept_main(void *arg) {
+  wg_adpsgd_t *g = arg;
+  for (;;) {
+    struct pollfd pfd = {.fd = g->listen_fd, .events = POLLIN};
+    int r = poll(&pfd, 1, 200);
+    pthread_mutex_lock(&g->mu);
+    int stopping = g->stopping;
+    pthread_mutex_unlock(&g->mu);
+    if (stopping)
+      break;
+    reap_conns(g);
+    if (r <= 0)
+      continue;
+    int fd = accept(g->listen_fd, NULL, NULL);
+    if (fd < 0)
+      continue;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn_t *c = calloc(1, sizeof *c);
+    pthread_mutex_lock(&g->mu);
+    int full = g->nconns >= MAX_CONNECTIONS;
+    pthread_mutex_unlock(&g->mu);
+    if (!c || full) {
+      free(c);
+      close(fd);
+      continue;
+    }
+    c->g = g;
+    c->fd = fd;
+    pthread_mutex_lock(&g->mu);
+    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+      pthread_mutex_unlock(&g->mu);
+      close(fd);
+      free(c);
+      continue;
+    }
+    c->next = g->conns;
+    g->conns = c;
+    g->nconns++;
+    pthread_mutex_unlock(&g->mu);
+  }
+  return NULL;
+}
+
+/* ---- lifecycle --------------------------------------------------------------------------- */
+
+static int bind_ephemeral(const char *host, int *fd_out, uint16_t *port_out) {
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (getaddrinfo(host && host[0] ? host : NULL, "0", &hints, &res) != 0 || !res)
+    return WAGMA_EINVAL;
+  int e = WAGMA_EIO;
+  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0)
+      continue;
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
+      struct sockaddr_storage ss;
+      socklen_t sl = sizeof ss;
+      if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
+        *port_out = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        *fd_out = fd;
+        e = 0;
+        break;
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return e;
+}
+
+int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *log_user,
+                   wg_adpsgd_t **out) {
+  int e = WAGMA_ENOMEM;
+  *out = NULL;
+  if (count == 0)
+    return WAGMA_EINVAL;
+  wg_adpsgd_t *g = calloc(1, sizeof *g);
+  if (!g)
+    return WAGMA_ENOMEM;
+  pthread_mutex_init(&g->mu, NULL);
+  g->count = count;
+  g->log = log;
+  g->log_user = log_user;
+  g->listen_fd = -1;
+  g->rank = -1;
+  g->snapshot = calloc(count, sizeof(float));
+  g->pending = calloc(count, sizeof(float));
+  g->reply = malloc(count * sizeof(float));
+  if (!g->snapshot || !g->pending || !g->reply)
+    goto fail;
+  if ((e = bind_ephemeral(bind_host, &g->listen_fd, &g->port))) {
+    wg_logf(log, log_user, WAGMA_LOG_ERROR, "adpsgd: cannot listen on %s: %s",
+            bind_host ? bind_host : "*", strerror(errno));
+    goto fail;
+  }
+  if (pthread_create(&g->accept_thread, NULL, accept_main, g) != 0) {
+    e = WAGMA_EIO;
+    goto fail;
+  }
+  *out = g;
+  return 0;
+fail:
+  if (g->listen_fd >= 0)
+    close(g->listen_fd);
+  free(g->snapshot);
+  free(g->pending);
+  free(g->reply);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+  return e;
+}
+
+static void close_peers(wg_adpsgd_t *g) {
+  for (int i = 0; g->peers && i < g->nranks; i++)
+    if (g->peers[i].fd >= 0) {
+      close(g->peers[i].fd);
+      g->peers[i].fd = -1;
+    }
+}
+
+void wg_adpsgd_close(wg_adpsgd_t *g) {
+  if (!g)
+    return;
+  pthread_mutex_lock(&g->mu);
+  g->stopping = 1;
+  for (conn_t *c = g->conns; c; c = c->next)
+    shutdown(c->fd, SHUT_RDWR); /* wakes its thread */
+  pthread_mutex_unlock(&g->mu);
+  pthread_join(g->accept_thread, NULL);
+  for (conn_t *c = g->conns, *next; c; c = next) {
+    next = c->next;
+    shutdown(c->fd, SHUT_RDWR); /* accepted after the first pass */
+    pthread_join(c->thread, NULL);
+    close(c->fd);
+    free(c);
+  }
+  close(g->listen_fd);
+  close_peers(g);
+  free(g->peers);
+  free(g->candidates);
+  free(g->snapshot);
+  free(g->pending);
+  free(g->reply);
+  pthread_mutex_destroy(&g->mu);
+  free(g);
+}
+
+uint16_t wg_adpsgd_port(const wg_adpsgd_t *g) {
+  return g->port;
+}
+
+int wg_adpsgd_set_epoch(wg_adpsgd_t *g, uint64_t epoch, int rank, int nranks,
+                        const wg_adpsgd_peer_t *peers, uint64_t my_token, double deadline_s,
+                        double backoff_s, const float *model) {
+  if (nranks < 1 || rank < 0 || rank >= nranks || !peers || !model)
+    return WAGMA_EINVAL;
+  out_peer_t *np = calloc((size_t)nranks, sizeof *np);
+  int *cand = calloc((size_t)nranks, sizeof *cand);
+  if (!np || !cand) {
+    free(np);
+    free(cand);
+    return WAGMA_ENOMEM;
+  }
+  for (int i = 0; i < nranks; i++) {
+    np[i].addr = peers[i];
+    np[i].addr.host[sizeof np[i].addr.host - 1] = '\0';
+    np[i].fd = -1;
+  }
+  close_peers(g);
+  free(g->peers);
+  free(g->candidates);
+  g->peers = np;
+  g->candidates = cand;
+  g->deadline_s = deadline_s > 0 ? deadline_s : 1.0;
+  g->backoff_s = backoff_s > 0 ? backoff_s : 5.0;
+  pthread_mutex_lock(&g->mu);
+  g->epoch = epoch;
+  g->rank = rank;
+  g->nranks = nranks;
+  g->token = my_token;
+  memcpy(g->snapshot, model, g->count * sizeof(float));
+  memset(g->pending, 0, g->count * sizeof(float));
+  g->pending_n = 0;
+  pthread_mutex_unlock(&g->mu);
+  return 0;
+}
+
+int wg_adpsgd_publish(wg_adpsgd_t *g, float *model) {
+  pthread_mutex_lock(&g->mu);
+  int n = g->pending_n;
+  if (n) {
+    for (size_t i = 0; i < g->count; i++)
+      model[i] += g->pending[i];
+    memset(g->pending, 0, g->count * sizeof(float));
+    g->pending_n = 0;
+  }
+  memcpy(g->snapshot, model, g->count * sizeof(float));
+  pthread_mutex_unlock(&g->mu);
+  return n;
+}
+
+/* ---- active side ------------------------------------------------------------------------- */
+
+static int connect_peer(out_peer_t *p, double deadline) {
+  struct addrinfo hints, *res = NULL;
+  char port[16];
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  snprintf(port, sizeof port, "%u", (unsigned)p->addr.port);
+  if (getaddrinfo(p->addr.host, port, &hints, &res) != 0 || !res)
+    return WAGMA_EPEER;
+  int e = WAGMA_EPEER;
+  for (struct addrinfo *ai = res; ai && e; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0)
+      continue;
+    set_nonblock(fd, 1);
+    int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (r < 0 && errno == EINPROGRESS) {
+      double left = deadline - wg_mono();
+      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+      int soerr = 0;
+      socklen_t sl = sizeof soerr;
+      if (left > 0 && poll(&pfd, 1, (int)(left * 1000.0) + 1) == 1 &&
+          getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
+        r = 0;
+      else if (left <= 0 || soerr == 0)
+        e = WAGMA_ETIMEDOUT;
+    }
+    if (r == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      p->fd = fd;
+      e = 0;
+    } else {
+      close(fd);
+    }
+  }
+  freeaddrinfo(res);
+  return e;
+}
+
+/* One exchange with peer p: 0 with the peer's snapshot in reply, or why not. */
+static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *model,
+                    float *reply) {
+  double deadline = wg_mono() + g->deadline_s;
+  gossip_header_t h;
+  int e = 0;
+  if (p->fd < 0 && (e = connect_peer(p, deadline)))
+    return e;
+  header_init(&h, KIND_REQUEST, epoch, p->addr.token, g->count);
+  if ((e = send_all(p->fd, &h, sizeof h, deadline)) ||
+      (e = send_all(p->fd, model, g->count * sizeof(float), deadline)) ||
+      (e = recv_all(p->fd, &h, sizeof h, deadline)))
+    return e;
+  if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.epoch != epoch)
+    return WAGMA_EPROTO;
+  if (h.kind == KIND_REFUSED)
+    return WAGMA_EPEER;
+  if (h.kind != KIND_REPLY || h.count != g->count)
+    return WAGMA_EPROTO;
+  return recv_all(p->fd, reply, g->count * sizeof(float), deadline);
+}
+
+int wg_adpsgd_average(wg_adpsgd_t *g, float *model, wagma_rng_t *rng, int *peer) {
+  int nc = 0;
+  double now = wg_mono();
+  pthread_mutex_lock(&g->mu);
+  uint64_t epoch = g->epoch;
+  int rank = g->rank, nranks = g->nranks;
+  pthread_mutex_unlock(&g->mu);
+  if (peer)
+    *peer = -1;
+  if (rank < 0 || !g->peers)
+    return WAGMA_ENOTFOUND;
+  for (int r = 1; r < nranks; r += 2) /* the passives not suspect */
+    if (r != rank && g->peers[r].addr.port != 0 && g->peers[r].suspect_end <= now)
+      g->candidates[nc++] = r;
+  if (nc == 0) {
+    pthread_mutex_lock(&g->mu);
+    g->counters.skipped++;
+    pthread_mutex_unlock(&g->mu);
+    return WAGMA_ENOTFOUND;
+  }
+  int pick = g->candidates[wagma_rng_below(rng, (uint64_t)nc)];
+  out_peer_t *p = &g->peers[pick];
+  int e = exchange(g, p, epoch, model, g->reply);
+  if (e == 0) {
+    for (size_t i = 0; i < g->count; i++)
+      model[i] = 0.5f * (model[i] + g->reply[i]);
+  } else {
+    /* the stream may hold half a message: start afresh, and leave the peer alone a while */
+    if (p->fd >= 0) {
+      close(p->fd);
+      p->fd = -1;
+    }
+    p->suspect_end = wg_mono() + g->backoff_s;
+    wg_logf(g->log, g->log_user, WAGMA_LOG_WARN,
+            "adpsgd epoch %llu: averaging with rank %d (%s:%u) skipped: %s; not asking it for "
+            "%.1f s",
+            (unsigned long long)epoch, pick, p->addr.host, (unsigned)p->addr.port,
+            wagma_strerror(e), g->backoff_s);
+  }
+  pthread_mutex_lock(&g->mu);
+  if (e == 0)
+    g->counters.averaged++;
+  else
+    g->counters.skipped++;
+  pthread_mutex_unlock(&g->mu);
+  if (peer)
+    *peer = pick;
+  return e == WAGMA_ETIMEDOUT ? e : e ? WAGMA_EPEER : 0;
+}
+
+void wg_adpsgd_counters(wg_adpsgd_t *g, wg_adpsgd_counters_t *out) {
+  pthread_mutex_lock(&g->mu);
+  *out = g->counters;
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* ---- the per-epoch exchange of ports and tokens ------------------------------------------ */
+
+void wg_adpsgd_exchange_encode(float *buf, int rank, uint16_t port, uint64_t token) {
+  float *b = buf + (size_t)rank * WG_ADPSGD_EXCHANGE_FLOATS;
+  b[0] = (float)port;
+  for (int k = 0; k < 4; k++)
+    b[1 + k] = (float)((token >> (16 * k)) & 0xffffu);
+}
+
+void wg_adpsgd_exchange_decode(const float *buf, int rank, uint16_t *port, uint64_t *token) {
+  const float *b = buf + (size_t)rank * WG_ADPSGD_EXCHANGE_FLOATS;
+  float pf = b[0];
+  *port = pf >= 0 && pf <= 65535 ? (uint16_t)pf : 0;
+  uint64_t t = 0;
+  for (int k = 0; k < 4; k++) {
+    float v = b[1 + k];
+    uint64_t piece = v >= 0 && v <= 65535 ? (uint64_t)v : 0;
+    t |= piece << (16 * k);
+  }
+  *token = t;
+}
