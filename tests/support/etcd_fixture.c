@@ -32,6 +32,12 @@ struct etcd_fixture {
   char endpoint[ETCD_FIXTURE_MAX_MEMBERS][32];
   char endpoints[ETCD_FIXTURE_MAX_MEMBERS * 32];
   char initial_cluster[ETCD_FIXTURE_MAX_MEMBERS * 64];
+  int metrics_port[ETCD_FIXTURE_MAX_MEMBERS]; /* TLS: /health over plain HTTP here */
+  int tls;
+  char cert_file[256], key_file[256], trusted_ca_file[256];
+  int client_cert_auth;
+  char extra_args[8][128];
+  char etcdctl_args[1024];
 };
 
 static long long now_ms(void) {
@@ -62,7 +68,7 @@ static int free_port(const etcd_fixture_t *f) {
     close(fd);
     port = ntohs(addr.sin_port);
     for (int i = 0; i < ETCD_FIXTURE_MAX_MEMBERS; i++)
-      taken |= f->client_port[i] == port || f->peer_port[i] == port;
+      taken |= f->client_port[i] == port || f->peer_port[i] == port || f->metrics_port[i] == port;
     if (!taken)
       return port;
   }
@@ -92,13 +98,61 @@ static void print_log_tail(const etcd_fixture_t *f, int member) {
 }
 
 static int spawn(etcd_fixture_t *f, int m) {
-  char name[16], data[300], log_path[320], client[64], peer[64];
+  char name[16], data[300], log_path[320], client[64], peer[64], metrics[64];
+  char cert[300], key[300], ca[300];
+  const char *argv[48];
+  int argc = 0;
   pid_t parent = getpid(), pid;
   snprintf(name, sizeof name, "m%d", m);
   snprintf(data, sizeof data, "%s/m%d", f->dir, m);
   snprintf(log_path, sizeof log_path, "%s/m%d.log", f->dir, m);
-  snprintf(client, sizeof client, "http://127.0.0.1:%d", f->client_port[m]);
+  snprintf(client, sizeof client, "%s://127.0.0.1:%d", f->tls ? "https" : "http",
+           f->client_port[m]);
   snprintf(peer, sizeof peer, "http://127.0.0.1:%d", f->peer_port[m]);
+  snprintf(metrics, sizeof metrics, "http://127.0.0.1:%d", f->metrics_port[m]);
+  snprintf(cert, sizeof cert, "--cert-file=%s", f->cert_file);
+  snprintf(key, sizeof key, "--key-file=%s", f->key_file);
+  snprintf(ca, sizeof ca, "--trusted-ca-file=%s", f->trusted_ca_file);
+  {
+    const char *base[] = {"etcd",
+                          "--name",
+                          name,
+                          "--data-dir",
+                          data,
+                          "--listen-client-urls",
+                          client,
+                          "--advertise-client-urls",
+                          client,
+                          "--listen-peer-urls",
+                          peer,
+                          "--initial-advertise-peer-urls",
+                          peer,
+                          "--initial-cluster",
+                          f->initial_cluster,
+                          "--initial-cluster-state",
+                          "new",
+                          "--initial-cluster-token",
+                          f->token,
+                          "--logger",
+                          "zap",
+                          "--log-level",
+                          "warn"};
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+      argv[argc++] = base[i];
+  }
+  if (f->tls) {
+    argv[argc++] = "--listen-metrics-urls";
+    argv[argc++] = metrics;
+    argv[argc++] = cert;
+    argv[argc++] = key;
+  }
+  if (f->trusted_ca_file[0])
+    argv[argc++] = ca;
+  if (f->client_cert_auth)
+    argv[argc++] = "--client-cert-auth";
+  for (int i = 0; i < 8 && f->extra_args[i][0]; i++)
+    argv[argc++] = f->extra_args[i];
+  argv[argc] = NULL;
   pid = fork();
   if (pid < 0) {
     perror("etcd_fixture: fork");
@@ -117,11 +171,7 @@ static int spawn(etcd_fixture_t *f, int m) {
     /* The test process may hold sockets and epoll fds (gRPC): etcd must not inherit them. */
     for (int other = 3; other < 1024; other++)
       close(other);
-    execl(etcd_binary(), "etcd", "--name", name, "--data-dir", data, "--listen-client-urls", client,
-          "--advertise-client-urls", client, "--listen-peer-urls", peer,
-          "--initial-advertise-peer-urls", peer, "--initial-cluster", f->initial_cluster,
-          "--initial-cluster-state", "new", "--initial-cluster-token", f->token, "--logger", "zap",
-          "--log-level", "warn", (char *)NULL);
+    execv(etcd_binary(), (char *const *)argv);
     _exit(127);
   }
   f->pid[m] = pid;
@@ -130,9 +180,10 @@ static int spawn(etcd_fixture_t *f, int m) {
 
 /* One HTTP GET /health on the member's client port; 1 when it says healthy. */
 static int healthy_once(const etcd_fixture_t *f, int member) {
-  struct sockaddr_in addr = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)f->client_port[member]),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in addr = {
+      .sin_family = AF_INET,
+      .sin_port = htons((uint16_t)(f->tls ? f->metrics_port[member] : f->client_port[member])),
+      .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   struct timeval tv = {1, 0};
   static const char request[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   char answer[1024];
@@ -192,6 +243,15 @@ void etcd_fixture_stop(etcd_fixture_t *f) {
 }
 
 int etcd_fixture_start(int members, etcd_fixture_t **out) {
+  return etcd_fixture_start_with(members, NULL, out);
+}
+
+void etcd_fixture_set_etcdctl_args(etcd_fixture_t *f, const char *args) {
+  snprintf(f->etcdctl_args, sizeof f->etcdctl_args, "%s", args != NULL ? args : "");
+}
+
+int etcd_fixture_start_with(int members, const etcd_fixture_options_t *options,
+                            etcd_fixture_t **out) {
   etcd_fixture_t *f;
   const char *tmp = getenv("TMPDIR");
   size_t used = 0, used_cluster = 0;
@@ -206,6 +266,17 @@ int etcd_fixture_start(int members, etcd_fixture_t **out) {
   if (f == NULL)
     return -1;
   f->members = members;
+  if (options != NULL) {
+    f->tls = options->cert_file != NULL;
+    snprintf(f->cert_file, sizeof f->cert_file, "%s", options->cert_file ? options->cert_file : "");
+    snprintf(f->key_file, sizeof f->key_file, "%s", options->key_file ? options->key_file : "");
+    snprintf(f->trusted_ca_file, sizeof f->trusted_ca_file, "%s",
+             options->trusted_ca_file ? options->trusted_ca_file : "");
+    f->client_cert_auth = options->client_cert_auth;
+    for (int i = 0; i < 8 && options->extra_args[i] != NULL; i++)
+      snprintf(f->extra_args[i], sizeof f->extra_args[i], "%s", options->extra_args[i]);
+    etcd_fixture_set_etcdctl_args(f, options->etcdctl_args);
+  }
   snprintf(f->dir, sizeof f->dir, "%s/wagma-etcd-XXXXXX", tmp != NULL && tmp[0] ? tmp : "/tmp");
   if (mkdtemp(f->dir) == NULL) {
     perror("etcd_fixture: mkdtemp");
@@ -217,7 +288,8 @@ int etcd_fixture_start(int members, etcd_fixture_t **out) {
   for (int m = 0; m < members; m++) {
     f->client_port[m] = free_port(f);
     f->peer_port[m] = free_port(f);
-    if (f->client_port[m] < 0 || f->peer_port[m] < 0) {
+    f->metrics_port[m] = f->tls ? free_port(f) : 0;
+    if (f->client_port[m] < 0 || f->peer_port[m] < 0 || f->metrics_port[m] < 0) {
       etcd_fixture_stop(f);
       return -1;
     }
@@ -281,11 +353,16 @@ int etcd_fixture_restart(etcd_fixture_t *f, int member) {
 }
 
 int etcd_fixture_etcdctl(const etcd_fixture_t *f, const char *args) {
-  char command[1024];
+  char command[3072], endpoints[ETCD_FIXTURE_MAX_MEMBERS * 40];
+  size_t used = 0;
   int status;
-  snprintf(command, sizeof command,
-           "ETCDCTL_API=3 etcdctl --dial-timeout=3s --command-timeout=10s --endpoints=%s %s 1>&2",
-           f->endpoints, args);
+  for (int m = 0; m < f->members; m++)
+    used += (size_t)snprintf(endpoints + used, sizeof endpoints - used, "%s%s://%s", m ? "," : "",
+                             f->tls ? "https" : "http", f->endpoint[m]);
+  snprintf(
+      command, sizeof command,
+      "ETCDCTL_API=3 etcdctl --dial-timeout=3s --command-timeout=10s --endpoints=%s %s %s 1>&2",
+      endpoints, f->etcdctl_args, args);
   status = system(command);
   if (status == -1 || !WIFEXITED(status))
     return -1;

@@ -29,6 +29,24 @@ typedef struct etcd_fixture etcd_fixture_t;
  * until every member answers /health (deadline ETCD_FIXTURE_START_TIMEOUT_MS). */
 int etcd_fixture_start(int members, etcd_fixture_t **out);
 
+/* More settings of a fixture (etcd_fixture_start_with). Strings are copied. */
+typedef struct etcd_fixture_options {
+  /* TLS on the client port (https://): etcd's certificate and key (PEM). Health is then
+   * read over plain HTTP from a --listen-metrics-urls port. */
+  const char *cert_file, *key_file;
+  const char *trusted_ca_file; /* with client_cert_auth: clients need a cert it signed */
+  int client_cert_auth;
+  const char *extra_args[8]; /* more etcd flags, one per entry, e.g. "--auth-token-ttl=2" */
+  const char *etcdctl_args;  /* added to every etcd_fixture_etcdctl command */
+} etcd_fixture_options_t;
+
+/* As etcd_fixture_start, with options (may be NULL). */
+int etcd_fixture_start_with(int members, const etcd_fixture_options_t *options,
+                            etcd_fixture_t **out);
+
+/* Replaces the flags added to etcdctl commands (e.g. "--user=root:pw" once auth is on). */
+void etcd_fixture_set_etcdctl_args(etcd_fixture_t *fixture, const char *args);
+
 /* Kills every member still running (SIGKILL, by PID, reaped), removes the data dir and
  * frees. NULL is a no-op. */
 void etcd_fixture_stop(etcd_fixture_t *fixture);
