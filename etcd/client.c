@@ -28,7 +28,12 @@
  * Recovery signal: a call that finds no etcd (UNAVAILABLE attempt, timeout, broken watch)
  * sets `failing`; the next success of any call or watch (wg_etcd_set_preferred) clears it
  * and kicks the handle's keepalives (lease.c) into an immediate refresh, so a lease is
- * refreshed as soon as etcd serves anyone again, not at the keepalive's next retry. */
+ * refreshed as soon as etcd serves anyone again, not at the keepalive's next retry.
+ *
+ * Security (security.c): channels use SSL credentials when TLS is configured; every call and
+ * stream sends the handle's token, and wg_etcd_unary authenticates again once when etcd
+ * rejects it. A round in which every endpoint failed its TLS handshake ends the call at once
+ * with WAGMA_EPERM: a wrong CA is a misconfiguration, not an outage. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -147,7 +152,10 @@ int wg_etcd_map_status(grpc_status_code code, const char *details) {
     if (strstr(details, "lease not found") != NULL ||
         strstr(details, "election: no leader") != NULL)
       return WAGMA_ENOTFOUND;
-    if (strstr(details, "election: not leader") != NULL)
+    if (strstr(details, "election: not leader") != NULL ||
+        strstr(details, "authentication failed") != NULL ||
+        strstr(details, "user name is empty") != NULL ||
+        strstr(details, "revision of auth store is old") != NULL)
       return WAGMA_EPERM;
   }
   switch (code) {
@@ -206,7 +214,7 @@ static int check_endpoint(const char *p, size_t len, char *err, size_t err_len) 
   size_t hlen;
   for (size_t i = 0; i + 3 <= len; i++)
     if (memcmp(p + i, "://", 3) == 0) {
-      snprintf(err, err_len, "only plain http:// endpoints are supported");
+      snprintf(err, err_len, "only http:// and https:// endpoints are supported");
       return WAGMA_EINVAL;
     }
   for (size_t i = len; i-- > 0;)
@@ -264,9 +272,11 @@ static int check_endpoint(const char *p, size_t len, char *err, size_t err_len) 
 /* Walks "a,b,c": each entry trimmed of blanks and a trailing '/', "http://" dropped, empty
  * entries skipped, every other one checked. With etcd non-NULL the entries are copied into
  * etcd->endpoints. 0, WAGMA_EINVAL (err says which entry and why) or WAGMA_ENOMEM. */
-static int walk_endpoints(wagma_etcd_t *etcd, const char *list, char *err, size_t err_len) {
+static int walk_endpoints(wagma_etcd_t *etcd, const char *list, int *schemes, char *err,
+                          size_t err_len) {
   const char *p = list;
   size_t capacity = 0, count = 0;
+  int seen = 0; /* 1: an http:// entry, 2: an https:// entry */
   char why[128];
   if (list == NULL) {
     snprintf(err, err_len, "no endpoints");
@@ -280,7 +290,13 @@ static int walk_endpoints(wagma_etcd_t *etcd, const char *list, char *err, size_
     while (len > 0 && (p[len - 1] == ' ' || p[len - 1] == '\t' || p[len - 1] == '/'))
       len--;
     if (len > 7 && strncmp(p, "http://", 7) == 0)
-      p += 7, len -= 7;
+      p += 7, len -= 7, seen |= 1;
+    else if (len > 8 && strncmp(p, "https://", 8) == 0)
+      p += 8, len -= 8, seen |= 2;
+    if (seen == 3) {
+      snprintf(err, err_len, "http:// and https:// endpoints mixed");
+      return WAGMA_EINVAL;
+    }
     if (len > 0 && check_endpoint(p, len, why, sizeof why) != 0) {
       snprintf(err, err_len, "endpoint '%.*s': %s", (int)(len > 96 ? 96 : len), p, why);
       return WAGMA_EINVAL;
@@ -308,6 +324,8 @@ static int walk_endpoints(wagma_etcd_t *etcd, const char *list, char *err, size_
     snprintf(err, err_len, "no endpoints");
     return WAGMA_EINVAL;
   }
+  if (schemes != NULL)
+    *schemes = seen;
   return 0;
 }
 
@@ -318,19 +336,54 @@ int wagma_etcd_endpoints_check(const char *endpoints, char *err, size_t err_len)
     err_len = sizeof scratch;
   }
   err[0] = '\0';
-  return walk_endpoints(NULL, endpoints, err, err_len);
+  return walk_endpoints(NULL, endpoints, NULL, err, err_len);
+}
+
+/* The whole check of wagma_etcd_options_check; *tls = whether the channels use TLS. */
+static int check_options(const wagma_etcd_options_t *o, int *tls, char *err, size_t err_len) {
+  int schemes = 0, rc;
+  if (o == NULL || o->endpoints == NULL) {
+    snprintf(err, err_len, "no endpoints");
+    return WAGMA_EINVAL;
+  }
+  if ((rc = walk_endpoints(NULL, o->endpoints, &schemes, err, err_len)) != 0)
+    return rc;
+  if ((rc = wg_etcd_security_check(o, tls, err, err_len)) != 0)
+    return rc;
+  if (*tls && schemes == 1) {
+    snprintf(err, err_len, "http:// endpoints with TLS options (use https:// or HOST:PORT)");
+    return WAGMA_EINVAL;
+  }
+  *tls |= schemes == 2;
+  return 0;
+}
+
+int wagma_etcd_options_check(const wagma_etcd_options_t *options, char *err, size_t err_len) {
+  char scratch[1];
+  int tls;
+  if (err == NULL || err_len == 0) {
+    err = scratch;
+    err_len = sizeof scratch;
+  }
+  err[0] = '\0';
+  return check_options(options, &tls, err, err_len);
 }
 
 int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
   wagma_etcd_t *etcd = NULL;
   grpc_channel_credentials *creds = NULL;
-  int rc = 0, key_made = 0, lock_made = 0, grpc_started = 0;
+  int rc = 0, key_made = 0, lock_made = 0, grpc_started = 0, auth_made = 0, tls = 0;
+  char why[256];
   grpc_arg args[6];
   grpc_channel_args channel_args = {.num_args = 6, .args = args};
 
   if (out == NULL || options == NULL || options->endpoints == NULL)
     return WAGMA_EINVAL;
   *out = NULL;
+  if (check_options(options, &tls, why, sizeof why) != 0) {
+    wg_logf(options->log_fn, options->log_user, WAGMA_LOG_ERROR, "etcd: %s", why);
+    return WAGMA_EINVAL;
+  }
   etcd = calloc(1, sizeof *etcd);
   if (etcd == NULL)
     return WAGMA_ENOMEM;
@@ -348,8 +401,15 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
     goto out;
   }
   key_made = 1;
-  char why[256];
-  rc = walk_endpoints(etcd, options->endpoints, why, sizeof why);
+  if ((rc = wg_etcd_auth_init(etcd, options)) != 0)
+    goto out;
+  auth_made = 1;
+  etcd->tls = tls;
+  if (options->ping_key != NULL && (etcd->ping_key = strdup(options->ping_key)) == NULL) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  rc = walk_endpoints(etcd, options->endpoints, NULL, why, sizeof why);
   if (rc != 0)
     goto out;
   etcd->channels = calloc(etcd->n_endpoints, sizeof *etcd->channels);
@@ -370,7 +430,12 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
   args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};
   args[4] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}};
   args[5] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_ENABLE_RETRIES, {.integer = 0}};
-  creds = grpc_insecure_credentials_create();
+  creds = wg_etcd_credentials(options, tls, why, sizeof why);
+  if (creds == NULL) {
+    wg_logf(options->log_fn, options->log_user, WAGMA_LOG_ERROR, "etcd: %s", why);
+    rc = WAGMA_EINVAL;
+    goto out;
+  }
   for (size_t i = 0; i < etcd->n_endpoints; i++) {
     etcd->channels[i] = grpc_channel_create(etcd->endpoints[i], creds, &channel_args);
     if (etcd->channels[i] == NULL) {
@@ -393,6 +458,9 @@ out:
     free(etcd->channels);
     if (key_made)
       pthread_key_delete(etcd->errkey);
+    if (auth_made)
+      wg_etcd_auth_destroy(etcd);
+    free(etcd->ping_key);
     if (lock_made)
       pthread_mutex_destroy(&etcd->lock);
     if (grpc_started)
@@ -418,6 +486,8 @@ void wagma_etcd_close(wagma_etcd_t *etcd) {
   }
   pthread_key_delete(etcd->errkey);
   pthread_mutex_destroy(&etcd->lock);
+  wg_etcd_auth_destroy(etcd);
+  free(etcd->ping_key);
   free(etcd);
   grpc_shutdown();
 }
@@ -511,11 +581,39 @@ static void destroy_cq(grpc_completion_queue *cq) {
 
 /* ---- unary -------------------------------------------------------------------------- */
 
+/* Nonzero when an UNAVAILABLE's details say the TLS handshake failed (a wrong CA, a client
+ * certificate missing or refused, a server name the certificate does not carry). */
+static int tls_failure(const char *details) {
+  static const char *const hints[] = {"andshake",    "SSL", "ssl", "certificate",
+                                      "CERTIFICATE", "tls", "TLS"};
+  for (size_t i = 0; details != NULL && i < sizeof hints / sizeof hints[0]; i++)
+    if (strstr(details, hints[i]) != NULL)
+      return 1;
+  return 0;
+}
+
+/* What one attempt learned beyond its status. */
+typedef struct attempt_note {
+  int rejected; /* etcd rejected the token */
+  int tls;      /* UNAVAILABLE because the TLS handshake failed */
+} attempt_note_t;
+
+/* The "token" metadata entry for token (NULL = none): fills md, returns the count (0 or 1).
+ * The caller unrefs md->value once the batch completed. */
+static size_t token_metadata(grpc_metadata *md, const char *token) {
+  memset(md, 0, sizeof *md);
+  if (token == NULL)
+    return 0;
+  md->key = grpc_slice_from_static_string("token");
+  md->value = grpc_slice_from_copied_string(token);
+  return 1;
+}
+
 /* One attempt on one endpoint. Returns the mapped status; *response set on 0. */
 static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method,
                          grpc_byte_buffer *request, const ProtobufCMessageDescriptor *type,
-                         ProtobufCMessage **response, int64_t deadline_ms,
-                         wg_etcd_cancel_t *cancel) {
+                         ProtobufCMessage **response, int64_t deadline_ms, wg_etcd_cancel_t *cancel,
+                         const char *token, attempt_note_t *note) {
   grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
   grpc_call *call;
   grpc_metadata_array initial_md, trailing_md;
@@ -524,6 +622,8 @@ static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method
   grpc_slice details = grpc_empty_slice();
   grpc_op ops[6];
   grpc_event event;
+  grpc_metadata token_md;
+  size_t n_md = token_metadata(&token_md, token);
   char *details_text = NULL;
   int rc = 0;
 
@@ -544,6 +644,8 @@ static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method
   }
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = n_md;
+  ops[0].data.send_initial_metadata.metadata = n_md ? &token_md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = request;
   ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -570,8 +672,18 @@ static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method
     rc = wg_etcd_map_status(status, details_text);
     if (status == GRPC_STATUS_CANCELLED && cancel_fired(cancel))
       rc = WAGMA_ECANCELED;
-    wg_etcd_set_error(etcd, "etcd %s %s: %s (%d): %s", etcd->endpoints[endpoint], method,
-                      status_name(status), (int)status, details_text);
+    note->rejected = wg_etcd_token_rejected(status, details_text);
+    note->tls = etcd->tls && status == GRPC_STATUS_UNAVAILABLE && tls_failure(details_text);
+    if (etcd->username == NULL && details_text != NULL &&
+        strstr(details_text, "user name is empty") != NULL)
+      wg_etcd_set_error(etcd,
+                        "etcd %s %s: %s (%d): %s (etcd has authentication on: give a user, or "
+                        "a client certificate whose CN is one)",
+                        etcd->endpoints[endpoint], method, status_name(status), (int)status,
+                        details_text);
+    else
+      wg_etcd_set_error(etcd, "etcd %s %s: %s (%d): %s", etcd->endpoints[endpoint], method,
+                        status_name(status), (int)status, details_text);
     goto out;
   }
   if (answer == NULL || (*response = unpack(answer, type)) == NULL) {
@@ -589,12 +701,17 @@ out:
   if (call != NULL)
     grpc_call_unref(call);
   destroy_cq(cq);
+  if (n_md)
+    grpc_slice_unref(token_md.value);
   return rc;
 }
 
-int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
-                  const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **response,
-                  int64_t deadline_ms, wg_etcd_cancel_t *cancel) {
+int wg_etcd_unary_token(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
+                        const ProtobufCMessageDescriptor *response_type,
+                        ProtobufCMessage **response, int64_t deadline_ms, wg_etcd_cancel_t *cancel,
+                        const char *token, int *rejected) {
+  attempt_note_t note = {0, 0};
+  size_t tls_failures_this_round = 0;
   size_t endpoint = wg_etcd_preferred(etcd);
   size_t tried_this_round = 0;
   int64_t backoff = FAILOVER_BACKOFF_MIN_MS;
@@ -614,8 +731,9 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
       break;
     }
     attempts++;
-    rc =
-        unary_attempt(etcd, endpoint, method, buffer, response_type, response, deadline_ms, cancel);
+    note = (attempt_note_t){0, 0};
+    rc = unary_attempt(etcd, endpoint, method, buffer, response_type, response, deadline_ms, cancel,
+                       token, &note);
     grpc_byte_buffer_destroy(buffer);
     if (rc == 0) {
       wg_etcd_set_preferred(etcd, endpoint);
@@ -626,7 +744,11 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
     wg_etcd_note_failure(etcd);
     wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_DEBUG, "%s", wagma_etcd_errmsg(etcd));
     endpoint = (endpoint + 1) % etcd->n_endpoints;
-    if (++tried_this_round >= etcd->n_endpoints) {
+    tls_failures_this_round += note.tls;
+    if (++tried_this_round >= etcd->n_endpoints && tls_failures_this_round == tried_this_round)
+      break; /* every endpoint refused the handshake: retrying will not change that */
+    if (tried_this_round >= etcd->n_endpoints) {
+      tls_failures_this_round = 0;
       /* Every endpoint refused: wait a little before the next round, within the deadline. */
       int64_t left = deadline_ms - wg_etcd_now_ms();
       tried_this_round = 0;
@@ -640,13 +762,55 @@ int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage
   }
   if (rc == WAGMA_ETIMEDOUT)
     wg_etcd_note_failure(etcd);
-  if (rc == WAGMA_EUNAVAIL) {
+  if (rc == WAGMA_EUNAVAIL && note.tls) {
+    /* A misconfiguration, not an outage: say so at once rather than retry for ever. */
     char last[WG_ETCD_ERRMSG_MAX];
     snprintf(last, sizeof last, "%s", wagma_etcd_errmsg(etcd));
-    wg_etcd_set_error(etcd, "no etcd endpoint available after %d attempts; last: %s", attempts,
+    wg_etcd_set_error(etcd,
+                      "TLS handshake with etcd failed (check the CA file, the client "
+                      "certificate and key, and that etcd's certificate names the host): %s",
                       last);
+    rc = WAGMA_EPERM;
+  } else if (rc == WAGMA_EUNAVAIL) {
+    char last[WG_ETCD_ERRMSG_MAX];
+    snprintf(last, sizeof last, "%s", wagma_etcd_errmsg(etcd));
+    /* With TLS 1.3 a refused client certificate is seen only after the handshake: etcd
+     * closes the connection. Say what it may be (an etcd going down looks the same). */
+    wg_etcd_set_error(etcd, "no etcd endpoint available after %d attempts; last: %s%s", attempts,
+                      last,
+                      etcd->tls && strstr(last, "Endpoint read failed") != NULL
+                          ? " (with TLS this is also how etcd refuses a missing or untrusted "
+                            "client certificate)"
+                          : "");
   }
+  if (rejected != NULL)
+    *rejected = note.rejected;
   return rc;
+}
+
+int wg_etcd_unary(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
+                  const ProtobufCMessageDescriptor *response_type, ProtobufCMessage **response,
+                  int64_t deadline_ms, wg_etcd_cancel_t *cancel) {
+  int rc;
+  if (deadline_ms <= 0)
+    deadline_ms = wg_etcd_now_ms() + etcd->call_timeout_ms;
+  /* At most one re-authentication per call: a token etcd rejects right after it gave it
+   * out is not a stale token but a real refusal. */
+  for (int attempt = 0;; attempt++) {
+    char *token = NULL;
+    uint64_t gen = 0;
+    int rejected = 0;
+    *response = NULL;
+    clear_error(etcd);
+    if ((rc = wg_etcd_token(etcd, deadline_ms, &token, &gen)) != 0)
+      return rc;
+    rc = wg_etcd_unary_token(etcd, method, request, response_type, response, deadline_ms, cancel,
+                             token, &rejected);
+    free(token);
+    if (rc == 0 || !rejected || etcd->username == NULL || attempt >= 1)
+      return rc;
+    wg_etcd_token_reject(etcd, gen);
+  }
 }
 
 /* ---- streams ------------------------------------------------------------------------ */
@@ -657,14 +821,23 @@ int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t end
   grpc_byte_buffer *buffer = NULL;
   grpc_op ops[2];
   grpc_event event;
+  grpc_metadata token_md;
+  size_t n_md = 0;
+  char *token = NULL;
   int rc = 0;
 
   memset(stream, 0, sizeof *stream);
+  memset(&token_md, 0, sizeof token_md);
   stream->etcd = etcd;
   stream->endpoint = endpoint;
+  rc = wg_etcd_token(etcd, wg_etcd_now_ms() + etcd->call_timeout_ms, &token, &stream->token_gen);
+  n_md = token_metadata(&token_md, token);
+  free(token);
   grpc_metadata_array_init(&stream->initial_md);
   stream->initial_md_pending = 1;
   stream->cq = grpc_completion_queue_create_for_pluck(NULL);
+  if (rc != 0)
+    goto out; /* no call: close() keeps the authentication's message */
   stream->call = grpc_channel_create_call(etcd->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS,
                                           stream->cq, grpc_slice_from_static_string(method), NULL,
                                           gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
@@ -683,6 +856,8 @@ int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t end
   }
   memset(ops, 0, sizeof ops);
   ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+  ops[0].data.send_initial_metadata.count = n_md;
+  ops[0].data.send_initial_metadata.metadata = n_md ? &token_md : NULL;
   ops[1].op = GRPC_OP_SEND_MESSAGE;
   ops[1].data.send_message.send_message = buffer;
   if (grpc_call_start_batch(stream->call, ops, 2, (void *)1, NULL) != GRPC_CALL_OK) {
@@ -696,6 +871,8 @@ int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t end
 out:
   if (buffer != NULL)
     grpc_byte_buffer_destroy(buffer);
+  if (n_md)
+    grpc_slice_unref(token_md.value);
   return rc;
 }
 
@@ -766,6 +943,8 @@ int wg_etcd_stream_close(wg_etcd_stream_t *stream, const char *method, wg_etcd_c
     if (status != GRPC_STATUS_OK && status != GRPC_STATUS_CANCELLED) {
       details_text = grpc_slice_to_c_string(details);
       rc = wg_etcd_map_status(status, details_text);
+      if (wg_etcd_token_rejected(status, details_text))
+        wg_etcd_token_reject(stream->etcd, stream->token_gen);
       wg_etcd_set_error(stream->etcd, "etcd %s %s: %s (%d): %s",
                         stream->etcd->endpoints[stream->endpoint], method, status_name(status),
                         (int)status, details_text);

@@ -33,6 +33,15 @@ struct wagma_etcd {
   struct wg_etcd_errslot *slots;
   int failing; /* a call or stream failed for want of etcd since the last success */
   struct wagma_etcd_keepalive *keepalives; /* running keepalives, woken when etcd is back */
+  char *ping_key;                          /* NULL = the library's probe key */
+  /* security.c: TLS and etcd authentication */
+  int tls;                   /* channels use SSL credentials */
+  char *username;            /* NULL = no Authenticate */
+  char *password;            /* NULL with password_file */
+  char *password_file;       /* re-read at each authentication */
+  pthread_mutex_t auth_lock; /* serializes Authenticate; guards token and token_gen */
+  char *token;               /* NULL = none yet (or rejected); "" = etcd auth is off */
+  uint64_t token_gen;        /* bumped by each authentication */
 };
 
 /* Lets another thread cancel a call in flight (election campaign, watch stream). */
@@ -57,6 +66,38 @@ void wg_etcd_set_error(wagma_etcd_t *etcd, const char *fmt, ...)
 /* Maps a gRPC status (and etcd's detail text) to a WAGMA_E* code. */
 int wg_etcd_map_status(grpc_status_code code, const char *details);
 
+/* ---- security.c: TLS credentials and the auth token ---- */
+
+/* Checks the TLS and user options (not the endpoints): 0 or WAGMA_EINVAL with err. *tls =
+ * whether any TLS option is set. */
+int wg_etcd_security_check(const wagma_etcd_options_t *options, int *tls, char *err,
+                           size_t err_len);
+/* Channel credentials: SSL (with the CA and the client pair read from the files) when tls,
+ * else insecure. Caller releases. NULL on failure (err says why). */
+grpc_channel_credentials *wg_etcd_credentials(const wagma_etcd_options_t *options, int tls,
+                                              char *err, size_t err_len);
+/* Copies the user options into the handle; 0 or WAGMA_ENOMEM. */
+int wg_etcd_auth_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *options);
+void wg_etcd_auth_destroy(wagma_etcd_t *etcd);
+/* The token to send on a call: *token NULL when the handle has no user or etcd's auth is
+ * off (send none), else a copy (caller frees); *gen its generation. Authenticates first
+ * when there is no token (one thread at a time; the others wait and reuse its token),
+ * within deadline_ms (absolute, monotonic). Errors: Authenticate's (WAGMA_EPERM for a wrong
+ * password), with the thread's detail message set. */
+int wg_etcd_token(wagma_etcd_t *etcd, int64_t deadline_ms, char **token, uint64_t *gen);
+/* etcd rejected the token of generation gen: the next wg_etcd_token authenticates again. */
+void wg_etcd_token_reject(wagma_etcd_t *etcd, uint64_t gen);
+/* Nonzero when a call's status says the token was rejected (expired or unknown token, an
+ * auth revision that changed, no token where etcd wants one). */
+int wg_etcd_token_rejected(grpc_status_code code, const char *details);
+
+/* wg_etcd_unary with the token given (NULL = none) and no re-authentication: security.c
+ * runs Authenticate through it. *rejected (may be NULL) is set when etcd rejected the token. */
+int wg_etcd_unary_token(wagma_etcd_t *etcd, const char *method, const ProtobufCMessage *request,
+                        const ProtobufCMessageDescriptor *response_type,
+                        ProtobufCMessage **response, int64_t deadline_ms, wg_etcd_cancel_t *cancel,
+                        const char *token, int *rejected);
+
 /* One unary RPC (also used for one request/one answer on a bidi stream such as
  * LeaseKeepAlive) with failover across endpoints until deadline_ms (absolute, monotonic;
  * <= 0 = the handle's call timeout from now). request is packed; on 0, *response is the
@@ -74,10 +115,11 @@ typedef struct wg_etcd_stream {
   grpc_call *call;
   grpc_metadata_array initial_md;
   int initial_md_pending;
+  uint64_t token_gen; /* generation of the token the stream was opened with */
 } wg_etcd_stream_t;
 
-/* Opens the stream on endpoint index and sends first (initial metadata + message). The call
- * is registered in cancel (which must stay valid until wg_etcd_stream_close). */
+/* Opens the stream on endpoint index and sends first (initial metadata with the token +
+ * message). The call is registered in cancel (which must stay valid until wg_etcd_stream_close). */
 int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t endpoint,
                         const char *method, const ProtobufCMessage *first,
                         wg_etcd_cancel_t *cancel);

@@ -83,7 +83,10 @@ int wagma_etcd_ping(wagma_etcd_t *etcd, int64_t *revision) {
   int rc;
   if (etcd == NULL)
     return WAGMA_EINVAL;
-  request.key = bytes_of(probe, sizeof probe - 1);
+  if (etcd->ping_key != NULL)
+    request.key = bytes_of(etcd->ping_key, strlen(etcd->ping_key));
+  else
+    request.key = bytes_of(probe, sizeof probe - 1);
   request.count_only = 1;
   rc = wg_etcd_unary(etcd, KV_RANGE, &request.base, &etcdserverpb__range_response__descriptor,
                      (ProtobufCMessage **)&response, 0, NULL);

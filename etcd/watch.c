@@ -214,6 +214,13 @@ static int run_stream(wagma_etcd_watch_t *w, size_t endpoint, int64_t *compact_r
     } else if (response->canceled) {
       wg_etcd_set_error(w->etcd, "etcd %s watch canceled by etcd: %s", w->etcd->endpoints[endpoint],
                         response->cancel_reason != NULL ? response->cancel_reason : "");
+      /* etcd checks the stream's token only when a watch is created, and cancels the
+       * watch for a stale one ("invalid auth token"; older etcds say "permission denied"):
+       * the next stream authenticates again. */
+      if (response->cancel_reason != NULL &&
+          (wg_etcd_token_rejected(GRPC_STATUS_OK, response->cancel_reason) ||
+           strstr(response->cancel_reason, "permission denied") != NULL))
+        wg_etcd_token_reject(w->etcd, stream.token_gen);
       rc = WAGMA_EIO;
     } else if (response->n_events > 0) {
       rc = deliver(w, response);

@@ -11,7 +11,9 @@
  *     WAGMA_ECONFLICT   a Txn's compares did not hold (the else branch ran)
  *     WAGMA_ECOMPACTED  the requested revision was compacted
  *     WAGMA_EINVAL      bad argument, or etcd rejected the request (INVALID_ARGUMENT)
- *     WAGMA_EPERM       authentication / permission denied
+ *     WAGMA_EPERM       authentication / permission denied: a wrong password, a user
+ *                       without permission, etcd auth on and no user given, or a TLS
+ *                       handshake that failed (wrong CA, missing or refused client cert)
  *     WAGMA_ECANCELED   canceled by the caller (election campaign)
  *     WAGMA_EPROTO      an answer that could not be decoded
  *   wagma_etcd_errmsg() gives the detail of the calling thread's last failure on a handle,
@@ -42,24 +44,49 @@ typedef struct wagma_etcd wagma_etcd_t;
 /* ---- handle ------------------------------------------------------------------------- */
 
 typedef struct wagma_etcd_options {
-  const char *endpoints; /* "127.0.0.1:2379,127.0.0.1:22379" (an optional "http://" prefix
-                            on each is ignored); required */
+  const char *endpoints; /* "127.0.0.1:2379,127.0.0.1:22379" (an optional "http://" or
+                            "https://" prefix on each; https:// turns TLS on); required */
   int call_timeout_ms;   /* deadline of every call, including failover; 0 = 5000 */
   wagma_log_fn log_fn;   /* may be NULL: the library never prints */
   void *log_user;
+  /* TLS (any of these set, or an https:// endpoint, turns it on for every endpoint; a
+   * plain "http://" endpoint is then refused). Files are PEM, read once by open. */
+  const char *ca_file;   /* CAs that sign etcd's server certificates; NULL = gRPC's
+                            default roots ($GRPC_DEFAULT_SSL_ROOTS_FILE_PATH or bundled) */
+  const char *cert_file; /* client certificate (etcd --client-cert-auth); with key_file */
+  const char *key_file;  /* its private key */
+  /* etcd authentication (etcd's users): with a username the handle calls
+   * Auth.Authenticate, sends the token as the "token" metadata of every call and stream,
+   * and authenticates again (once per call) when etcd rejects the token (expired, an
+   * etcd restart, a changed auth revision). NULL = no user (none needed, or etcd takes
+   * the client certificate's CN as the user). */
+  const char *username;
+  const char *password;      /* its password; or NULL and password_file */
+  const char *password_file; /* read at each authentication (a rotated secret is picked
+                                up); trailing newlines are dropped */
+  const char *ping_key;      /* key wagma_etcd_ping reads (count only); NULL = a key no
+                                one uses. With etcd users, one the user may read. */
 } wagma_etcd_options_t;
 
-/* Creates a handle. Does not contact etcd (channels connect lazily); use
- * wagma_etcd_ping() to check reachability. WAGMA_EINVAL when an endpoint is malformed (see
- * wagma_etcd_endpoints_check). Caller owns *out; free with wagma_etcd_close(). */
+/* Creates a handle. Does not contact etcd (channels connect lazily; the first call
+ * authenticates); use wagma_etcd_ping() to check reachability. WAGMA_EINVAL when the
+ * options do not pass wagma_etcd_options_check. Caller owns *out; free with
+ * wagma_etcd_close(). */
 int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out);
 
 /* Checks an endpoint list without opening anything: comma separated HOST:PORT entries (an
- * optional "http://" and a trailing '/' are ignored, blank entries skipped, at least one
- * needed), HOST a name or IPv4 address of [A-Za-z0-9._-] or a bracketed IPv6 address, PORT
- * decimal in 1..65535; other schemes are refused. Returns 0, or WAGMA_EINVAL with the entry
- * and the reason in err (err_len bytes, may be 0). Pure; thread-safe. */
+ * optional "http://" or "https://" and a trailing '/' are ignored, blank entries skipped, at
+ * least one needed, http and https not mixed), HOST a name or IPv4 address of
+ * [A-Za-z0-9._-] or a bracketed IPv6 address, PORT decimal in 1..65535; other schemes are
+ * refused. Returns 0, or WAGMA_EINVAL with the entry and the reason in err (err_len bytes,
+ * may be 0). Pure; thread-safe. */
 int wagma_etcd_endpoints_check(const char *endpoints, char *err, size_t err_len);
+
+/* Checks options as wagma_etcd_open does, without opening anything: the endpoints, the TLS
+ * files (readable, PEM, cert_file and key_file together, no http:// endpoint with TLS),
+ * the user (a password or a readable, non-empty password_file). 0, or WAGMA_EINVAL with
+ * the reason in err. Thread-safe. */
+int wagma_etcd_options_check(const wagma_etcd_options_t *options, char *err, size_t err_len);
 
 /* Frees the handle. Every watch, keepalive and election of the handle must have been
  * stopped / closed first. NULL is a no-op. */
