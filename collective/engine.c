@@ -204,6 +204,7 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   cfg.max_queued_bytes = 64 * frame + (64u << 20);
   cfg.connect_timeout_s = c->connect_timeout_s;
   cfg.auth = (wg_transport_auth_t){.secret = o->secret, .secret_len = o->secret_len};
+  cfg.device = o->device;
   cfg.cancelled = o->cancelled;
   cfg.cancel_user = o->cancel_user;
   cfg.log = c->log;
@@ -234,11 +235,42 @@ int wagma_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) 
     *comm = NULL;
   if (!options || !comm)
     return WAGMA_EINVAL;
-  if (options->transport == WAGMA_TRANSPORT_NCCL)
-    return WAGMA_ENOSYS;
+  if (options->transport == WAGMA_TRANSPORT_NCCL) {
+#ifdef WAGMA_HAVE_NCCL
+    return wg_comm_create_with(options, &wg_nccl_transport, comm);
+#else
+    char err[160];
+    int rc = wagma_comm_transport_check(options->transport, options->device, err, sizeof err);
+    wg_logf(options->log, options->log_user, WAGMA_LOG_ERROR, "rank %d: %s", options->rank, err);
+    return rc;
+#endif
+  }
   if (options->transport != WAGMA_TRANSPORT_TCP)
     return WAGMA_EINVAL;
   return wg_comm_create_with(options, &wg_tcp_transport, comm);
+}
+
+int wagma_comm_transport_check(wagma_transport_kind_t kind, int device, char *err, size_t err_len) {
+  if (kind == WAGMA_TRANSPORT_TCP) {
+    wg_errf(err, err_len, "ok");
+    return 0;
+  }
+  if (kind != WAGMA_TRANSPORT_NCCL) {
+    wg_errf(err, err_len, "unknown transport %d", (int)kind);
+    return WAGMA_EINVAL;
+  }
+#ifdef WAGMA_HAVE_NCCL
+  int rc = wg_nccl_device_check(device, err, err_len);
+  if (rc == 0)
+    wg_errf(err, err_len, "ok");
+  return rc;
+#else
+  (void)device;
+  wg_errf(err, err_len,
+          "transport nccl: this build has no NCCL (built with WAGMA_WITH_CUDA=OFF, or CUDA or "
+          "NCCL was not found); use the tcp transport");
+  return WAGMA_ENOSYS;
+#endif
 }
 
 void wagma_comm_abort(wagma_comm_t *c) {

@@ -83,6 +83,7 @@ typedef struct wg_transport_config {
   size_t max_queued_bytes;      /* per peer outbound queue; beyond it the peer is declared dead */
   double connect_timeout_s;     /* members not connected by then are marked dead */
   wg_transport_auth_t auth;     /* peers must prove they hold the same secret */
+  int device;                   /* NCCL: this rank's CUDA device (others ignore it) */
   int (*cancelled)(void *user); /* NULL, or polled during open: non-zero = give up (ECANCELED) */
   void *cancel_user;
   wagma_log_fn log;
@@ -160,6 +161,12 @@ typedef struct wg_transport_ops {
 } wg_transport_ops_t;
 
 extern const wg_transport_ops_t wg_tcp_transport;
+
+/* The NCCL transport (nccl*.c, docs/design.md §6.4): only in builds with NCCL and the CUDA
+ * runtime (WAGMA_HAVE_NCCL). Its open fails with WAGMA_EUNAVAIL without a usable device. */
+extern const wg_transport_ops_t wg_nccl_transport;
+/* 0 when CUDA device `device` is usable, else WAGMA_EUNAVAIL and a reason in err. */
+int wg_nccl_device_check(int device, char *err, size_t err_len);
 
 /* CLOCK_MONOTONIC in seconds (wg_mono of wagma/clock_internal.h); transport.c. */
 double wg_now(void);

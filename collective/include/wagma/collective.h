@@ -125,7 +125,8 @@ typedef struct wagma_comm wagma_comm_t;
 
 typedef enum wagma_transport_kind {
   WAGMA_TRANSPORT_TCP = 0,
-  WAGMA_TRANSPORT_NCCL = 1, /* not built yet: wagma_comm_create returns WAGMA_ENOSYS */
+  WAGMA_TRANSPORT_NCCL = 1, /* control on TCP, large payloads over NCCL (docs/design.md §6.4);
+                               WAGMA_ENOSYS in a build without NCCL */
 } wagma_transport_kind_t;
 
 typedef struct wagma_comm_options {
@@ -133,8 +134,9 @@ typedef struct wagma_comm_options {
   int rank;                 /* my rank in the plan */
   size_t count;             /* floats in the model buffer (the same on every rank) */
   wagma_transport_kind_t transport;
-  double connect_timeout_s;      /* mesh setup; members not connected by then count as dead.
-                                    0 = default 10 s */
+  int device;               /* NCCL: this rank's CUDA device (default 0); one device per rank */
+  double connect_timeout_s; /* mesh setup; members not connected by then count as dead.
+                               0 = default 10 s */
   double round_deadline_floor_s; /* a round waits at least this long for members; 0 = 1 s */
   double round_deadline_factor;  /* ...or this multiple of the measured round latency,
                                     whichever is larger; 0 = 8 */
@@ -165,6 +167,12 @@ typedef struct wagma_comm_options {
 
 /* Sets every field of *options to its default (transport TCP, zero = default timings). */
 void wagma_comm_options_init(wagma_comm_options_t *options);
+
+/* Whether wagma_comm_create could use transport `kind` on CUDA device `device` here: 0, or
+ * WAGMA_ENOSYS (NCCL: this build has no NCCL), WAGMA_EUNAVAIL (no usable CUDA device) or
+ * WAGMA_EINVAL (unknown kind), with a reason in err (may be NULL). For a daemon's start-up
+ * check; wagma_comm_create returns the same codes and logs the reason through options.log. */
+int wagma_comm_transport_check(wagma_transport_kind_t kind, int device, char *err, size_t err_len);
 
 /* Binds my member's address, connects the mesh of the plan's members, starts the progress and
  * round threads. Members that do not connect within connect_timeout_s are treated as dead

@@ -1,0 +1,171 @@
+/* nccl_internal.h — private to the NCCL transport (nccl.c, nccl_lane.c, nccl_init.c);
+ * docs/design.md §6.4 is its design.
+ *
+ * The transport wraps a TCP transport (the control channel: every header, small payloads)
+ * and an NCCL communicator (the lane: large payloads, one transfer at a time, agreed over
+ * the control channel before it is posted). Its lane thread is the only reader of the TCP
+ * transport: it moves frames into this transport's mailbox, holding a sender's later frames
+ * behind its announced transfer so that frames from one peer arrive in order.
+ *
+ * The same sources build against NCCL and the CUDA runtime (the product) and against
+ * tests/fake_nccl (WG_NCCL_FAKE, tests only); WG_NCCL() names the few symbols shared between
+ * the files so both builds can be linked into one test. */
+#ifndef WAGMA_COLLECTIVE_NCCL_INTERNAL_H
+#define WAGMA_COLLECTIVE_NCCL_INTERNAL_H
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "transport.h"
+
+#ifdef WG_NCCL_FAKE
+#define WG_NCCL(name) wg_ncclfake_##name
+#else
+#define WG_NCCL(name) wg_nccl_##name
+#endif
+
+/* Lane control frames: kind COLL with this group (no blocking collective uses it), the
+ * operation in seq and the transfer id in aux. */
+#define NC_GROUP 0xfffffff0u
+enum nc_op {
+  NC_ANNOUNCE = 1,  /* payload: the frame's encoded header; its payload follows on the lane */
+  NC_CTS = 2,       /* receiver -> sender: I am idle, post transfer aux now */
+  NC_GO = 3,        /* sender -> receiver: posted; post your half */
+  NC_NACK = 4,      /* sender -> receiver: busy, ask again later */
+  NC_PEER_UP = 5,   /* my communicator is ready */
+  NC_PEER_DOWN = 6, /* my communicator is revoked: revoke yours, payloads go on TCP */
+  NC_ID = 7,        /* rank 0 -> all: payload = ncclUniqueId, initialise afresh */
+  NC_SHRINK = 8,    /* rank 0 -> all: shrink the kept communicator of epoch aux */
+  NC_NOLANE = 9,    /* rank 0 -> all: no lane this epoch */
+  NC_RESEND = 10,   /* payload: encoded header + payload of transfer aux, on TCP */
+};
+
+#define NC_LANE_MIN_BYTES 1024 /* smaller payloads travel whole on TCP */
+
+typedef enum nc_lane_state {
+  NC_LANE_INIT = 0, /* waiting for rank 0's word, or initialising */
+  NC_LANE_UP,
+  NC_LANE_DOWN, /* revoked after a failure: payloads on TCP for the rest of the epoch */
+  NC_LANE_OFF,  /* never came up this epoch */
+} nc_lane_state_t;
+
+/* A frame whose payload goes on the lane, from send() until it was delivered (or re-sent on
+ * TCP). The host copy stays until then. */
+typedef struct nc_xfer {
+  uint64_t id;
+  int dst;
+  uint8_t header[WG_FRAME_HEADER_SIZE]; /* encoded, complete */
+  uint8_t *host;
+  size_t len;
+  struct nc_xfer *next;
+} nc_xfer_t;
+
+/* What a sender sent, held at the receiver in its order: a complete message, or an
+ * announced transfer whose payload has not come yet. */
+typedef struct nc_item {
+  wg_message_t *msg; /* complete: deliver when it is at the head */
+  uint64_t id;       /* transfer (msg == NULL) */
+  wg_frame_header_t header;
+  int resend; /* the lane is not up: wait for NC_RESEND */
+  struct nc_item *next;
+} nc_item_t;
+
+typedef struct nc_role {
+  int active; /* a transfer posted (or, for reserved, asked for) */
+  int peer;
+  uint64_t id;
+  int send;
+  void *dev;
+  size_t len;
+  double deadline;
+  nc_item_t *item; /* recv: the item it fills */
+  nc_xfer_t *xfer; /* send */
+} nc_role_t;
+
+typedef struct wg_transport {
+  const wg_transport_ops_t *tcp_ops;
+  wg_transport_t *tcp;
+  int rank, nranks;
+  uint64_t epoch;
+  size_t max_payload;
+  int device;
+  double init_deadline;
+  wagma_log_fn log;
+  void *log_user;
+  char (*names)[WAGMA_NAME_MAX]; /* plan member names, by plan rank */
+
+  /* mailbox: engine threads take, the lane thread puts */
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
+  wg_message_t *box_head, *box_tail;
+  int closed;
+  uint8_t *dead_done; /* (mu) per rank: dead, and everything it sent is delivered or dropped */
+
+  /* outbound transfers (mu): appended by send, taken by the lane thread */
+  nc_xfer_t *out;
+  uint64_t next_id;
+
+  /* lane (lane thread; lane_state and peer_up read by send under mu) */
+  _Atomic int lane_state;
+  uint8_t *peer_up; /* (mu) LANE_UP received from this rank */
+  int *lane_rank;   /* NCCL rank of each plan rank, -1 if none */
+  ncclComm_t comm;
+  int comm_ready; /* initialised (UP, or DOWN after UP): may be kept for the next epoch */
+  cudaStream_t stream;
+  nc_item_t **pending; /* per sender, its held frames (lane thread) */
+  nc_role_t reserved;  /* CTS sent, waiting for GO / NACK */
+  nc_role_t posted;    /* the one posted transfer */
+  double backoff_until;
+  unsigned rng;
+  int lane_size; /* ranks of the communicator */
+  int shrunk;    /* it was shrunk from the previous epoch's */
+  int rr;        /* next sender to consider for a CTS */
+  int word;      /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
+  uint64_t word_aux;
+  ncclUniqueId word_id;
+  uint64_t *last_done; /* per sender: highest transfer id delivered (a later RESEND of it is
+                          a duplicate) */
+
+  pthread_t lane_thread;
+  int lane_started;
+  atomic_int stopping;
+
+  _Atomic uint64_t lane_bytes_sent, lane_bytes_received, lane_transfers;
+  _Atomic uint64_t lane_failures;
+} nc_t;
+
+/* nccl.c: the operations table (wg_nccl_transport; wg_ncclfake_transport in the fake build) */
+#ifdef WG_NCCL_FAKE
+extern const wg_transport_ops_t wg_ncclfake_transport;
+#endif
+void WG_NCCL(deliver)(nc_t *t, wg_message_t *m); /* into the mailbox, wakes recv waiters */
+void WG_NCCL(mark_dead_done)(nc_t *t, int rank);
+/* Sends a lane control frame on TCP. */
+int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload, size_t len);
+
+/* nccl_lane.c */
+void *WG_NCCL(lane_main)(void *arg);
+/* Reads the control channel for up to wait_s (then whatever else is there, at most 64
+ * frames): lane frames are handled, the others delivered or held; dead peers are buried. */
+void WG_NCCL(pump)(nc_t *t, double wait_s);
+/* Revokes the communicator, tells every peer, re-sends every outbound transfer on TCP and
+ * marks every held transfer as waiting for its re-send. Lane thread (or close, after it). */
+void WG_NCCL(lane_down)(nc_t *t, const char *why);
+/* Sends every outbound transfer on TCP as NC_RESEND and frees it. */
+void WG_NCCL(resend_all)(nc_t *t);
+
+/* nccl_init.c */
+/* Checks that a CUDA device is usable: 0, or WAGMA_EUNAVAIL with a message in err. */
+int WG_NCCL(device_check)(int device, char *err, size_t err_len);
+/* Lane thread, state INIT: runs rank 0's decision, waits for it, creates the communicator and
+ * polls it up to init_deadline. Returns with lane_state UP or OFF. */
+void WG_NCCL(lane_init)(nc_t *t);
+/* close: keeps an initialised communicator for the next epoch (aborting the one kept
+ * before), or aborts it. */
+void WG_NCCL(keep_or_abort)(nc_t *t);
+/* Aborts the kept communicator, if any (tests; a process that leaves the job). */
+void WG_NCCL(forget)(void);
+
+#endif

@@ -1,0 +1,445 @@
+/* nccl_lane.c — the NCCL transport's lane thread (docs/design.md §6.4): the only reader of the
+ * TCP control channel, it moves frames into the mailbox in each sender's order, runs the
+ * per-transfer agreement (ANNOUNCE, CTS, GO / NACK), posts at most one ncclSend or ncclRecv
+ * (each in its own ncclGroupStart/ncclGroupEnd) and polls it under a deadline, and on any
+ * failure revokes the communicator and falls back to TCP payloads for the rest of the epoch.
+ *
+ * State: everything here but the mailbox and the outbound list (t->mu, nccl.c) belongs to the
+ * lane thread; close runs lane_down/resend_all only after joining it. Invariant: the head of a
+ * sender's held list is never a complete message (it is delivered at once), so a held list is
+ * empty or starts with the transfer everything behind it waits for. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nccl_internal.h"
+#include "wagma/log_internal.h"
+
+/* A posted transfer, or a CTS not answered, fails after this. */
+static double xfer_deadline_s(size_t len) {
+  return 0.5 + (double)len / (256.0 * 1024 * 1024);
+}
+
+static void nap_us(long us) {
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
+  nanosleep(&ts, NULL);
+}
+
+/* Delivers the complete messages at the head of src's held list. */
+static void flush_src(nc_t *t, int src) {
+  while (t->pending[src] && t->pending[src]->msg) {
+    nc_item_t *it = t->pending[src];
+    t->pending[src] = it->next;
+    WG_NCCL(deliver)(t, it->msg);
+    free(it);
+  }
+}
+
+static void hold(nc_t *t, int src, nc_item_t *it) {
+  nc_item_t **p = &t->pending[src];
+  while (*p)
+    p = &(*p)->next;
+  *p = it;
+}
+
+static nc_item_t *find_item(nc_t *t, int src, uint64_t id) {
+  for (nc_item_t *it = t->pending[src]; it; it = it->next)
+    if (!it->msg && it->id == id)
+      return it;
+  return NULL;
+}
+
+/* Waits (at most 1 s) for a revoked communicator to become quiescent, so the buffers of
+ * what was posted can be freed. 1 when it did. */
+static int quiesce(nc_t *t) {
+  double until = wg_now() + 1.0;
+  while (wg_now() < until) {
+    ncclResult_t e = ncclSuccess;
+    if (ncclCommGetAsyncError(t->comm, &e) != ncclSuccess || e != ncclInProgress)
+      return 1;
+    nap_us(200);
+  }
+  return 0;
+}
+
+static void role_release(nc_t *t, nc_role_t *r, int quiet) {
+  if (r->dev && quiet)
+    cudaFree(r->dev); /* else leaked: the device may still write it */
+  memset(r, 0, sizeof *r);
+  (void)t;
+}
+
+void WG_NCCL(resend_all)(nc_t *t) {
+  pthread_mutex_lock(&t->mu);
+  while (t->out) {
+    nc_xfer_t *x = t->out;
+    t->out = x->next;
+    uint8_t *buf = malloc(WG_FRAME_HEADER_SIZE + x->len);
+    if (buf) {
+      memcpy(buf, x->header, WG_FRAME_HEADER_SIZE);
+      memcpy(buf + WG_FRAME_HEADER_SIZE, x->host, x->len);
+      (void)WG_NCCL(control)(t, x->dst, NC_RESEND, x->id, buf, WG_FRAME_HEADER_SIZE + x->len);
+      free(buf);
+    }
+    free(x->host);
+    free(x);
+  }
+  pthread_mutex_unlock(&t->mu);
+}
+
+void WG_NCCL(lane_down)(nc_t *t, const char *why) {
+  int state = atomic_load(&t->lane_state);
+  int quiet = 1;
+  if (state == NC_LANE_UP) {
+    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+            "rank %d: nccl lane revoked (%s); payloads go on TCP for the rest of epoch %llu",
+            t->rank, why, (unsigned long long)t->epoch);
+    atomic_fetch_add(&t->lane_failures, 1);
+    (void)ncclCommRevoke(t->comm, NCCL_REVOKE_DEFAULT);
+    quiet = quiesce(t);
+    atomic_store(&t->lane_state, NC_LANE_DOWN);
+    for (int r = 0; r < t->nranks; r++)
+      if (r != t->rank)
+        (void)WG_NCCL(control)(t, r, NC_PEER_DOWN, 0, NULL, 0);
+  }
+  role_release(t, &t->posted, quiet);
+  role_release(t, &t->reserved, 1);
+  pthread_mutex_lock(&t->mu);
+  memset(t->peer_up, 0, (size_t)t->nranks);
+  pthread_mutex_unlock(&t->mu);
+  WG_NCCL(resend_all)(t);
+  for (int r = 0; r < t->nranks; r++)
+    for (nc_item_t *it = t->pending[r]; it; it = it->next)
+      if (!it->msg)
+        it->resend = 1;
+}
+
+/* Posts one half of a transfer in its own group. 0, or -1 (the lane then goes down). */
+static int post(nc_t *t, int send, int peer, void *dev, size_t len) {
+  ncclResult_t rc = ncclGroupStart();
+  if (rc == ncclSuccess) {
+    rc = send ? ncclSend(dev, len, ncclUint8, t->lane_rank[peer], t->comm, t->stream)
+              : ncclRecv(dev, len, ncclUint8, t->lane_rank[peer], t->comm, t->stream);
+    ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess || rc == ncclInProgress)
+      rc = end;
+  }
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    char why[160];
+    snprintf(why, sizeof why, "posting a %s with rank %d: %s", send ? "send" : "recv", peer,
+             ncclGetErrorString(rc));
+    WG_NCCL(lane_down)(t, why);
+    return -1;
+  }
+  return 0;
+}
+
+static void on_cts(nc_t *t, int src, uint64_t id) {
+  nc_xfer_t *x = NULL;
+  if (atomic_load(&t->lane_state) == NC_LANE_UP && !t->posted.active && !t->reserved.active) {
+    pthread_mutex_lock(&t->mu);
+    for (x = t->out; x && !(x->id == id && x->dst == src); x = x->next)
+      ;
+    pthread_mutex_unlock(&t->mu);
+  }
+  if (!x) {
+    (void)WG_NCCL(control)(t, src, NC_NACK, id, NULL, 0);
+    return;
+  }
+  void *dev = NULL;
+  if (cudaMalloc(&dev, x->len) != cudaSuccess ||
+      cudaMemcpy(dev, x->host, x->len, cudaMemcpyHostToDevice) != cudaSuccess) {
+    if (dev)
+      cudaFree(dev);
+    (void)WG_NCCL(control)(t, src, NC_NACK, id, NULL, 0);
+    WG_NCCL(lane_down)(t, "device buffer");
+    return;
+  }
+  t->posted = (nc_role_t){.active = 1,
+                          .peer = src,
+                          .id = id,
+                          .send = 1,
+                          .dev = dev,
+                          .len = x->len,
+                          .deadline = wg_now() + xfer_deadline_s(x->len),
+                          .xfer = x};
+  if (post(t, 1, src, dev, x->len) == 0)
+    (void)WG_NCCL(control)(t, src, NC_GO, id, NULL, 0);
+}
+
+static void on_go(nc_t *t, int src, uint64_t id) {
+  nc_role_t r = t->reserved;
+  if (!r.active || r.peer != src || r.id != id || atomic_load(&t->lane_state) != NC_LANE_UP)
+    return; /* stale: the sender's send then misses its deadline and the lane goes down */
+  size_t len = (size_t)r.item->header.length;
+  void *dev = NULL;
+  memset(&t->reserved, 0, sizeof t->reserved);
+  if (cudaMalloc(&dev, len ? len : 1) != cudaSuccess) {
+    WG_NCCL(lane_down)(t, "device buffer");
+    return;
+  }
+  t->posted = (nc_role_t){.active = 1,
+                          .peer = src,
+                          .id = id,
+                          .send = 0,
+                          .dev = dev,
+                          .len = len,
+                          .deadline = wg_now() + xfer_deadline_s(len),
+                          .item = r.item};
+  (void)post(t, 0, src, dev, len);
+}
+
+static void on_control(nc_t *t, wg_message_t *m) {
+  const wg_frame_header_t *h = &m->header;
+  int src = (int)h->src;
+  wg_frame_header_t oh;
+  switch ((enum nc_op)h->seq) {
+  case NC_ANNOUNCE:
+  case NC_RESEND:
+    if (h->length < WG_FRAME_HEADER_SIZE ||
+        wg_frame_decode(m->payload, WG_FRAME_HEADER_SIZE, t->epoch, (uint32_t)t->nranks,
+                        t->max_payload, &oh) != 0 ||
+        (int)oh.src != src) {
+      wg_logf(t->log, t->log_user, WAGMA_LOG_WARN, "rank %d: bad lane frame from %d dropped",
+              t->rank, src);
+      return;
+    }
+    if (h->seq == NC_ANNOUNCE) {
+      nc_item_t *it = calloc(1, sizeof *it);
+      if (!it)
+        return;
+      it->id = h->aux;
+      it->header = oh;
+      it->resend = atomic_load(&t->lane_state) != NC_LANE_UP;
+      hold(t, src, it);
+    } else {
+      nc_item_t *it = find_item(t, src, h->aux);
+      if (!it || h->length != WG_FRAME_HEADER_SIZE + oh.length)
+        return; /* delivered on the lane already: a duplicate */
+      wg_message_t *msg = wg_message_new(&oh, (size_t)oh.length);
+      if (!msg)
+        return;
+      memcpy(msg->payload, m->payload + WG_FRAME_HEADER_SIZE, (size_t)oh.length);
+      it->msg = msg;
+      if (t->reserved.active && t->reserved.item == it)
+        memset(&t->reserved, 0, sizeof t->reserved);
+      if (t->last_done[src] < h->aux)
+        t->last_done[src] = h->aux;
+      flush_src(t, src);
+    }
+    return;
+  case NC_CTS: on_cts(t, src, h->aux); return;
+  case NC_GO: on_go(t, src, h->aux); return;
+  case NC_NACK:
+    if (t->reserved.active && t->reserved.peer == src && t->reserved.id == h->aux) {
+      memset(&t->reserved, 0, sizeof t->reserved);
+      t->rng = t->rng * 1103515245u + 12345u;
+      t->backoff_until = wg_now() + (50 + (t->rng >> 8) % 350) * 1e-6;
+    }
+    return;
+  case NC_PEER_UP:
+    pthread_mutex_lock(&t->mu);
+    t->peer_up[src] = 1; /* used only while my lane is up too */
+    pthread_mutex_unlock(&t->mu);
+    return;
+  case NC_PEER_DOWN: {
+    pthread_mutex_lock(&t->mu);
+    t->peer_up[src] = 0;
+    pthread_mutex_unlock(&t->mu);
+    if (atomic_load(&t->lane_state) == NC_LANE_UP) {
+      char why[64];
+      snprintf(why, sizeof why, "rank %d revoked its communicator", src);
+      WG_NCCL(lane_down)(t, why);
+    }
+    return;
+  }
+  case NC_ID:
+  case NC_SHRINK:
+  case NC_NOLANE:
+    if (src != 0 || t->word != 0)
+      return;
+    if (h->seq == NC_ID) {
+      if (h->length != NCCL_UNIQUE_ID_BYTES)
+        return;
+      memcpy(&t->word_id, m->payload, NCCL_UNIQUE_ID_BYTES);
+    }
+    t->word = (int)h->seq;
+    t->word_aux = h->aux;
+    return;
+  }
+}
+
+static void on_frame(nc_t *t, wg_message_t *m) {
+  int src = (int)m->header.src;
+  if (m->header.kind == WG_FRAME_COLL && m->header.group == NC_GROUP) {
+    on_control(t, m);
+    wg_message_free(m);
+    return;
+  }
+  if (t->pending[src]) {
+    nc_item_t *it = calloc(1, sizeof *it);
+    if (!it) {
+      wg_message_free(m);
+      return;
+    }
+    it->msg = m;
+    hold(t, src, it);
+    return;
+  }
+  WG_NCCL(deliver)(t, m);
+}
+
+/* A peer TCP declared dead: take what it sent, deliver what is complete, drop the rest. */
+static void bury(nc_t *t, int r) {
+  wg_match_t match;
+  wg_match_any(&match);
+  match.src = (uint64_t)r;
+  wg_message_t *m = NULL;
+  while (t->tcp_ops->recv(t->tcp, &match, 0.0, &m) == 0) {
+    on_frame(t, m);
+    m = NULL;
+  }
+  if ((t->posted.active && t->posted.peer == r) || (t->reserved.active && t->reserved.peer == r)) {
+    char why[64];
+    snprintf(why, sizeof why, "rank %d died mid-transfer", r);
+    WG_NCCL(lane_down)(t, why);
+  }
+  while (t->pending[r]) {
+    nc_item_t *it = t->pending[r];
+    t->pending[r] = it->next;
+    if (it->msg)
+      WG_NCCL(deliver)(t, it->msg);
+    free(it);
+  }
+  WG_NCCL(mark_dead_done)(t, r);
+}
+
+void WG_NCCL(pump)(nc_t *t, double wait_s) {
+  wg_match_t any;
+  wg_match_any(&any);
+  double deadline = wg_now() + wait_s;
+  for (int i = 0; i < 64; i++) {
+    wg_message_t *m = NULL;
+    if (t->tcp_ops->recv(t->tcp, &any, i == 0 ? deadline : 0.0, &m) != 0)
+      break;
+    on_frame(t, m);
+  }
+  for (int r = 0; r < t->nranks; r++)
+    if (r != t->rank && !t->dead_done[r] && !t->tcp_ops->peer_alive(t->tcp, r))
+      bury(t, r);
+}
+
+static void check_posted(nc_t *t) {
+  nc_role_t *p = &t->posted;
+  if (!p->active)
+    return;
+  const char *fail = NULL;
+  char why[160];
+  int done = 0;
+  ncclResult_t e = ncclSuccess;
+  if (ncclCommGetAsyncError(t->comm, &e) != ncclSuccess)
+    e = ncclInternalError;
+  if (e != ncclSuccess && e != ncclInProgress) {
+    snprintf(why, sizeof why, "%s with rank %d: %s", p->send ? "send" : "recv", p->peer,
+             ncclGetErrorString(e));
+    fail = why;
+  } else if (e == ncclSuccess) {
+    cudaError_t q = cudaStreamQuery(t->stream);
+    if (q == cudaSuccess)
+      done = 1;
+    else if (q != cudaErrorNotReady) {
+      snprintf(why, sizeof why, "stream: %s", cudaGetErrorString(q));
+      fail = why;
+    }
+  }
+  if (!done && !fail && wg_now() > p->deadline) {
+    snprintf(why, sizeof why, "%s with rank %d missed its deadline", p->send ? "send" : "recv",
+             p->peer);
+    fail = why;
+  }
+  if (fail) {
+    WG_NCCL(lane_down)(t, fail);
+    return;
+  }
+  if (!done)
+    return;
+  if (p->send) {
+    pthread_mutex_lock(&t->mu);
+    for (nc_xfer_t **q = &t->out; *q; q = &(*q)->next)
+      if (*q == p->xfer) {
+        *q = p->xfer->next;
+        break;
+      }
+    pthread_mutex_unlock(&t->mu);
+    free(p->xfer->host);
+    free(p->xfer);
+    atomic_fetch_add(&t->lane_bytes_sent, p->len);
+  } else {
+    nc_item_t *it = p->item;
+    wg_message_t *msg = wg_message_new(&it->header, p->len);
+    if (!msg || (p->len &&
+                 cudaMemcpy(msg->payload, p->dev, p->len, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+      wg_message_free(msg);
+      WG_NCCL(lane_down)(t, "copying a received payload to the host");
+      return;
+    }
+    it->msg = msg;
+    if (t->last_done[p->peer] < p->id)
+      t->last_done[p->peer] = p->id;
+    atomic_fetch_add(&t->lane_bytes_received, p->len);
+  }
+  atomic_fetch_add(&t->lane_transfers, 1);
+  int peer = p->peer, recv = !p->send;
+  role_release(t, p, 1);
+  if (recv)
+    flush_src(t, peer);
+}
+
+/* When idle, asks the sender of the oldest held transfer (round robin over senders). */
+static void maybe_cts(nc_t *t) {
+  if (atomic_load(&t->lane_state) != NC_LANE_UP || t->posted.active)
+    return;
+  double now = wg_now();
+  if (t->reserved.active) {
+    if (now > t->reserved.deadline)
+      WG_NCCL(lane_down)(t, "no answer to a clear-to-send");
+    return;
+  }
+  if (now < t->backoff_until)
+    return;
+  for (int k = 0; k < t->nranks; k++) {
+    int src = (t->rr + k) % t->nranks;
+    nc_item_t *it = t->pending[src];
+    if (!it || it->msg || it->resend)
+      continue;
+    pthread_mutex_lock(&t->mu);
+    int up = t->peer_up[src];
+    pthread_mutex_unlock(&t->mu);
+    if (!up)
+      continue;
+    t->rr = src + 1;
+    t->reserved = (nc_role_t){.active = 1,
+                              .peer = src,
+                              .id = it->id,
+                              .item = it,
+                              .deadline = now + xfer_deadline_s((size_t)it->header.length)};
+    if (WG_NCCL(control)(t, src, NC_CTS, it->id, NULL, 0) != 0)
+      memset(&t->reserved, 0, sizeof t->reserved);
+    return;
+  }
+}
+
+void *WG_NCCL(lane_main)(void *arg) {
+  nc_t *t = arg;
+  WG_NCCL(lane_init)(t);
+  while (!atomic_load(&t->stopping)) {
+    int busy = t->posted.active || t->reserved.active;
+    WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
+    check_posted(t);
+    maybe_cts(t);
+    if (t->posted.active)
+      nap_us(20);
+  }
+  return NULL;
+}

@@ -1,0 +1,827 @@
+/* fake_nccl.c — a fake of the NCCL and CUDA runtime subset the NCCL transport calls
+ * (include/nccl.h, include/cuda_runtime_api.h say which, and the faults it injects), so the
+ * transport's multi-rank tests run on machines without a GPU.
+ *
+ * Model: each rank is a process. ncclGetUniqueId opens a listening socket on 127.0.0.1 and
+ * writes its port and a random nonce into the id; the rank 0 that initialises with that id
+ * (in the same process) collects every rank's data port there and sends the table back; then
+ * each rank dials every lower rank's data port (a HELLO with the nonce and its rank) and
+ * accepts the higher ones. ncclCommShrink builds a new mesh among the survivors over the
+ * same data listeners with a derived nonce. A send is `u64 length` + bytes on the pair's
+ * socket; a recv reads them into the buffer (a length that differs is ncclInvalidUsage).
+ *
+ * Threads: a non-blocking communicator initialises (or shrinks) on a thread of its own; each
+ * communicator has a worker thread that runs its posted groups one after the other (the
+ * stream order), progressing every operation of a group together with poll(). A stream is a
+ * counter of groups posted on it and not yet completed or dropped. Group state is
+ * thread-local, as NCCL's is. Nothing here waits without a bound on abort: every loop polls
+ * at most 20 ms at a time and checks the abort and revoke flags. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "nccl.h"
+
+#define FAKE_ID_MAGIC 0x4c43434eu /* "NCCL" */
+#define FAKE_INIT_TIMEOUT_S 60.0
+#define FAKE_MAX_RANKS 1024
+
+struct fakecuda_stream {
+  atomic_int pending; /* groups posted and not completed or dropped */
+};
+
+typedef struct fop {
+  int send;
+  int peer;
+  uint8_t *buf;
+  size_t bytes;
+  uint8_t hdr[8];
+  size_t hdr_done;
+  uint64_t announced; /* recv: the length the sender wrote */
+  size_t done;
+  int hang;    /* fault: never progresses */
+  int stalled; /* the peer's socket failed: never progresses (as NCCL on one host) */
+  int complete;
+} fop_t;
+
+typedef struct fgroup {
+  fop_t *ops;
+  int nops;
+  struct fakecuda_stream *stream;
+  struct fgroup *next;
+} fgroup_t;
+
+struct fakenccl_comm {
+  int nranks, rank, blocking;
+  uint64_t nonce;
+  uint16_t root_port;
+  int listen_fd;
+  uint16_t *ports; /* data listener port of each rank */
+  int *fds;        /* socket to each peer, -1 for self */
+  _Atomic int async;
+  atomic_int aborting, revoking, revoked_done, init_hang;
+  pthread_t init_thread, worker;
+  int init_started, worker_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  fgroup_t *head, *tail;
+  fop_t *self_sends; /* a self-send waits here for the self-recv of the same group */
+  /* shrink */
+  struct fakenccl_comm *parent;
+  int *keep; /* parent ranks kept, in order */
+};
+
+static atomic_long op_counter;
+
+/* ------------------------------------------------------------------ small helpers */
+static double mono(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long env_long(const char *name) {
+  const char *v = getenv(name);
+  return v && *v ? strtol(v, NULL, 10) : 0;
+}
+
+static int listen_any(uint16_t *port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+/* Waits for fd to be ready for events, 20 ms at a time, until deadline or abort. */
+static int wait_fd(struct fakenccl_comm *c, int fd, short events, double deadline) {
+  for (;;) {
+    if (atomic_load(&c->aborting) || mono() > deadline)
+      return -1;
+    struct pollfd p = {.fd = fd, .events = events};
+    int n = poll(&p, 1, 20);
+    if (n > 0)
+      return 0;
+    if (n < 0 && errno != EINTR)
+      return -1;
+  }
+}
+
+static int io_all(struct fakenccl_comm *c, int fd, void *buf, size_t len, int write_it,
+                  double deadline) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    if (wait_fd(c, fd, write_it ? POLLOUT : POLLIN, deadline) != 0)
+      return -1;
+    ssize_t n =
+        write_it ? send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, len, MSG_DONTWAIT);
+    if (n == 0)
+      return -1;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR)
+        continue;
+      return -1;
+    }
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+static int dial(struct fakenccl_comm *c, uint16_t port, double deadline) {
+  while (!atomic_load(&c->aborting) && mono() < deadline) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return -1;
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return fd;
+    }
+    close(fd);
+    usleep(20000);
+  }
+  return -1;
+}
+
+static int accept_one(struct fakenccl_comm *c, int lfd, double deadline) {
+  if (wait_fd(c, lfd, POLLIN, deadline) != 0)
+    return -1;
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd >= 0) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
+}
+
+/* ------------------------------------------------------------------ unique ids */
+typedef struct root_entry {
+  uint64_t nonce;
+  int fd;
+  struct root_entry *next;
+} root_entry_t;
+static root_entry_t *roots;
+static pthread_mutex_t roots_mu = PTHREAD_MUTEX_INITIALIZER;
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  if (!id)
+    return ncclInvalidArgument;
+  root_entry_t *e = calloc(1, sizeof *e);
+  uint16_t port = 0;
+  if (!e)
+    return ncclSystemError;
+  e->fd = listen_any(&port);
+  if (e->fd < 0 || getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce) {
+    if (e->fd >= 0)
+      close(e->fd);
+    free(e);
+    return ncclSystemError;
+  }
+  memset(id, 0, sizeof *id);
+  uint32_t magic = FAKE_ID_MAGIC;
+  memcpy(id->internal, &magic, 4);
+  memcpy(id->internal + 4, &port, 2);
+  memcpy(id->internal + 8, &e->nonce, 8);
+  pthread_mutex_lock(&roots_mu);
+  e->next = roots;
+  roots = e;
+  pthread_mutex_unlock(&roots_mu);
+  return ncclSuccess;
+}
+
+static int take_root(uint64_t nonce) {
+  int fd = -1;
+  pthread_mutex_lock(&roots_mu);
+  for (root_entry_t **p = &roots; *p; p = &(*p)->next)
+    if ((*p)->nonce == nonce) {
+      root_entry_t *e = *p;
+      fd = e->fd;
+      *p = e->next;
+      free(e);
+      break;
+    }
+  pthread_mutex_unlock(&roots_mu);
+  return fd;
+}
+
+/* ------------------------------------------------------------------ mesh set-up */
+typedef struct hello {
+  uint64_t nonce;
+  uint32_t rank;
+  uint16_t port;
+  uint16_t pad;
+} hello_t;
+
+/* Every rank dials the lower ranks' data ports and accepts the higher ones. */
+static int build_mesh(struct fakenccl_comm *c, double deadline) {
+  for (int j = 0; j < c->rank; j++) {
+    int fd = dial(c, c->ports[j], deadline);
+    hello_t h = {.nonce = c->nonce, .rank = (uint32_t)c->rank};
+    if (fd < 0)
+      return -1;
+    c->fds[j] = fd;
+    if (io_all(c, fd, &h, sizeof h, 1, deadline) != 0)
+      return -1;
+  }
+  int want = c->nranks - 1 - c->rank;
+  while (want > 0) {
+    int fd = accept_one(c, c->listen_fd, deadline);
+    hello_t h;
+    if (fd < 0)
+      return -1;
+    if (io_all(c, fd, &h, sizeof h, 0, deadline) != 0 || h.nonce != c->nonce ||
+        (int)h.rank <= c->rank || (int)h.rank >= c->nranks || c->fds[h.rank] >= 0) {
+      close(fd); /* a stale or foreign connection: not ours */
+      continue;
+    }
+    c->fds[h.rank] = fd;
+    want--;
+  }
+  return 0;
+}
+
+static int rendezvous(struct fakenccl_comm *c, double deadline) {
+  if (c->rank == 0) {
+    int root = take_root(c->nonce);
+    if (root < 0)
+      return -1; /* rank 0 must initialise in the process that made the id */
+    int *peer = calloc((size_t)c->nranks, sizeof(int));
+    int rc = peer ? 0 : -1;
+    for (int i = 1; i < c->nranks && rc == 0; i++) {
+      int fd = accept_one(c, root, deadline);
+      hello_t h;
+      if (fd < 0) {
+        rc = -1;
+        break;
+      }
+      if (io_all(c, fd, &h, sizeof h, 0, deadline) != 0 || h.nonce != c->nonce || h.rank == 0 ||
+          (int)h.rank >= c->nranks || peer[h.rank]) {
+        close(fd);
+        i--;
+        continue;
+      }
+      peer[h.rank] = fd;
+      c->ports[h.rank] = h.port;
+    }
+    for (int i = 1; i < c->nranks; i++)
+      if (peer && peer[i] > 0) {
+        if (rc == 0 && io_all(c, peer[i], c->ports, c->nranks * sizeof(uint16_t), 1, deadline) != 0)
+          rc = -1;
+        close(peer[i]);
+      }
+    free(peer);
+    close(root);
+    return rc;
+  }
+  int fd = dial(c, c->root_port, deadline);
+  if (fd < 0)
+    return -1;
+  hello_t h = {.nonce = c->nonce, .rank = (uint32_t)c->rank, .port = c->ports[c->rank]};
+  int rc = io_all(c, fd, &h, sizeof h, 1, deadline);
+  if (rc == 0)
+    rc = io_all(c, fd, c->ports, c->nranks * sizeof(uint16_t), 0, deadline);
+  close(fd);
+  return rc;
+}
+
+static void *worker_main(void *arg);
+
+static void *init_main(void *arg) {
+  struct fakenccl_comm *c = arg;
+  double deadline = mono() + FAKE_INIT_TIMEOUT_S;
+  if (atomic_load(&c->init_hang)) {
+    while (!atomic_load(&c->aborting))
+      usleep(10000);
+    return NULL;
+  }
+  int rc = 0;
+  if (!c->parent)
+    rc = rendezvous(c, deadline);
+  if (rc == 0)
+    rc = build_mesh(c, deadline);
+  if (rc == 0 && pthread_create(&c->worker, NULL, worker_main, c) == 0)
+    c->worker_started = 1;
+  else
+    rc = -1;
+  atomic_store(&c->async, rc == 0 ? ncclSuccess : ncclSystemError);
+  return NULL;
+}
+
+static struct fakenccl_comm *comm_new(int nranks, int rank, const ncclConfig_t *config) {
+  struct fakenccl_comm *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->nranks = nranks;
+  c->rank = rank;
+  c->blocking = !(config && config->blocking == 0);
+  c->listen_fd = -1;
+  c->ports = calloc((size_t)nranks, sizeof(uint16_t));
+  c->fds = malloc((size_t)nranks * sizeof(int));
+  if (!c->ports || !c->fds) {
+    free(c->ports);
+    free(c->fds);
+    free(c);
+    return NULL;
+  }
+  for (int i = 0; i < nranks; i++)
+    c->fds[i] = -1;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  atomic_store(&c->async, ncclInProgress);
+  atomic_store(&c->init_hang, env_long("FAKE_NCCL_INIT_HANG") != 0);
+  return c;
+}
+
+static ncclResult_t start_init(struct fakenccl_comm *c) {
+  if (c->blocking) {
+    init_main(c);
+    return (ncclResult_t)atomic_load(&c->async);
+  }
+  if (pthread_create(&c->init_thread, NULL, init_main, c) != 0)
+    return ncclSystemError;
+  c->init_started = 1;
+  return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *config) {
+  uint32_t magic;
+  memcpy(&magic, id.internal, 4);
+  if (!out || nranks < 1 || nranks > FAKE_MAX_RANKS || rank < 0 || rank >= nranks ||
+      magic != FAKE_ID_MAGIC)
+    return ncclInvalidArgument;
+  struct fakenccl_comm *c = comm_new(nranks, rank, config);
+  if (!c)
+    return ncclSystemError;
+  memcpy(&c->root_port, id.internal + 4, 2);
+  memcpy(&c->nonce, id.internal + 8, 8);
+  c->listen_fd = listen_any(&c->ports[rank]);
+  if (c->listen_fd < 0) {
+    ncclCommAbort(c);
+    return ncclSystemError;
+  }
+  *out = c;
+  return start_init(c);
+}
+
+ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int nexclude, ncclComm_t *out,
+                            ncclConfig_t *config, int flags) {
+  (void)flags;
+  if (!parent || !out || nexclude < 0 || (nexclude > 0 && !exclude))
+    return ncclInvalidArgument;
+  uint8_t *gone = calloc((size_t)parent->nranks, 1);
+  if (!gone)
+    return ncclSystemError;
+  uint64_t h = parent->nonce * 0x9e3779b97f4a7c15ull + 1;
+  for (int i = 0; i < nexclude; i++) {
+    if (exclude[i] < 0 || exclude[i] >= parent->nranks || exclude[i] == parent->rank) {
+      free(gone);
+      return ncclInvalidArgument;
+    }
+    gone[exclude[i]] = 1;
+  }
+  int n = 0, me = -1;
+  for (int i = 0; i < parent->nranks; i++)
+    if (!gone[i]) {
+      h = (h ^ (uint64_t)i) * 0x100000001b3ull;
+      if (i == parent->rank)
+        me = n;
+      n++;
+    }
+  ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
+  inherit.blocking = parent->blocking ? 1 : 0;
+  struct fakenccl_comm *c = comm_new(n, me, config ? config : &inherit);
+  if (!c) {
+    free(gone);
+    return ncclSystemError;
+  }
+  c->nonce = h;
+  c->parent = parent;
+  for (int i = 0, k = 0; i < parent->nranks; i++)
+    if (!gone[i])
+      c->ports[k++] = parent->ports[i];
+  free(gone);
+  c->listen_fd = dup(parent->listen_fd); /* the parent's data listener, shared */
+  if (c->listen_fd < 0) {
+    ncclCommAbort(c);
+    return ncclSystemError;
+  }
+  *out = c;
+  return start_init(c);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
+  if (!c || !err)
+    return ncclInvalidArgument;
+  if (atomic_load(&c->revoking) && !atomic_load(&c->revoked_done)) {
+    *err = ncclInProgress;
+    return ncclSuccess;
+  }
+  *err = (ncclResult_t)atomic_load(&c->async);
+  return ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ groups and the worker */
+typedef struct pending_op {
+  struct fakenccl_comm *comm;
+  struct fakecuda_stream *stream;
+  fop_t op;
+} pending_op_t;
+
+static _Thread_local int group_depth;
+static _Thread_local pending_op_t *group_ops;
+static _Thread_local int group_n, group_cap;
+
+ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+static ncclResult_t submit(struct fakenccl_comm *c, struct fakecuda_stream *s, fop_t *ops, int n) {
+  fgroup_t *g = calloc(1, sizeof *g);
+  if (!g)
+    return ncclSystemError;
+  g->ops = malloc((size_t)n * sizeof(fop_t));
+  if (!g->ops) {
+    free(g);
+    return ncclSystemError;
+  }
+  memcpy(g->ops, ops, (size_t)n * sizeof(fop_t));
+  g->nops = n;
+  g->stream = s;
+  atomic_fetch_add(&s->pending, 1);
+  pthread_mutex_lock(&c->mu);
+  if (c->tail)
+    c->tail->next = g;
+  else
+    c->head = g;
+  c->tail = g;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+  if (group_depth <= 0)
+    return ncclInvalidUsage;
+  if (--group_depth > 0)
+    return ncclSuccess;
+  ncclResult_t rc = ncclSuccess;
+  int nonblocking = 0;
+  /* one group per (communicator, stream), in the order of first appearance */
+  for (int i = 0; i < group_n; i++) {
+    if (!group_ops[i].comm)
+      continue;
+    struct fakenccl_comm *c = group_ops[i].comm;
+    struct fakecuda_stream *s = group_ops[i].stream;
+    fop_t *ops = malloc((size_t)group_n * sizeof(fop_t));
+    int n = 0;
+    if (!ops) {
+      rc = ncclSystemError;
+      break;
+    }
+    for (int j = i; j < group_n; j++)
+      if (group_ops[j].comm == c && group_ops[j].stream == s) {
+        ops[n++] = group_ops[j].op;
+        group_ops[j].comm = NULL;
+      }
+    nonblocking |= !c->blocking;
+    ncclResult_t r = submit(c, s, ops, n);
+    free(ops);
+    if (r != ncclSuccess)
+      rc = r;
+  }
+  group_n = 0;
+  if (rc == ncclSuccess && nonblocking)
+    return ncclInProgress; /* as a non-blocking communicator may answer: poll the async error */
+  return rc;
+}
+
+static ncclResult_t post(int send, const void *buf, size_t count, ncclDataType_t type, int peer,
+                         ncclComm_t c, cudaStream_t s) {
+  size_t elem = type == ncclFloat32 ? 4 : 1;
+  if (!c || !s || peer < 0 || peer >= c->nranks || (count > 0 && !buf))
+    return ncclInvalidArgument;
+  if (atomic_load(&c->async) != ncclSuccess || atomic_load(&c->revoking))
+    return ncclInvalidUsage;
+  long nth = atomic_fetch_add(&op_counter, 1) + 1;
+  fop_t op = {.send = send, .peer = peer, .buf = (uint8_t *)buf, .bytes = count * elem};
+  if (env_long("FAKE_NCCL_HANG_OP") == nth)
+    op.hang = 1;
+  if (env_long("FAKE_NCCL_REMOTE_ERROR_OP") == nth) {
+    op.hang = 1;
+    atomic_store(&c->async, ncclRemoteError);
+  }
+  if (group_depth == 0) {
+    ncclResult_t rc = submit(c, s, &op, 1);
+    return rc == ncclSuccess && !c->blocking ? ncclInProgress : rc;
+  }
+  if (group_n == group_cap) {
+    int cap = group_cap ? 2 * group_cap : 8;
+    pending_op_t *p = realloc(group_ops, (size_t)cap * sizeof *p);
+    if (!p)
+      return ncclSystemError;
+    group_ops = p;
+    group_cap = cap;
+  }
+  group_ops[group_n++] = (pending_op_t){.comm = c, .stream = s, .op = op};
+  return ncclSuccess;
+}
+
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
+                      cudaStream_t s) {
+  return post(1, buf, count, type, peer, c, s);
+}
+
+ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
+                      cudaStream_t s) {
+  return post(0, buf, count, type, peer, c, s);
+}
+
+/* Moves what the socket takes now. */
+static void progress(struct fakenccl_comm *c, fop_t *op) {
+  int fd = c->fds[op->peer];
+  for (;;) {
+    ssize_t n;
+    if (op->hdr_done < 8) {
+      if (op->send && op->hdr_done == 0) {
+        uint64_t len = op->bytes;
+        memcpy(op->hdr, &len, 8);
+      }
+      n = op->send ? send(fd, op->hdr + op->hdr_done, 8 - op->hdr_done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                   : recv(fd, op->hdr + op->hdr_done, 8 - op->hdr_done, MSG_DONTWAIT);
+    } else {
+      if (!op->send && op->hdr_done == 8 && op->done == 0) {
+        memcpy(&op->announced, op->hdr, 8);
+        if (op->announced != op->bytes) {
+          atomic_store(&c->async, ncclInvalidUsage);
+          op->stalled = 1;
+          return;
+        }
+      }
+      if (op->done == op->bytes) {
+        op->complete = 1;
+        return;
+      }
+      n = op->send ? send(fd, op->buf + op->done, op->bytes - op->done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                   : recv(fd, op->buf + op->done, op->bytes - op->done, MSG_DONTWAIT);
+    }
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+      op->stalled = 1; /* the peer is gone: NCCL on one host would just never finish */
+      return;
+    }
+    if (n < 0)
+      return;
+    if (op->hdr_done < 8)
+      op->hdr_done += (size_t)n;
+    else
+      op->done += (size_t)n;
+  }
+}
+
+/* 1 when every operation of g completed, 0 when it was dropped (revoke, abort). */
+static int run_group(struct fakenccl_comm *c, fgroup_t *g) {
+  /* self: a send to myself completes with the recv from myself of the same group */
+  for (int i = 0; i < g->nops; i++) {
+    fop_t *a = &g->ops[i];
+    if (a->peer != c->rank || a->complete || a->hang)
+      continue;
+    for (int j = 0; j < g->nops; j++) {
+      fop_t *b = &g->ops[j];
+      if (j != i && b->peer == c->rank && b->send != a->send && !b->complete && !b->hang &&
+          a->bytes == b->bytes) {
+        fop_t *s = a->send ? a : b, *r = a->send ? b : a;
+        memcpy(r->buf, s->buf, s->bytes);
+        a->complete = b->complete = 1;
+        break;
+      }
+    }
+  }
+  for (;;) {
+    if (atomic_load(&c->aborting) || atomic_load(&c->revoking))
+      return 0;
+    struct pollfd pfd[64];
+    int np = 0, left = 0;
+    for (int i = 0; i < g->nops; i++) {
+      fop_t *op = &g->ops[i];
+      if (op->complete)
+        continue;
+      left++;
+      if (op->hang || op->stalled || op->peer == c->rank || np == 64)
+        continue;
+      progress(c, op);
+      if (op->complete) {
+        left--;
+        continue;
+      }
+      if (!op->stalled)
+        pfd[np++] = (struct pollfd){.fd = c->fds[op->peer], .events = op->send ? POLLOUT : POLLIN};
+    }
+    if (left == 0)
+      return 1;
+    if (np == 0)
+      usleep(20000);
+    else
+      poll(pfd, (nfds_t)np, 20);
+  }
+}
+
+static void *worker_main(void *arg) {
+  struct fakenccl_comm *c = arg;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    if (atomic_load(&c->aborting))
+      break;
+    if (atomic_load(&c->revoking)) { /* drop everything posted: the streams become idle */
+      while (c->head) {
+        fgroup_t *g = c->head;
+        c->head = g->next;
+        atomic_fetch_sub(&g->stream->pending, 1);
+        free(g->ops);
+        free(g);
+      }
+      c->tail = NULL;
+      atomic_store(&c->revoked_done, 1);
+    }
+    if (!c->head) {
+      struct timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      ts.tv_nsec += 20 * 1000 * 1000;
+      if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+      }
+      pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+      continue;
+    }
+    fgroup_t *g = c->head;
+    pthread_mutex_unlock(&c->mu);
+    int done = run_group(c, g);
+    pthread_mutex_lock(&c->mu);
+    if (done || atomic_load(&c->revoking) || atomic_load(&c->aborting)) {
+      c->head = g->next;
+      if (!c->head)
+        c->tail = NULL;
+      atomic_fetch_sub(&g->stream->pending, 1);
+      free(g->ops);
+      free(g);
+    }
+  }
+  while (c->head) {
+    fgroup_t *g = c->head;
+    c->head = g->next;
+    atomic_fetch_sub(&g->stream->pending, 1);
+    free(g->ops);
+    free(g);
+  }
+  c->tail = NULL;
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+ncclResult_t ncclCommRevoke(ncclComm_t c, int flags) {
+  if (!c || flags != NCCL_REVOKE_DEFAULT)
+    return ncclInvalidArgument;
+  atomic_store(&c->revoking, 1);
+  if (!c->worker_started)
+    atomic_store(&c->revoked_done, 1);
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t c) {
+  if (!c)
+    return ncclSuccess;
+  atomic_store(&c->aborting, 1);
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  if (c->init_started)
+    pthread_join(c->init_thread, NULL);
+  if (c->worker_started)
+    pthread_join(c->worker, NULL);
+  for (int i = 0; i < c->nranks; i++)
+    if (c->fds[i] >= 0)
+      close(c->fds[i]);
+  if (c->listen_fd >= 0)
+    close(c->listen_fd);
+  if (!c->parent && c->rank == 0) {
+    int root = take_root(c->nonce); /* an id never used for a rendezvous */
+    if (root >= 0)
+      close(root);
+  }
+  pthread_mutex_destroy(&c->mu);
+  pthread_cond_destroy(&c->cv);
+  free(c->ports);
+  free(c->fds);
+  free(c->keep);
+  free(c);
+  return ncclSuccess;
+}
+
+const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+  case ncclSuccess: return "no error";
+  case ncclUnhandledCudaError: return "unhandled cuda error";
+  case ncclSystemError: return "unhandled system error (fake: rendezvous or socket failed)";
+  case ncclInternalError: return "internal error";
+  case ncclInvalidArgument: return "invalid argument";
+  case ncclInvalidUsage: return "invalid usage";
+  case ncclRemoteError: return "remote process exited or there was a network error";
+  case ncclInProgress: return "NCCL operation in progress";
+  default: return "unknown result code";
+  }
+}
+
+/* ------------------------------------------------------------------ CUDA runtime */
+cudaError_t cudaGetDeviceCount(int *count) {
+  const char *v = getenv("FAKE_NCCL_DEVICES");
+  if (!count)
+    return cudaErrorInvalidValue;
+  *count = v && *v ? atoi(v) : 1;
+  return *count > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess)
+    return cudaErrorNoDevice;
+  return device >= 0 && device < n ? cudaSuccess : cudaErrorInvalidDevice;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+  (void)flags;
+  if (!stream)
+    return cudaErrorInvalidValue;
+  *stream = calloc(1, sizeof(struct fakecuda_stream));
+  return *stream ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  free(stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  if (!stream)
+    return cudaErrorInvalidValue;
+  return atomic_load(&stream->pending) > 0 ? cudaErrorNotReady : cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t size) {
+  if (!ptr)
+    return cudaErrorInvalidValue;
+  *ptr = malloc(size ? size : 1);
+  return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void *ptr) {
+  free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
+  (void)kind;
+  if (count > 0 && (!dst || !src))
+    return cudaErrorInvalidValue;
+  if (count > 0)
+    memcpy(dst, src, count);
+  return cudaSuccess;
+}
+
+const char *cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+  case cudaSuccess: return "no error";
+  case cudaErrorInvalidValue: return "invalid argument";
+  case cudaErrorMemoryAllocation: return "out of memory";
+  case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice: return "invalid device ordinal";
+  case cudaErrorNotReady: return "device not ready";
+  default: return "unknown error";
+  }
+}

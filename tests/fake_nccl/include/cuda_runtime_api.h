@@ -1,0 +1,62 @@
+/* cuda_runtime_api.h (fake) — the subset of the CUDA runtime API the NCCL transport
+ * (collective/nccl*.c) calls, for its test build against tests/fake_nccl. Device memory is
+ * host memory; a stream is a counter of NCCL groups not yet completed on it.
+ *
+ * Every name is mapped to a fakecuda_ symbol, so a process can hold the fake and the real
+ * CUDA runtime side by side (the tests link the product library too). Values of the enums
+ * are the real API's. */
+#ifndef WAGMA_FAKE_CUDA_RUNTIME_API_H
+#define WAGMA_FAKE_CUDA_RUNTIME_API_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNotReady = 600,
+} cudaError_t;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+
+#define cudaStreamNonBlocking 0x01
+
+typedef struct fakecuda_stream *cudaStream_t;
+
+#define cudaGetDeviceCount fakecuda_cudaGetDeviceCount
+#define cudaSetDevice fakecuda_cudaSetDevice
+#define cudaStreamCreateWithFlags fakecuda_cudaStreamCreateWithFlags
+#define cudaStreamDestroy fakecuda_cudaStreamDestroy
+#define cudaStreamQuery fakecuda_cudaStreamQuery
+#define cudaMalloc fakecuda_cudaMalloc
+#define cudaFree fakecuda_cudaFree
+#define cudaMemcpy fakecuda_cudaMemcpy
+#define cudaGetErrorString fakecuda_cudaGetErrorString
+
+/* FAKE_NCCL_DEVICES (default 1) devices. */
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+/* cudaErrorNotReady while an NCCL group posted on the stream has not completed. */
+cudaError_t cudaStreamQuery(cudaStream_t stream);
+cudaError_t cudaMalloc(void **ptr, size_t size);
+cudaError_t cudaFree(void *ptr);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+const char *cudaGetErrorString(cudaError_t error);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,44 @@
+/* nccl_world_hooks.c — see nccl_world_hooks.h. Single-threaded use per process: the rank's
+ * compute thread creates and destroys its communicators. */
+#include "nccl_world_hooks.h"
+
+#include <string.h>
+#include <sys/mman.h>
+
+#include "engine_internal.h"
+#include "nccl_internal.h"
+
+nw_lane_t *nw_lanes;
+static int my_rank;
+
+void nw_init(void) {
+  if (!nw_lanes) {
+    void *p = mmap(NULL, NW_MAXP * sizeof(nw_lane_t), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    nw_lanes = p == MAP_FAILED ? NULL : p;
+  }
+  nw_reset();
+}
+
+void nw_reset(void) {
+  if (nw_lanes)
+    memset(nw_lanes, 0, NW_MAXP * sizeof(nw_lane_t));
+}
+
+int nw_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) {
+  my_rank = options ? options->rank : 0;
+  return wg_comm_create_with(options, &wg_ncclfake_transport, comm);
+}
+
+void nw_comm_destroy(wagma_comm_t *comm) {
+  if (comm && comm->tp && nw_lanes && my_rank >= 0 && my_rank < NW_MAXP) {
+    nc_t *t = (nc_t *)comm->tp;
+    nw_lane_t *l = &nw_lanes[my_rank];
+    l->recorded = 1;
+    l->state = atomic_load(&t->lane_state);
+    l->shrunk = t->shrunk;
+    l->transfers = atomic_load(&t->lane_transfers);
+    l->failures = atomic_load(&t->lane_failures);
+  }
+  wagma_comm_destroy(comm);
+}

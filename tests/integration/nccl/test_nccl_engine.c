@@ -1,0 +1,205 @@
+/* The engine over the NCCL transport between real processes (fork per rank on 127.0.0.1),
+ * linked against tests/fake_nccl: groups of 2, 3 and 4 with changing contributors (the sum of
+ * the models is conserved and every contribution's staleness is <= tau), the synchronous
+ * allreduce baseline, a peer SIGKILLed or SIGSTOPped mid-run, and the fake's faults (an
+ * operation that never completes, ncclRemoteError, an initialisation in progress for ever):
+ * the lane is revoked and the rounds go on over TCP. Every scenario also checks what the lane
+ * did, so a run that silently moved everything over TCP fails. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine_world.h"
+#include "nccl_internal.h"
+#include "nccl_world_hooks.h"
+
+static ew_result_t res[EW_MAXP];
+
+static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, P, S, tau, mode);
+  sc.rounds = 40;
+  for (int r = 0; r < P; r++)
+    sc.base_ms[r] = 1 + 2 * r; /* the contributors of a round change with these */
+  sc.base_ms[0] = 10;          /* slow: its round thread contributes for it */
+  sc.slow_p = 0.2;
+  sc.slow_ms = 6;
+  sc.settle_s = 1.5;
+  sc.track_catchup = 1;
+  nw_reset();
+  assert_int_equal(ew_run(&sc, res), 0);
+  for (int i = 0; i < EW_COUNT; i++) {
+    double have = 0, want = 0;
+    for (int r = 0; r < P; r++) {
+      have += res[r].model[i];
+      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
+    }
+    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
+  }
+  uint64_t corrections = 0;
+  for (int r = 0; r < P; r++) {
+    assert_int_equal(res[r].errors, 0);
+    assert_int_equal(res[r].bad_staleness, 0);
+    corrections += res[r].counters.corrections_applied;
+    assert_true(nw_lanes[r].recorded);
+    assert_int_equal(nw_lanes[r].state, NC_LANE_UP);
+    assert_true(nw_lanes[r].transfers > 0);
+    assert_int_equal(nw_lanes[r].failures, 0);
+  }
+  assert_true(corrections > (uint64_t)(5 * P));
+}
+
+static void test_groups_p2(void **s) {
+  (void)s;
+  run_conservation(2, 2, 4, WAGMA_GLOBAL_BARRIER);
+}
+
+static void test_groups_p3(void **s) {
+  (void)s;
+  run_conservation(3, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+}
+
+static void test_groups_p4(void **s) {
+  (void)s;
+  run_conservation(4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+}
+
+/* The synchronous baseline: wagma_comm_allreduce(MEAN) every iteration on NCCL. */
+static void test_allreduce_mean(void **s) {
+  (void)s;
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, 3, 2, 4, WAGMA_GLOBAL_BARRIER);
+  sc.loop = EW_LOOP_SYNC;
+  sc.rounds = 10;
+  nw_reset();
+  assert_int_equal(ew_run(&sc, res), 0);
+  for (int i = 0; i < EW_COUNT; i++) {
+    double want = 0;
+    for (int r = 0; r < 3; r++)
+      want += res[r].initial[i] + res[r].added[i];
+    for (int r = 0; r < 3; r++)
+      assert_float_equal(res[r].model[i], want / 3, 1e-2);
+  }
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(res[r].errors, 0);
+    assert_true(nw_lanes[r].transfers > 0);
+  }
+}
+
+static void test_sigkill_mid_run(void **s) {
+  (void)s;
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  sc.rounds = 60;
+  sc.floor_s = 0.3;
+  for (int r = 0; r < 4; r++)
+    sc.base_ms[r] = 3;
+  sc.kill_rank = 2;
+  nw_reset();
+  assert_int_equal(ew_run(&sc, res), 0);
+  for (int r = 0; r < 4; r++) {
+    if (r == 2)
+      continue;
+    assert_int_equal(res[r].errors, 0);
+    assert_true(res[r].final_round >= 60);
+    assert_true(res[r].max_wait_after_s < 3.0); /* about one deadline for the dead rank */
+    assert_true(nw_lanes[r].transfers > 0);
+  }
+}
+
+static void test_sigstop_mid_run(void **s) {
+  (void)s;
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  sc.rounds = 200;
+  sc.floor_s = 0.2;
+  for (int r = 0; r < 4; r++)
+    sc.base_ms[r] = 5;
+  sc.stop_rank = 3;
+  sc.stop_s = 2.0;
+  nw_reset();
+  assert_int_equal(ew_run(&sc, res), 0);
+  for (int r = 0; r < 4; r++) {
+    assert_int_equal(res[r].errors, 0);
+    assert_true(res[r].final_round >= 200);
+    if (r < 3)
+      assert_true(res[r].max_wait_after_s < 2.5); /* survivors moved on within the deadline */
+  }
+}
+
+/* Faults from the fake, set in every rank: the lane goes down (or never up), nothing hangs,
+ * the models are still conserved. */
+static void run_fault(const char *var, const char *value, int expect_up) {
+  setenv(var, value, 1);
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, 3, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  sc.rounds = 30;
+  sc.floor_s = 0.3;
+  for (int r = 0; r < 3; r++)
+    sc.base_ms[r] = 2 + r;
+  sc.settle_s = 1.5;
+  sc.track_catchup = 1;
+  nw_reset();
+  int rc = ew_run(&sc, res);
+  unsetenv(var);
+  assert_int_equal(rc, 0);
+  for (int i = 0; i < EW_COUNT; i++) {
+    double have = 0, want = 0;
+    for (int r = 0; r < 3; r++) {
+      have += res[r].model[i];
+      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
+    }
+    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
+  }
+  uint64_t failures = 0;
+  for (int r = 0; r < 3; r++) {
+    assert_int_equal(res[r].errors, 0);
+    assert_true(res[r].final_round >= 30);
+    failures += nw_lanes[r].failures;
+    if (!expect_up) {
+      /* never up: still initialising when the run ended, or given up at the deadline */
+      assert_true(nw_lanes[r].state == NC_LANE_INIT || nw_lanes[r].state == NC_LANE_OFF);
+      assert_int_equal(nw_lanes[r].transfers, 0);
+    } else {
+      assert_int_equal(nw_lanes[r].state, NC_LANE_DOWN);
+    }
+  }
+  if (expect_up)
+    assert_true(failures > 0);
+}
+
+static void test_fault_op_never_completes(void **s) {
+  (void)s;
+  run_fault("FAKE_NCCL_HANG_OP", "6", 1);
+}
+
+static void test_fault_remote_error(void **s) {
+  (void)s;
+  run_fault("FAKE_NCCL_REMOTE_ERROR_OP", "4", 1);
+}
+
+static void test_fault_init_in_progress_for_ever(void **s) {
+  (void)s;
+  run_fault("FAKE_NCCL_INIT_HANG", "1", 0);
+}
+
+int main(void) {
+  nw_init();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_groups_p2),
+      cmocka_unit_test(test_groups_p3),
+      cmocka_unit_test(test_groups_p4),
+      cmocka_unit_test(test_allreduce_mean),
+      cmocka_unit_test(test_sigkill_mid_run),
+      cmocka_unit_test(test_sigstop_mid_run),
+      cmocka_unit_test(test_fault_op_never_completes),
+      cmocka_unit_test(test_fault_remote_error),
+      cmocka_unit_test(test_fault_init_in_progress_for_ever),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

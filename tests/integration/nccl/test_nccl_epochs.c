@@ -1,0 +1,4 @@
+/* placeholder, filled below */
+int main(void) {
+  return 0;
+}
