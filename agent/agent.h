@@ -70,6 +70,10 @@ typedef struct wg_agent_options {
   int lease_ttl_s;
   int etcd_timeout_ms;
   double etcd_startup_timeout_s; /* give up when etcd does not answer at startup; 0 = never */
+  /* etcd TLS and user (NULL = none): --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user,
+   * --etcd-password-file or $WAGMA_ETCD_PASSWORD (strings of argv / the environment) */
+  const char *etcd_ca_file, *etcd_cert_file, *etcd_key_file;
+  const char *etcd_user, *etcd_password_file, *etcd_password;
   double listen_timeout_s; /* retry a plan's communicator this long, then report unavailable */
   double slow_factor;      /* >= 1: compute takes F x longer */
   double sleep_prob;       /* transient imbalance: probability of a pause per iteration */

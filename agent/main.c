@@ -115,6 +115,12 @@ static void usage(FILE *f) {
           "  --etcd-startup-timeout S  give up (exit 4) when etcd does not answer at startup\n"
           "                          within S seconds (default 30; 0 = wait for ever); once\n"
           "                          running, etcd outages are survived\n"
+          "  --etcd-cacert FILE      TLS to etcd: CA bundle (PEM) that signs etcd's certificate\n"
+          "  --etcd-cert FILE        client certificate for etcd --client-cert-auth (PEM)\n"
+          "  --etcd-key FILE         its private key (PEM)\n"
+          "  --etcd-user NAME        etcd user (etcd auth enabled); its password from\n"
+          "  --etcd-password-file FILE  (re-read at each authentication), else from\n"
+          "                          $WAGMA_ETCD_PASSWORD; never on the command line\n"
           "  --listen-timeout S      how long a plan's communicator is retried (binding\n"
           "                          --listen) before the agent reports itself unavailable\n"
           "                          for the job (default 10)\n"
@@ -143,7 +149,8 @@ static void usage(FILE *f) {
           "\n"
           "Exit status: 0 stopped by SIGINT/SIGTERM; 1 failure; 2 usage error (bad flag or\n"
           "address); 3 --device cuda unusable; 4 etcd did not answer within\n"
-          "--etcd-startup-timeout; 5 the --name is held by a live agent.\n",
+          "--etcd-startup-timeout, or refused us (TLS, user or password); 5 the --name is\n"
+          "held by a live agent.\n",
           WAGMA_FASHION_MNIST_DIR);
 }
 
@@ -210,6 +217,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"lease-ttl", required_argument, 0, 'L'},
                                         {"etcd-timeout-ms", required_argument, 0, 'E'},
                                         {"etcd-startup-timeout", required_argument, 0, 'U'},
+                                        {"etcd-cacert", required_argument, 0, 1001},
+                                        {"etcd-cert", required_argument, 0, 1002},
+                                        {"etcd-key", required_argument, 0, 1003},
+                                        {"etcd-user", required_argument, 0, 1004},
+                                        {"etcd-password-file", required_argument, 0, 1005},
                                         {"listen-timeout", required_argument, 0, 'B'},
                                         {"data-dir", required_argument, 0, 'd'},
                                         {"checkpoint-root", required_argument, 0, 'K'},
@@ -307,6 +319,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       if (parse_double(optarg, 0, 86400, &o->etcd_startup_timeout_s))
         FAIL("--etcd-startup-timeout must be 0..86400 seconds");
       break;
+    case 1001: o->etcd_ca_file = optarg; break;
+    case 1002: o->etcd_cert_file = optarg; break;
+    case 1003: o->etcd_key_file = optarg; break;
+    case 1004: o->etcd_user = optarg; break;
+    case 1005: o->etcd_password_file = optarg; break;
     case 'B':
       if (parse_double(optarg, 0, 3600, &o->listen_timeout_s))
         FAIL("--listen-timeout must be 0..3600 seconds");
@@ -399,6 +416,20 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");
   }
+  if (o->etcd_user && !o->etcd_password_file)
+    o->etcd_password = getenv("WAGMA_ETCD_PASSWORD");
+  {
+    char why[512];
+    wagma_etcd_options_t eo = {.endpoints = o->endpoints,
+                               .ca_file = o->etcd_ca_file,
+                               .cert_file = o->etcd_cert_file,
+                               .key_file = o->etcd_key_file,
+                               .username = o->etcd_user,
+                               .password = o->etcd_password,
+                               .password_file = o->etcd_password_file};
+    if (wagma_etcd_options_check(&eo, why, sizeof why) != 0)
+      FAIL("bad etcd options: %s", why);
+  }
   {
     char why[PATH_MAX + 128];
     if (wg_ckroot_open(o->checkpoint_root_arg, &o->checkpoint_root, why, sizeof why) != 0)
@@ -449,9 +480,12 @@ int main(int argc, char **argv) {
   if (wg_runner_start(&opt, &shared, &runner) != 0)
     goto out;
   wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
-          "started: pid %d, listen %s, etcd %s, prefix %s, checkpoint root %s, slow factor %.2f, "
-          "sleep %.2f x %.0f ms",
-          (int)getpid(), opt.listen, opt.endpoints, opt.prefix, opt.checkpoint_root.path,
+          "started: pid %d, listen %s, etcd %s (tls %s, user %s), prefix %s, checkpoint root %s, "
+          "slow factor %.2f, sleep %.2f x %.0f ms",
+          (int)getpid(), opt.listen, opt.endpoints,
+          opt.etcd_ca_file || opt.etcd_cert_file || strstr(opt.endpoints, "https://") ? "on"
+                                                                                      : "off",
+          opt.etcd_user ? opt.etcd_user : "none", opt.prefix, opt.checkpoint_root.path,
           opt.slow_factor, opt.sleep_prob, opt.sleep_ms);
   /* The main thread stays in sigtimedwait (so that it, not a thread of a library that was
    * started with signals unblocked, takes SIGINT / SIGTERM) and watches the startup: etcd
@@ -468,9 +502,9 @@ int main(int argc, char **argv) {
       break;
     }
     if (starting && (starting = wg_control_state(control, why, sizeof why)) < 0) {
-      rc = starting == WAGMA_EUNAVAIL || starting == WAGMA_ETIMEDOUT ? 4
-           : starting == WAGMA_EEXIST                                ? 5
-                                                                     : 1;
+      rc = starting == WAGMA_EUNAVAIL || starting == WAGMA_ETIMEDOUT || starting == WAGMA_EPERM ? 4
+           : starting == WAGMA_EEXIST                                                           ? 5
+                                                                                                : 1;
       fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
       goto out;
     }

@@ -742,10 +742,19 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
     snprintf(err, err_len, "bad --prefix %s", opt->prefix);
     goto fail;
   }
+  char ping_key[sizeof c->keys.prefix + 2];
+  snprintf(ping_key, sizeof ping_key, "%s/", c->keys.prefix); /* a user's role may read it */
   wagma_etcd_options_t eo = {.endpoints = opt->endpoints,
                              .call_timeout_ms = opt->etcd_timeout_ms,
                              .log_fn = wg_agent_log,
-                             .log_user = (void *)opt->name};
+                             .log_user = (void *)opt->name,
+                             .ca_file = opt->etcd_ca_file,
+                             .cert_file = opt->etcd_cert_file,
+                             .key_file = opt->etcd_key_file,
+                             .username = opt->etcd_user,
+                             .password = opt->etcd_password,
+                             .password_file = opt->etcd_password_file,
+                             .ping_key = ping_key};
   if ((e = wagma_etcd_open(&eo, &c->etcd))) {
     snprintf(err, err_len, "cannot open etcd %s: %s", opt->endpoints, wagma_strerror(e));
     goto fail;

@@ -56,6 +56,12 @@ static void usage(FILE *f) {
              "  --etcd-timeout-ms MS deadline of each etcd call (default 3000)\n"
              "  --etcd-startup-timeout S  give up (exit 4) when etcd does not answer at\n"
              "                       startup within S seconds (default 30; 0 = wait for ever)\n"
+             "  --etcd-cacert FILE   TLS to etcd: CA bundle (PEM) that signs etcd's certificate\n"
+             "  --etcd-cert FILE     client certificate for etcd --client-cert-auth (PEM)\n"
+             "  --etcd-key FILE      its private key (PEM)\n"
+             "  --etcd-user NAME     etcd user (etcd auth enabled); its password from\n"
+             "  --etcd-password-file FILE  (re-read at each authentication), else from\n"
+             "                       $WAGMA_ETCD_PASSWORD; never on the command line\n"
              "  --quarantine S       an agent that reported it cannot serve a job that others\n"
              "                       run is not assigned for S seconds, or until it registers\n"
              "                       again (default 300; 0 = never quarantine)\n"
@@ -72,7 +78,8 @@ static void usage(FILE *f) {
              "  --help               this text\n"
              "\n"
              "Exit status: 0 stopped by SIGINT/SIGTERM; 1 failure; 2 usage error (bad flag or\n"
-             "address); 4 etcd did not answer within --etcd-startup-timeout.\n");
+             "address); 4 etcd did not answer within --etcd-startup-timeout, or refused us (TLS,\n"
+             "user or password).\n");
 }
 
 static int parse_listen(const char *s, char *host, size_t hlen, int *port) {
@@ -158,6 +165,11 @@ int main(int argc, char **argv) {
                                      {"log-level", required_argument, 0, 'v'},
                                      {"etcd-timeout-ms", required_argument, 0, 'E'},
                                      {"etcd-startup-timeout", required_argument, 0, 'U'},
+                                     {"etcd-cacert", required_argument, 0, 1001},
+                                     {"etcd-cert", required_argument, 0, 1002},
+                                     {"etcd-key", required_argument, 0, 1003},
+                                     {"etcd-user", required_argument, 0, 1004},
+                                     {"etcd-password-file", required_argument, 0, 1005},
                                      {"quarantine", required_argument, 0, 'Q'},
                                      {"read-cache", required_argument, 0, 'R'},
                                      {"read-staleness-ms", required_argument, 0, 'S'},
@@ -169,6 +181,9 @@ int main(int argc, char **argv) {
   wg_coord_t c;
   const char *listen = "127.0.0.1:8080", *endpoints = NULL, *prefix = "/wagma";
   const char *token_file = NULL;
+  /* etcd TLS and user (argv strings; the password from a file or the environment) */
+  const char *etcd_ca = NULL, *etcd_cert = NULL, *etcd_key = NULL, *etcd_user = NULL;
+  const char *etcd_password_file = NULL, *etcd_password = NULL;
   int etcd_timeout = 3000, etcd_startup_timeout = 30, opt, rc = 1;
   struct MHD_Daemon *http = NULL;
   sigset_t sigs;
@@ -242,6 +257,11 @@ int main(int argc, char **argv) {
         return 2;
       }
       break;
+    case 1001: etcd_ca = optarg; break;
+    case 1002: etcd_cert = optarg; break;
+    case 1003: etcd_key = optarg; break;
+    case 1004: etcd_user = optarg; break;
+    case 1005: etcd_password_file = optarg; break;
     case 'Q':
       c.quarantine_s = (int)strtol(optarg, &end, 10);
       if (!optarg[0] || *end || c.quarantine_s < 0 || c.quarantine_s > 86400 * 7) {
@@ -328,6 +348,25 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (etcd_user && !etcd_password_file)
+    etcd_password = getenv("WAGMA_ETCD_PASSWORD");
+  char ping_key[sizeof c.keys.prefix + 2];
+  wagma_etcd_options_t eo = {.endpoints = endpoints,
+                             .call_timeout_ms = etcd_timeout,
+                             .ca_file = etcd_ca,
+                             .cert_file = etcd_cert,
+                             .key_file = etcd_key,
+                             .username = etcd_user,
+                             .password = etcd_password,
+                             .password_file = etcd_password_file,
+                             .ping_key = ping_key};
+  {
+    char why[512];
+    if (wagma_etcd_options_check(&eo, why, sizeof why) != 0) {
+      fprintf(stderr, "wagma-coordinator: bad etcd options: %s\n", why);
+      return 2;
+    }
+  }
   if (parse_listen(listen, c.listen_host, sizeof c.listen_host, &c.listen_port)) {
     fprintf(stderr, "wagma-coordinator: --listen must be HOST:PORT\n");
     return 2;
@@ -354,10 +393,9 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  wagma_etcd_options_t eo = {.endpoints = endpoints,
-                             .call_timeout_ms = etcd_timeout,
-                             .log_fn = c.log,
-                             .log_user = c.log_user};
+  snprintf(ping_key, sizeof ping_key, "%s/", c.keys.prefix); /* a user's role may read it */
+  eo.log_fn = c.log;
+  eo.log_user = c.log_user;
   if (wagma_etcd_open(&eo, &c.etcd)) {
     fprintf(stderr, "wagma-coordinator: bad --etcd %s\n", endpoints);
     return 2;
@@ -392,9 +430,12 @@ int main(int argc, char **argv) {
   if (wg_http_start(&c, listen_fd, &http))
     goto out;
   wg_logf(c.log, c.log_user, WAGMA_LOG_INFO,
-          "listening on http://%s (web view http://%s/ui/), etcd %s, prefix %s, lease ttl %d s, "
-          "auth %s, read cache %s",
-          address, address, endpoints, c.keys.prefix, c.lease_ttl_s, c.token[0] ? "bearer" : "off",
+          "listening on http://%s (web view http://%s/ui/), etcd %s (tls %s, user %s), prefix %s, "
+          "lease ttl %d s, auth %s, read cache %s",
+          address, address, endpoints,
+          etcd_ca || etcd_cert || strstr(endpoints, "https://") ? "on" : "off",
+          etcd_user ? etcd_user : "none", c.keys.prefix, c.lease_ttl_s,
+          c.token[0] ? "bearer" : "off",
           !c.read_cache            ? "off"
           : c.read_staleness_s > 0 ? "on (bounded staleness)"
                                    : "on (consistent)");

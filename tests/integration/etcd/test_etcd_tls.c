@@ -22,12 +22,13 @@
 
 #include "etcd_fixture.h"
 #include "recorder.h"
+#include "tls_etcd.h"
 #include "wagma/etcd.h"
 
 #define CALL_TIMEOUT_MS 3000
 #define TOKEN_TTL_S 2
 
-static char g_dir[256];
+static tls_etcd_t g_tls;
 static etcd_fixture_t *g_etcd;
 static int g_rejections; /* "token rejected" log lines of the library */
 static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -50,99 +51,26 @@ static int rejections(void) {
 }
 
 static const char *path(const char *name) {
-  static char paths[8][320];
-  static int next;
-  char *p = paths[next++ % 8];
-  snprintf(p, sizeof paths[0], "%s/%s", g_dir, name);
-  return p;
-}
-
-static int sh(const char *fmt, ...) {
-  char command[2048];
-  va_list args;
-  va_start(args, fmt);
-  vsnprintf(command, sizeof command, fmt, args);
-  va_end(args);
-  int status = system(command);
-  return status == -1 || !WIFEXITED(status) ? -1 : WEXITSTATUS(status);
+  return tls_etcd_path(&g_tls, name);
 }
 
 static void write_file(const char *name, const char *text) {
-  FILE *f = fopen(path(name), "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-}
-
-/* A CA, etcd's server pair, a client pair with CN wagma, and an unrelated CA. */
-static int make_certs(void) {
-  const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
-  write_file("server.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
-                           "extendedKeyUsage=serverAuth,clientAuth\n");
-  write_file("client.ext", "extendedKeyUsage=clientAuth\n");
-  return sh(
-      "cd %s && openssl req -x509 %s -keyout ca.key -out ca.crt -days 2 -subj /CN=wagma-test-ca"
-      " 2>/dev/null && openssl req -x509 %s -keyout other-ca.key -out other-ca.crt -days 2"
-      " -subj /CN=someone-else 2>/dev/null"
-      " && openssl req %s -keyout server.key -out server.csr -subj /CN=etcd 2>/dev/null"
-      " && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial"
-      " -out server.crt -days 2 -extfile server.ext 2>/dev/null"
-      " && openssl req %s -keyout client.key -out client.csr -subj /CN=wagma 2>/dev/null"
-      " && openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial"
-      " -out client.crt -days 2 -extfile client.ext 2>/dev/null",
-      g_dir, ec, ec, ec, ec);
-}
-
-static const char *etcdctl_tls(void) {
-  static char args[1024];
-  snprintf(args, sizeof args, "--cacert=%s --cert=%s --key=%s", path("ca.crt"), path("client.crt"),
-           path("client.key"));
-  return args;
-}
-
-static void use_root(void) {
-  char args[1200];
-  snprintf(args, sizeof args, "%s --user=root:rootpw", etcdctl_tls());
-  etcd_fixture_set_etcdctl_args(g_etcd, args);
+  assert_int_equal(tls_etcd_write(&g_tls, name, text), 0);
 }
 
 static int setup(void **state) {
   (void)state;
-  const char *tmp = getenv("TMPDIR");
   char ttl[64];
-  snprintf(g_dir, sizeof g_dir, "%s/wagma-etcd-tls-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-  if (mkdtemp(g_dir) == NULL || make_certs() != 0) {
-    fprintf(stderr, "cannot make the certificates with openssl in %s\n", g_dir);
-    return -1;
-  }
   snprintf(ttl, sizeof ttl, "--auth-token-ttl=%d", TOKEN_TTL_S);
-  etcd_fixture_options_t options = {.cert_file = path("server.crt"),
-                                    .key_file = path("server.key"),
-                                    .trusted_ca_file = path("ca.crt"),
-                                    .client_cert_auth = 1,
-                                    .extra_args = {ttl},
-                                    .etcdctl_args = etcdctl_tls()};
-  if (etcd_fixture_start_with(1, &options, &g_etcd) != 0)
+  if (tls_etcd_start(&g_tls, (const char *const[]){ttl, NULL}) != 0)
     return -1;
-  write_file("password", "wagmapw\n");
-  /* Users: root, and wagma with read-write on /wagma/ only. */
-  if (etcd_fixture_etcdctl(g_etcd, "user add root:rootpw --interactive=false") != 0 ||
-      etcd_fixture_etcdctl(g_etcd, "role add wagma") != 0 ||
-      etcd_fixture_etcdctl(g_etcd, "role grant-permission wagma --prefix=true readwrite /wagma/") !=
-          0 ||
-      etcd_fixture_etcdctl(g_etcd, "user add wagma:wagmapw --interactive=false") != 0 ||
-      etcd_fixture_etcdctl(g_etcd, "user grant-role wagma wagma") != 0 ||
-      etcd_fixture_etcdctl(g_etcd, "auth enable") != 0)
-    return -1;
-  use_root();
+  g_etcd = g_tls.etcd;
   return 0;
 }
 
 static int teardown(void **state) {
   (void)state;
-  etcd_fixture_stop(g_etcd);
-  if (g_dir[0] && getenv("WAGMA_KEEP_ETCD_DIR") == NULL)
-    sh("rm -rf %s", g_dir);
+  tls_etcd_stop(&g_tls);
   return 0;
 }
 
