@@ -9,7 +9,9 @@
  *                 progress and checkpoint records (the only code that talks to etcd)
  *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress and checkpoint records
  *   runner.c      the runner thread: job setup, epochs (communicator, global sync), the loop
- *   algorithms.c  one iteration of wagma / allreduce / local-sgd, straggler injection
+ *   algorithms.c  one iteration of wagma / allreduce / local-sgd / adpsgd, straggler injection,
+ *                 the gradient delay line, adpsgd's per-epoch exchange of endpoints
+ *   adpsgd.c      AD-PSGD's pairwise averaging endpoint (its own header, adpsgd.h)
  *
  * The job config carries the api's kinds as they are (wagma_model_kind_t, wagma_dataset_kind_t,
  * wagma_algorithm_t, wagma_optimizer_type_t); runner.c maps the model kind to the training
@@ -114,6 +116,7 @@ typedef struct wg_job_config {
   uint64_t eval_every;
   uint64_t seed;
   int staleness_bound; /* local-sgd: model mean every tau iterations */
+  int gradient_delay;  /* optimizer steps take the gradient of this many steps ago */
   uint64_t checkpoint_every;
   char checkpoint_dir[256]; /* spec checkpoint.path: relative to the checkpoint root */
 } wg_job_config_t;
@@ -139,6 +142,7 @@ typedef struct wg_progress_snap {
   uint64_t staleness;
   uint64_t rounds_activated, rounds_joined, rounds_left_out, rounds_skipped;
   char error[256];
+  char role[16]; /* "worker", "active", "passive"; "" before the first epoch */
 } wg_progress_snap_t;
 
 typedef struct wg_checkpoint_rec {

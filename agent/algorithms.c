@@ -7,12 +7,24 @@
  *              are kept for the progress record;
  *   allreduce  gradients averaged over all members every step (wagma_comm_allreduce), then the
  *              step: the synchronous data-parallel baseline;
- *   local-sgd  local steps, model mean over all members every tau iterations.
+ *   local-sgd  local steps, model mean over all members every tau iterations;
+ *   adpsgd     local step, then (AD-PSGD, adpsgd.h) an even rank averages its model with one
+ *              odd rank drawn at random, an odd rank publishes its model and takes the
+ *              averagings it answered meanwhile; no barrier, a silent peer is skipped after
+ *              the --round-deadline. Ports and tokens of the endpoints travel at each epoch's
+ *              start over the communicator (an allreduce of 5 floats per rank).
+ * Any algorithm: with the spec's gradient_delay d the optimizer takes the gradient of d steps
+ * ago from a FIFO of gradients in the device's memory (wagma_grad_delay_t; the first d steps of
+ * a job take no update; the FIFO lives as long as the job on this agent, across epochs).
  * Straggler injection sits between the local step and the averaging: --slow-factor F sleeps
  * (F-1) x the measured compute time (a persistently slower node), --sleep-prob p --sleep-ms D
  * pauses D ms with probability p (transient imbalance). */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <openssl/rand.h>
 
 #include "agent/runner.h"
 #include "wagma/log_internal.h"
@@ -69,8 +81,12 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
     if ((e = wg_job_grads_from_host(j)))
       return e;
   }
-  wagma_optim_step(j->optim, j->iteration, wagma_model_params(j->model),
-                   wagma_model_grads(j->model));
+  if (j->delay)
+    wagma_optim_step_delayed(j->optim, j->delay, j->iteration, wagma_model_params(j->model),
+                             wagma_model_grads(j->model));
+  else
+    wagma_optim_step(j->optim, j->iteration, wagma_model_params(j->model),
+                     wagma_model_grads(j->model));
   if (j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE)
     straggle(r, wg_mono() - t0);
 
@@ -111,6 +127,19 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
         wg_runner_warn_comm(r, "model average", e);
     }
     break;
+  case WAGMA_ALGO_ADPSGD:
+    j->iteration++;
+    e = 0;
+    if (!j->gossip || !(host = wg_job_params_to_host(j, &e)))
+      break;
+    if (wg_adpsgd_rank_active(j->rank)) {
+      /* a skipped averaging (silent or refusing peer) leaves the model as it was: go on */
+      if (wg_adpsgd_average(j->gossip, host, &j->gossip_rng, NULL) == 0)
+        e = wg_job_params_from_host(j);
+    } else if (wg_adpsgd_publish(j->gossip, host) > 0) {
+      e = wg_job_params_from_host(j);
+    }
+    break;
   default:
     j->iteration++;
     e = 0;
@@ -119,4 +148,95 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   double dt = wg_mono() - t0;
   j->step_ema = isfinite(j->step_ema) ? 0.9 * j->step_ema + 0.1 * dt : dt;
   return e;
+}
+
+/* ---- setup, epochs, roles ---------------------------------------------------------------- */
+
+/* The host part of "host:port" or "[v6]:port" into out ("" = any). */
+static void address_host(const char *address, char *out, size_t len) {
+  const char *colon = strrchr(address, ':');
+  size_t n = colon ? (size_t)(colon - address) : strlen(address);
+  if (n >= 2 && address[0] == '[' && address[n - 1] == ']') {
+    address++;
+    n -= 2;
+  }
+  snprintf(out, len, "%.*s", (int)n, address);
+}
+
+int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len) {
+  wg_job_t *j = &r->job;
+  int e;
+  if (j->cfg.gradient_delay > 0 &&
+      (e = wagma_grad_delay_create_on(r->backend, j->nparams, (unsigned)j->cfg.gradient_delay,
+                                      &j->delay, err, err_len)))
+    return e;
+  if (j->cfg.algorithm == WAGMA_ALGO_ADPSGD) {
+    char host[WAGMA_ADDRESS_MAX];
+    address_host(r->opt->listen, host, sizeof host);
+    if ((e = wg_adpsgd_open(host[0] ? host : NULL, j->nparams, wg_agent_log, (void *)r->opt->name,
+                            &j->gossip))) {
+      snprintf(err, err_len, "adpsgd: cannot listen on the host of --listen %s: %s", r->opt->listen,
+               wagma_strerror(e));
+      return WAGMA_EUNAVAIL;
+    }
+    wagma_rng_seed(&j->gossip_rng, wagma_seed_derive(j->cfg.seed ^ 0xad95u, r->opt->name));
+  }
+  return 0;
+}
+
+void wg_algo_teardown(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  wg_adpsgd_close(j->gossip);
+  j->gossip = NULL;
+  wagma_grad_delay_destroy(j->delay);
+  j->delay = NULL;
+}
+
+void wg_algo_enter_epoch(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  int e = 0, n = j->plan.nranks;
+  if (!j->gossip || !j->comm || j->rank < 0)
+    return;
+  uint64_t token = 0;
+  if (RAND_bytes((unsigned char *)&token, sizeof token) != 1)
+    token = wagma_rng_next(&j->gossip_rng); /* unpredictable enough for a test build only */
+  float *buf = calloc((size_t)n * WG_ADPSGD_EXCHANGE_FLOATS, sizeof(float));
+  wg_adpsgd_peer_t *peers = calloc((size_t)n, sizeof *peers);
+  if (!buf || !peers) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
+  wg_adpsgd_exchange_encode(buf, j->rank, wg_adpsgd_port(j->gossip), token);
+  e = wagma_comm_allreduce(j->comm, buf, (size_t)n * WG_ADPSGD_EXCHANGE_FLOATS, WAGMA_REDUCE_SUM);
+  if (e) {
+    wg_runner_warn_comm(r, "adpsgd endpoint exchange", e);
+    memset(buf, 0, (size_t)n * WG_ADPSGD_EXCHANGE_FLOATS * sizeof(float)); /* no peer known */
+  }
+  for (int i = 0; i < n; i++) {
+    address_host(j->plan.members[i].address, peers[i].host, sizeof peers[i].host);
+    wg_adpsgd_exchange_decode(buf, i, &peers[i].port, &peers[i].token);
+  }
+  /* Averagings answered in the last epoch (after its last step) still belong to this model:
+   * take them before the endpoint forgets them. */
+  float *host = wg_job_params_to_host(j, &e);
+  if (!host)
+    goto out;
+  if (wg_adpsgd_publish(j->gossip, host) > 0 && (e = wg_job_params_from_host(j)))
+    goto out;
+  double deadline = r->opt->round_deadline_s;
+  e = wg_adpsgd_set_epoch(j->gossip, j->epoch, j->rank, n, peers, token, deadline,
+                          deadline * 5 > 2 ? deadline * 5 : 2, host);
+out:
+  if (e)
+    wg_logf(wg_agent_log, (void *)r->opt->name, WAGMA_LOG_WARN,
+            "job %s epoch %llu: adpsgd endpoint not set up: %s", j->cfg.job,
+            (unsigned long long)j->epoch, wagma_strerror(e));
+  free(buf);
+  free(peers);
+}
+
+const char *wg_algo_role(const wg_job_t *j) {
+  if (j->cfg.algorithm == WAGMA_ALGO_ADPSGD)
+    return wg_adpsgd_rank_active(j->rank) ? "active" : "passive";
+  return "worker";
 }

@@ -35,6 +35,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->eval_every = spec.eval_every;
   cfg->seed = spec.seed;
   cfg->staleness_bound = spec.staleness_bound;
+  cfg->gradient_delay = spec.gradient_delay;
   cfg->checkpoint_every = spec.checkpoint.every;
   snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", spec.checkpoint.path);
   cfg->device = spec.device; /* the runner checks it against its own --device */
@@ -68,6 +69,7 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   memcpy(p.fingerprint, s->fingerprint, sizeof p.fingerprint);
   p.time = wg_wall();
   snprintf(p.error, sizeof p.error, "%s", s->error);
+  snprintf(p.role, sizeof p.role, "%s", s->role);
   if (wagma_progress_to_json(&p, &json) != 0)
     return NULL;
   return json;

@@ -105,6 +105,15 @@ static void share_progress(wg_runner_ctx_t *r, int state, const char *error, int
   p->rounds_joined = j->base.rounds_joined + cc.rounds_joined;
   p->rounds_left_out = j->base.rounds_left_out + cc.rounds_left_out;
   p->rounds_skipped = j->base.rounds_skipped + cc.rounds_skipped;
+  if (j->gossip) { /* adpsgd: averagings asked (active) and answered (passive), and skipped */
+    wg_adpsgd_counters_t gc;
+    wg_adpsgd_counters(j->gossip, &gc);
+    p->rounds_activated += gc.averaged;
+    p->rounds_joined += gc.served;
+    p->rounds_skipped += gc.skipped;
+  }
+  if (j->rank >= 0)
+    snprintf(p->role, sizeof p->role, "%s", wg_algo_role(j));
   p->has_round = j->have_round;
   p->round = j->last_round;
   p->round_global = j->last_round_global;
@@ -150,6 +159,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
   wagma_plan_free(&j->plan);
   OPENSSL_cleanse(j->secret, sizeof j->secret);
   wg_job_host_free(j);
+  wg_algo_teardown(r);
   wagma_model_destroy(j->model);
   wagma_optim_destroy(j->optim);
   wagma_sampler_free(&j->sampler);
@@ -219,6 +229,10 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   j->sync_buf = malloc((j->nparams + j->nstate) * sizeof(float));
   if (!j->sync_buf) {
     e = WAGMA_ENOMEM;
+    goto out;
+  }
+  if ((e = wg_algo_setup(r, err, sizeof err))) {
+    mine = e == WAGMA_EUNAVAIL; /* adpsgd's endpoint cannot listen on this agent's host */
     goto out;
   }
   wagma_rng_seed(&j->straggler_rng, wagma_seed_derive(cfg->seed ^ 0x5157u, r->opt->name));
@@ -523,6 +537,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   wagma_sampler_seek(&j->sampler, j->iteration * (uint64_t)j->cfg.batch_size);
   j->total_iterations = total_iterations(j);
   j->done = 0;
+  wg_algo_enter_epoch(r);
   RLOG(r, WAGMA_LOG_INFO,
        "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
        "sync %.3f s, data plane %s",

@@ -4,6 +4,7 @@
 #ifndef WAGMA_AGENT_RUNNER_H
 #define WAGMA_AGENT_RUNNER_H
 
+#include "agent/adpsgd.h"
 #include "agent/agent.h"
 #include "agent/train/train.h"
 #include "wagma/collective.h"
@@ -15,6 +16,9 @@ typedef struct wg_job {
   wagma_dataset_t train, test;
   wagma_model_t *model;
   wagma_optim_t *optim;
+  wagma_grad_delay_t *delay; /* spec gradient_delay > 0: the optimizer's gradient FIFO */
+  wg_adpsgd_t *gossip;       /* adpsgd: my pairwise averaging endpoint (for the whole job) */
+  wagma_rng_t gossip_rng;    /* adpsgd: which passive an active asks */
   wagma_sampler_t sampler;
   wagma_batch_t batch;
   size_t nparams, nstate;
@@ -81,6 +85,14 @@ typedef struct wg_runner_ctx {
 /* algorithms.c: one iteration of the job's algorithm (compute, straggler delay, averaging).
  * Returns 0 or the communicator's error (the caller decides what to do about it). */
 int wg_algo_iteration(wg_runner_ctx_t *r);
+/* algorithms.c: the algorithm's part of job setup (the gradient delay line; adpsgd's endpoint
+ * on the --listen host) and teardown, 0 or a status with err saying why; and of entering an
+ * epoch once the communicator exists and the opening sync is done (adpsgd: ports and tokens
+ * exchanged over the communicator, the endpoint set to the epoch). The member's role. */
+int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len);
+void wg_algo_teardown(wg_runner_ctx_t *r);
+void wg_algo_enter_epoch(wg_runner_ctx_t *r);
+const char *wg_algo_role(const wg_job_t *j);
 
 /* ckroot.c: a checkpoint saved as <root>/<rel_dir>/<name> (directories created, no link
  * followed) and loaded from <root>/<rel_file>; 0 or a status with err naming the file. A

@@ -224,6 +224,8 @@ json_t *wagma_progress_to_value(const wagma_progress_t *p) {
   }
   if (p->error[0])
     json_object_set_new(o, "error", json_string(p->error));
+  if (p->role[0])
+    json_object_set_new(o, "role", json_string(p->role));
   return o;
 }
 
@@ -317,6 +319,12 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
         goto out;
       }
       snprintf(p.error, sizeof p.error, "%s", json_string_value(v)); /* truncates */
+    } else if (strcmp(key, "role") == 0) {
+      static const char *const roles[] = {WAGMA_API_ROLES};
+      int x;
+      if ((e = wg_api_enum(v, key, roles, NELEM(roles), &x, err)))
+        goto out;
+      snprintf(p.role, sizeof p.role, "%s", roles[x]);
     } else if (strcmp(key, "round") == 0) {
       u = &p.round;
       p.has_round = 1;

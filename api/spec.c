@@ -15,7 +15,7 @@
 
 static const char *const model_names[] = {"softmax", "mlp", "lenet5"};
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic"};
-static const char *const algorithm_names[] = {"wagma", "allreduce", "local-sgd"};
+static const char *const algorithm_names[] = {"wagma", "allreduce", "local-sgd", "adpsgd"};
 static const char *const sync_names[] = {"barrier", "wait-avoiding"};
 static const char *const optimizer_names[] = {"sgd", "adam"};
 static const char *const device_names[] = {"cpu", "cuda"};

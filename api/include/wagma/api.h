@@ -92,7 +92,8 @@ typedef enum wagma_dataset_kind {
 typedef enum wagma_algorithm {
   WAGMA_ALGO_WAGMA = 0,
   WAGMA_ALGO_ALLREDUCE,
-  WAGMA_ALGO_LOCAL_SGD
+  WAGMA_ALGO_LOCAL_SGD,
+  WAGMA_ALGO_ADPSGD /* AD-PSGD gossip: even ranks active, odd ranks passive */
 } wagma_algorithm_t;
 typedef enum wagma_sync { WAGMA_SYNC_BARRIER = 0, WAGMA_SYNC_WAIT_AVOIDING } wagma_sync_t;
 typedef enum wagma_optimizer_type { WAGMA_OPT_SGD = 0, WAGMA_OPT_ADAM } wagma_optimizer_type_t;
@@ -257,7 +258,11 @@ typedef struct wagma_progress {
   uint64_t rounds_skipped;
   double time;                      /* unix seconds of this report */
   char error[WAGMA_API_REASON_MAX]; /* with state failed or unavailable */
+  /* the member's role in its algorithm: "worker" (wagma, allreduce, local-sgd), "active" or
+   * "passive" (adpsgd); "" = not reported (absent in JSON). One of WAGMA_API_ROLES. */
+  char role[16];
 } wagma_progress_t;
+#define WAGMA_API_ROLES "worker", "active", "passive"
 
 void wagma_progress_init(wagma_progress_t *p);
 json_t *wagma_progress_to_value(const wagma_progress_t *p);

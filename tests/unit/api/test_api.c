@@ -324,6 +324,20 @@ static void test_progress_codec(void **state) {
   const char *badloss = "{\"iteration\":1,\"loss\":\"low\"}";
   assert_int_equal(wagma_progress_from_json(badloss, strlen(badloss), &b, &err), WAGMA_EINVAL);
   assert_string_equal(err.field, "loss");
+  /* the role: absent when not reported, one of the known names, anything else refused */
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_null(strstr(json, "\"role\""));
+  free(json);
+  snprintf(a.role, sizeof a.role, "passive");
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"role\":\"passive\""));
+  assert_int_equal(wagma_progress_from_json(json, strlen(json), &b, &err), 0);
+  assert_string_equal(b.role, "passive");
+  free(json);
+  a.role[0] = '\0';
+  const char *badrole = "{\"iteration\":1,\"role\":\"king\"}";
+  assert_int_equal(wagma_progress_from_json(badrole, strlen(badrole), &b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "role");
 
   /* no round yet: neither round, round_kind nor group is written */
   assert_int_equal(wagma_progress_to_json(&a, &json), 0);
