@@ -117,3 +117,64 @@ podAntiAffinity:
             {{- include "wagma.selectorLabels" . | nindent 12 }}
 {{- end }}
 {{- end }}
+
+{{/*
+etcd client security of the coordinators and agents (etcd.client): the flags, the mounts and the
+volumes. The TLS files come from an existing Secret, the password from a Secret mounted as a file.
+*/}}
+{{- define "wagma.etcdPasswordSecret" -}}
+{{- .Values.etcd.client.existingSecret | default (printf "%s-etcd-client" (include "wagma.fullname" .)) }}
+{{- end }}
+
+{{- define "wagma.etcdClientArgs" -}}
+{{- $c := .Values.etcd.client }}
+{{- if $c.tls.enabled }}
+- --etcd-cacert
+- /etc/wagma/etcd-tls/{{ $c.tls.caKey }}
+{{- if $c.tls.certKey }}
+- --etcd-cert
+- /etc/wagma/etcd-tls/{{ $c.tls.certKey }}
+- --etcd-key
+- /etc/wagma/etcd-tls/{{ $c.tls.keyKey }}
+{{- end }}
+{{- end }}
+{{- if $c.username }}
+- --etcd-user
+- {{ $c.username | quote }}
+- --etcd-password-file
+- /etc/wagma/etcd-password/{{ $c.existingSecretKey }}
+{{- end }}
+{{- end }}
+
+{{- define "wagma.etcdClientVolumeMounts" -}}
+{{- $c := .Values.etcd.client }}
+{{- if $c.tls.enabled }}
+- name: etcd-tls
+  mountPath: /etc/wagma/etcd-tls
+  readOnly: true
+{{- end }}
+{{- if $c.username }}
+- name: etcd-password
+  mountPath: /etc/wagma/etcd-password
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "wagma.etcdClientVolumes" -}}
+{{- $c := .Values.etcd.client }}
+{{- if $c.tls.enabled }}
+- name: etcd-tls
+  secret:
+    secretName: {{ $c.tls.secret }}
+    defaultMode: 288 # 0440: the owner and fsGroup read it
+{{- end }}
+{{- if $c.username }}
+- name: etcd-password
+  secret:
+    secretName: {{ include "wagma.etcdPasswordSecret" . }}
+    defaultMode: 288
+    items:
+      - key: {{ $c.existingSecretKey }}
+        path: {{ $c.existingSecretKey }}
+{{- end }}
+{{- end }}

@@ -152,7 +152,8 @@ function rules(doc, where, byKind) {
     for (const m of c.volumeMounts || [])
       if (!vols.has(m.name)) fail(`${where}: container ${c.name}: mount ${m.name} has no volume`);
     for (const v of spec.volumes || [])
-      if (v.secret && !byKind('Secret').some((s) => s.metadata.name === v.secret.secretName) && scenarioName !== 'existing-secret')
+      if (v.secret && !byKind('Secret').some((s) => s.metadata.name === v.secret.secretName) && scenarioName !== 'existing-secret' &&
+          !(scenarioName === 'etcd-client' && v.name === 'etcd-tls')) // the TLS Secret exists beforehand
         fail(`${where}: volume ${v.name}: Secret ${v.secret.secretName} is not rendered`);
   }
 }
@@ -255,6 +256,28 @@ function scenario(name, docs, byKind, find) {
       expect(!byKind('Service').some((s) => s.metadata.labels['app.kubernetes.io/component'] === 'etcd'), 'no etcd Service');
       expect(flag(cargs, '--etcd') === 'etcd-a.db.example:2379,etcd-b.db.example:2379', 'the external endpoints');
       break;
+    case 'etcd-client': {
+      // TLS files from the existing Secret, the password from the chart's Secret, as files only.
+      const pw = secret.find((s) => s.metadata.name === 'wagma-etcd-client');
+      expect(pw && Buffer.from(pw.data.password, 'base64').toString() === 's3cret-etcd-pw', 'a Secret with the etcd password');
+      for (const w of [coord, ...agents]) {
+        const spec = w.spec.template.spec;
+        const wc = spec.containers[0];
+        const mount = (n) => (wc.volumeMounts || []).find((m) => m.name === n);
+        const vol = (n) => (spec.volumes || []).find((v) => v.name === n);
+        expect(flag(wc.args, '--etcd-cacert') === '/etc/wagma/etcd-tls/ca.crt' &&
+          flag(wc.args, '--etcd-cert') === '/etc/wagma/etcd-tls/tls.crt' &&
+          flag(wc.args, '--etcd-key') === '/etc/wagma/etcd-tls/tls.key', `${w.metadata.name}: the TLS files`);
+        expect(flag(wc.args, '--etcd-user') === 'wagma' &&
+          flag(wc.args, '--etcd-password-file') === '/etc/wagma/etcd-password/password', `${w.metadata.name}: the user and the password file`);
+        expect(!JSON.stringify(wc).includes('s3cret'), `${w.metadata.name}: no password in the container spec`);
+        expect(mount('etcd-tls') && mount('etcd-tls').mountPath === '/etc/wagma/etcd-tls' && mount('etcd-tls').readOnly &&
+          vol('etcd-tls') && vol('etcd-tls').secret.secretName === 'wagma-etcd-tls', `${w.metadata.name}: the TLS Secret mounted`);
+        expect(mount('etcd-password') && vol('etcd-password') && vol('etcd-password').secret.secretName === 'wagma-etcd-client',
+          `${w.metadata.name}: the password Secret mounted`);
+      }
+      break;
+    }
     case 'existing-secret': {
       expect(secret.length === 0, 'no Secret rendered');
       const vol = coord.spec.template.spec.volumes.find((v) => v.name === 'token');

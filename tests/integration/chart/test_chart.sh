@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/integration/chart/test_chart.sh — the static checks of charts/wagma (ctest test_chart):
 #   1. helm lint --strict, with the default values and with each scenario's;
-#   2. helm template for each scenario (default, GPU agents, 3-member etcd, external etcd, an
-#      existing token Secret, the ServiceMonitor with and without its CRD), every object checked
+#   2. helm template for each scenario (default, GPU agents, 3-member etcd, external etcd, etcd
+#      over TLS with a user, an existing token Secret, the ServiceMonitor with and without its CRD), every object checked
 #      by k8s_check.cjs: Kubernetes schemas, unknown fields, the chart's rules, the scenario;
 #   3. each file of bad-values/ is rejected by values.schema.json with the message its
 #      "# expect:" line gives;
@@ -36,6 +36,7 @@ scenarios=(
   "gpu|values/gpu.yaml|"
   "etcd3|values/etcd3.yaml|"
   "external-etcd|values/external-etcd.yaml|"
+  "etcd-client|values/etcd-client.yaml|"
   "existing-secret|values/existing-secret.yaml|"
   "servicemonitor-on|values/servicemonitor.yaml|--api-versions monitoring.coreos.com/v1/ServiceMonitor"
   "servicemonitor-no-crd|values/servicemonitor.yaml|"
