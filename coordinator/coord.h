@@ -3,7 +3,8 @@
  *
  *   main.c        options, logging, signals, start / stop order
  *   front.c       the connection front: accept, connection limits, request heads checked
- *                 (http_head.c) before libmicrohttpd sees them, timeouts, bytes relayed
+ *                 (http_head.c) before libmicrohttpd sees them, timeouts, bytes relayed,
+ *                 cached reads answered from the read cache (front_reads.c says which)
  *   http.c        libmicrohttpd glue: body accumulation and cap, the worker pool that runs
  *                 the etcd handlers off libmicrohttpd's threads, readiness probes, responses
  *   pages.c       the pages of GET /v1/jobs: ids after a position, the continue token (pure)
@@ -298,6 +299,27 @@ void wg_front_stop(wg_front_t *f);
  * or -1 when the front cannot tell. Thread-safe (atomics per descriptor number). */
 unsigned wg_front_conn_gen(const wg_front_t *f, int mhd_fd);
 int wg_front_client_gone(const wg_front_t *f, int mhd_fd, unsigned gen);
+/* libmicrohttpd completed a request on its end mhd_fd of generation gen (http.c's completion
+ * callback): the front counts the requests it handed over, and answers cached reads itself
+ * only on connections where none is left. Thread-safe. */
+void wg_front_mhd_done(wg_front_t *f, int mhd_fd, unsigned gen);
+
+/* The reads the front answers itself (front_reads.c). */
+#define WG_FAST_TARGET_MAX 512
+typedef struct wg_fast_read {
+  char target[WG_FAST_TARGET_MAX]; /* the path, then the query's pieces (req points here) */
+  wg_request_t req;
+  wg_route_t route;
+} wg_fast_read_t;
+/* 1 when the request head (len bytes, accepted by wg_http_head_parse, no body) is a read the
+ * front may answer from the read cache with the same bytes libmicrohttpd would send; *out then
+ * holds the request and its route (not to be copied: req points into it). Pure. */
+int wg_fast_read_parse(const wg_coord_t *c, const char *head, size_t len, wg_fast_read_t *out);
+/* The status line and header fields of an answer with a body of body_len bytes, into buf:
+ * their length, or 0 (a status it has no reason phrase for, or cap too small). Front thread
+ * only (it keeps the Date of the current second). */
+size_t wg_fast_read_head(int status, const char *content_type, size_t body_len, char *buf,
+                         size_t cap);
 
 /* ---- pages of GET /v1/jobs (pages.c, pure) ------------------------------------------------ */
 
@@ -519,6 +541,17 @@ void wg_cache_note_write(wg_cache_t *cache, int64_t rev);
  * --read-staleness-ms > 0, the view verified current within it, and every write of this
  * coordinator in it. */
 int wg_cache_fresh(wg_cache_t *cache, double arrival);
+/* For the connection front, which answers reads itself without waiting: may a read that
+ * arrived at mono time arrival be answered from the view now? 1 yes (as wg_cache_fresh, or a
+ * sync that started at or after arrival verified the view, with this coordinator's writes in
+ * it); 0 not yet (a sync is asked for, and the eventfds given to wg_cache_notify are written
+ * once one completes); -1 no: the view is reloading or etcd failed twice since the first call
+ * for this read (first = 1 records the failure count in *failures), so the caller hands the
+ * read to libmicrohttpd, whose path falls back to etcd. Thread-safe. */
+int wg_cache_ready(wg_cache_t *cache, double arrival, unsigned *failures, int first);
+/* Registers an eventfd (efd >= 0) to be written when parked reads may be ready, or unregisters
+ * fd with efd = -1 - fd. At most WG_CACHE_NOTIFY_MAX. The caller keeps the descriptor. */
+void wg_cache_notify(wg_cache_t *cache, int efd);
 /* Waits until a sync that started at or after since verified the view (it then holds every
  * change etcd had committed then), at most until deadline (mono). Returns the verified time,
  * or -1 (deadline, view not valid, etcd unreachable). */
