@@ -37,16 +37,19 @@
  * ("<revision>.<kind>") from the same etcd history. */
 #define _DEFAULT_SOURCE /* explicit_bzero */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "wagma/log_internal.h"
 
 #define SYNC_IDLE_S 1.0 /* syncs without waiting reads (--read-staleness-ms 0) */
 #define RELOAD_BACKOFF_S 0.5
+#define SYNC_WATCH_WAIT_S 0.005 /* a sync waits this long for the watch before its full check */
 
 /* ---- key-value arrays ----------------------------------------------------------------------- */
 
@@ -792,6 +795,18 @@ static void settle(change_t *ch) {
 
 /* ---- the watch ----------------------------------------------------------------------------- */
 
+/* Wakes whoever waits on the sync state: the waiters on cv, and the fronts that parked reads
+ * (their eventfds, only when a wg_cache_ready asked since the last wake-up). Under mu. */
+static void wake_locked(wg_cache_t *c) {
+  pthread_cond_broadcast(&c->cv);
+  if (!c->notify_wanted)
+    return;
+  c->notify_wanted = 0;
+  uint64_t one = 1;
+  for (int i = 0; i < c->nnotify; i++)
+    (void)!write(c->notify_fd[i], &one, sizeof one);
+}
+
 static void request_reload(wg_cache_t *c, const char *why) {
   wg_logf(c->c->log, c->c->log_user, WAGMA_LOG_INFO, "read cache: reloading (%s)", why);
   pthread_rwlock_wrlock(&c->rw);
@@ -800,7 +815,7 @@ static void request_reload(wg_cache_t *c, const char *why) {
   pthread_mutex_lock(&c->mu);
   c->reload = 1;
   c->failures++;
-  pthread_cond_broadcast(&c->cv);
+  wake_locked(c);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -841,7 +856,7 @@ static void on_watch(void *user, int status, const wagma_etcd_event_t *events, s
       c->verified = c->pending_t0;
     c->pending_rev = 0;
   }
-  pthread_cond_broadcast(&c->cv);
+  wake_locked(c);
   pthread_mutex_unlock(&c->mu);
 }
 
@@ -984,16 +999,23 @@ static int reload(wg_cache_t *c) {
 
 /* ---- syncs ----------------------------------------------------------------------------------- */
 
-/* One sync (see the top of the file). */
-static void sync_once(wg_cache_t *c) {
+static void timed_wait(wg_cache_t *c, double seconds);
+
+/* The full check of a sync (see the top of the file): the keys modified since the view's
+ * revision and the number of keys, one keys-only Range of the prefix (etcd reads every key of
+ * it). Verifies at t0, or leaves the revision the watch must deliver. Under mu, released
+ * during the call. */
+static void sync_full(wg_cache_t *c, double t0) {
   char root[256];
-  double t0 = wg_mono();
+  pthread_mutex_unlock(&c->mu);
   pthread_rwlock_rdlock(&c->rw);
   int valid = c->valid;
   int64_t a = c->applied, count = c->count;
   pthread_rwlock_unlock(&c->rw);
-  if (!valid)
+  if (!valid) {
+    pthread_mutex_lock(&c->mu);
     return;
+  }
   wagma_key_root(&c->c->keys, root, sizeof root);
   wagma_etcd_range_t r = {0};
   wagma_etcd_range_options_t opt = {
@@ -1005,6 +1027,7 @@ static void sync_once(wg_cache_t *c) {
   } else if (r.n == 0 && r.count == count) {
     if (t0 > c->verified)
       c->verified = t0;
+    c->outside_writes = 1;                    /* etcd's revision moved with no change here */
   } else if (c->seen_applied >= r.revision) { /* the watch delivered R already */
     if (t0 > c->verified)
       c->verified = t0;
@@ -1012,9 +1035,40 @@ static void sync_once(wg_cache_t *c) {
     c->pending_rev = r.revision;
     c->pending_t0 = t0;
   }
-  pthread_cond_broadcast(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+  wake_locked(c);
   wagma_etcd_range_free(&r);
+}
+
+/* One sync (see the top of the file). First etcd's current revision R (wagma_etcd_ping: a
+ * linearizable count-only Range of one key, whatever the size of the tree): when the watch
+ * has delivered R, the view holds every change committed before t0. Else the watch gets
+ * SYNC_WATCH_WAIT_S to deliver R (a write it has not passed on yet), and then, or at once
+ * when etcd's revision recently moved without a change under the prefix (writes of other
+ * users of etcd, which the watch never delivers), the full check. Under mu, released while it
+ * calls etcd. */
+static void sync_once(wg_cache_t *c) {
+  double t0 = wg_mono();
+  pthread_mutex_unlock(&c->mu);
+  int64_t rev = 0;
+  int e = wagma_etcd_ping(c->c->etcd, &rev);
+  pthread_mutex_lock(&c->mu);
+  if (e) {
+    c->failures++;
+    wake_locked(c);
+    return;
+  }
+  double until = wg_mono() + SYNC_WATCH_WAIT_S;
+  while (!c->stop && !c->reload && c->seen_applied < rev && !c->outside_writes && wg_mono() < until)
+    timed_wait(c, until - wg_mono());
+  if (c->seen_applied >= rev) {
+    if (t0 > c->verified)
+      c->verified = t0;
+    c->outside_writes = 0;
+    wake_locked(c);
+    return;
+  }
+  if (!c->stop && !c->reload)
+    sync_full(c, t0);
 }
 
 static void timed_wait(wg_cache_t *c, double seconds) {
@@ -1044,7 +1098,7 @@ static void *sync_main(void *arg) {
         c->pending_rev = 0;
       } else {
         c->failures++;
-        pthread_cond_broadcast(&c->cv);
+        wake_locked(c);
         timed_wait(c, RELOAD_BACKOFF_S);
       }
       continue;
@@ -1056,9 +1110,7 @@ static void *sync_main(void *arg) {
     }
     c->want = 0;
     next = wg_mono() + period;
-    pthread_mutex_unlock(&c->mu);
     sync_once(c);
-    pthread_mutex_lock(&c->mu);
   }
   pthread_mutex_unlock(&c->mu);
   return NULL;
@@ -1110,7 +1162,7 @@ void wg_cache_stop(wg_cache_t *c) {
     return;
   pthread_mutex_lock(&c->mu);
   c->stop = 1;
-  pthread_cond_broadcast(&c->cv);
+  wake_locked(c);
   pthread_mutex_unlock(&c->mu);
   if (c->thread_up)
     pthread_join(c->thread, NULL);
@@ -1128,6 +1180,48 @@ void wg_cache_note_write(wg_cache_t *c, int64_t rev) {
   long long cur = atomic_load(&c->last_write);
   while (rev > cur && !atomic_compare_exchange_weak(&c->last_write, &cur, rev)) {
   }
+}
+
+void wg_cache_notify(wg_cache_t *c, int efd) {
+  if (!c)
+    return;
+  pthread_mutex_lock(&c->mu);
+  int i = 0;
+  while (i < c->nnotify && c->notify_fd[i] != efd)
+    i++;
+  if (efd >= 0 && i == c->nnotify && c->nnotify < WG_CACHE_NOTIFY_MAX)
+    c->notify_fd[c->nnotify++] = efd;
+  else if (efd < 0) /* -1 - fd: unregister fd */
+    for (i = 0; i < c->nnotify; i++)
+      if (c->notify_fd[i] == -1 - efd)
+        c->notify_fd[i] = c->notify_fd[--c->nnotify];
+  pthread_mutex_unlock(&c->mu);
+}
+
+int wg_cache_ready(wg_cache_t *c, double arrival, unsigned *failures, int first) {
+  if (!c)
+    return -1;
+  pthread_mutex_lock(&c->mu);
+  if (first)
+    *failures = c->failures;
+  int r;
+  int wrote_seen = c->seen_applied >= atomic_load(&c->last_write);
+  if (c->reload || c->stop || c->failures - *failures >= 2) {
+    r = -1; /* reloading, or etcd does not answer: the caller reads etcd */
+  } else if (c->verified > 0 && wrote_seen &&
+             (c->verified >= arrival ||
+              (c->c->read_staleness_s > 0 && c->verified >= arrival - c->c->read_staleness_s))) {
+    r = 1;
+  } else {
+    r = 0; /* a sync after arrival, then the eventfd */
+    c->notify_wanted = 1;
+    if (!c->want) {
+      c->want = 1;
+      pthread_cond_broadcast(&c->cv);
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return r;
 }
 
 int wg_cache_fresh(wg_cache_t *c, double arrival) {

@@ -18,6 +18,7 @@
 #define WG_CACHE_TIMELINE_MAX 256 /* timeline entries kept per job (the oldest go first) */
 #define WG_CACHE_SERIES_MAX 1024  /* progress points kept per job (thinned by half when full) */
 #define WG_CACHE_SERIES_AGENTS 256
+#define WG_CACHE_NOTIFY_MAX 4 /* fronts (REST servers) that park reads */
 
 typedef struct kvarr {
   wagma_etcd_kv_t *kv; /* in key order; keys and values owned */
@@ -69,9 +70,15 @@ struct wg_cache {
   int64_t pending_rev;
   double pending_t0; /* a sync waits for applied >= pending_rev to verify at pending_t0 */
   int want, stop, reload;
+  int outside_writes;      /* the last sync found etcd's revision moved outside the prefix */
   int64_t seen_applied;    /* applied, as the watch thread last reported it */
   unsigned failures;       /* syncs that failed (etcd), to wake waiters */
   atomic_llong last_write; /* the highest revision this coordinator wrote */
+  /* eventfds written when a sync or a watch batch may let parked reads go (the fronts'), once
+   * per wg_cache_ready that asked; under mu */
+  int notify_fd[WG_CACHE_NOTIFY_MAX];
+  int nnotify;
+  int notify_wanted;
   wagma_etcd_watch_t *watch;
   pthread_t thread;
   int thread_up;

@@ -19,7 +19,18 @@
  *     stalls for as long (408 `request_timeout`), and closes connections with no traffic for
  *     WG_HTTP_IDLE_TIMEOUT_S;
  *   - passes a client's departure on: when the client closes, libmicrohttpd's side sees the
- *     end of its input, which http.c uses to drop queued work of clients that left.
+ *     end of its input, which http.c uses to drop queued work of clients that left;
+ *   - answers the cached reads itself (front_reads.c says which), from the read cache, when
+ *     libmicrohttpd has nothing of the connection's in hand (every request handed over was
+ *     completed, wg_front_mhd_done, and its bytes relayed): a consistent read is PARKED (its
+ *     head kept, the connection's later bytes not looked at) until the cache says a sync that
+ *     started after it arrived verified the view (wg_cache_ready; the cache writes the front's
+ *     wake eventfd), then answered; one that waited WG_CACHE_SYNC_WAIT_S, or that the cache
+ *     cannot answer, goes to libmicrohttpd as any request (whose path reads etcd). The
+ *     answer is one sendmsg of head and body; what the client did not take is kept (fast[])
+ *     and goes out before anything libmicrohttpd sends later. Why: the relay cost two copies,
+ *     four system calls and two thread hand-offs per answer, the front thread was the busiest
+ *     of the coordinator under a read load (docs/benchmarks.md, "Cached reads").
  *
  * Responses are relayed unchanged. The front is the only reader of the client sockets and the
  * only writer of its socketpair ends; libmicrohttpd's threads touch only their own ends. */
@@ -31,6 +42,7 @@
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -74,6 +86,14 @@ typedef struct front_conn {
   char refuse_method[16];
   double refuse_at, linger_until;
   double last_activity;
+  /* reads answered by the front (front_reads.c) */
+  int mhd_idle;             /* libmicrohttpd has nothing of this connection's to answer or send */
+  int parked;               /* the head at in[0] waits for a sync of the read cache */
+  double parked_at;         /* when it arrived */
+  unsigned parked_failures; /* the cache's failure count then (wg_cache_ready) */
+  int reclassify;           /* look at the pending input again (woken, or a parked head's time) */
+  char *fast;               /* what the client has not taken yet of the front's answers */
+  size_t fast_off, fast_len;
   struct front_conn *prev, *next;
 } front_conn_t;
 
@@ -97,8 +117,13 @@ struct wg_front {
    * the front has closed the old one: the generation keeps the old one's departure off the
    * new one. */
   atomic_uint *gen, *gone;
+  /* requests handed to libmicrohttpd and not completed yet, by the number of its end (reset
+   * at accept; the front adds, http.c's completion callback takes away) */
+  atomic_uint *pending;
   unsigned next_gen;
   size_t nfd;
+  int wakefd; /* eventfd: the read cache says parked reads may go (wg_cache_notify) */
+  char wake_tag;
 };
 
 static void mark_gone(wg_front_t *f, const front_conn_t *k) {
@@ -117,6 +142,13 @@ int wg_front_client_gone(const wg_front_t *f, int mhd_fd, unsigned gen) {
   if (!f || gen == 0 || mhd_fd < 0 || (size_t)mhd_fd >= f->nfd)
     return -1;
   return atomic_load(&f->gone[mhd_fd]) == gen;
+}
+
+void wg_front_mhd_done(wg_front_t *f, int mhd_fd, unsigned gen) {
+  /* Before libmicrohttpd closes mhd_fd: the number cannot belong to a newer connection yet. */
+  if (f && gen != 0 && mhd_fd >= 0 && (size_t)mhd_fd < f->nfd &&
+      atomic_load(&f->gen[mhd_fd]) == gen && atomic_load(&f->pending[mhd_fd]) > 0)
+    atomic_fetch_sub(&f->pending[mhd_fd], 1);
 }
 
 /* ---- the JSON answers the front gives itself ------------------------------------------ */
@@ -199,6 +231,7 @@ static void free_graveyard(wg_front_t *f) {
     f->graveyard = k->next;
     free(k->in);
     free(k->out);
+    free(k->fast);
     free(k);
   }
 }
@@ -218,6 +251,88 @@ static void refuse(front_conn_t *k, int status, const char *code, const char *wh
   k->in_len = k->approved; /* drop the refused head and whatever followed it */
   k->body_left = 0;
   k->head_started = 0;
+  k->parked = 0;
+}
+
+static int would_block(void) {
+  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* Sends a front answer (head and body), keeping what the client did not take in k->fast. */
+static void send_fast(front_conn_t *k, const char *head, size_t hl, const char *body, size_t bl) {
+  struct iovec iov[2] = {{(void *)head, hl}, {(void *)body, bl}};
+  struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
+  ssize_t n = sendmsg(k->cfd, &mh, MSG_NOSIGNAL);
+  if (n < 0 && !would_block()) {
+    k->dead = 1;
+    return;
+  }
+  size_t sent = n > 0 ? (size_t)n : 0, rest = hl + bl - sent;
+  if (rest == 0)
+    return;
+  k->fast = malloc(rest);
+  if (!k->fast) {
+    k->dead = 1; /* half an answer cannot be taken back */
+    return;
+  }
+  size_t o = 0;
+  if (sent < hl) {
+    memcpy(k->fast, head + sent, hl - sent);
+    o = hl - sent;
+  }
+  memcpy(k->fast + o, body + (sent > hl ? sent - hl : 0), rest - o);
+  k->fast_off = 0;
+  k->fast_len = rest;
+}
+
+/* The head at k->in[0] (h, no body) as a read the front answers: 1 answered (the head is
+ * gone), 0 parked until the read cache is current for it, -1 for libmicrohttpd. */
+static int answer_read(wg_front_t *f, front_conn_t *k, const wg_http_head_t *h, double now) {
+  wg_coord_t *c = f->c;
+  if (!c->cache || k->fast_off < k->fast_len || k->out_off < k->out_len)
+    return -1;
+  if (!k->mhd_idle) { /* everything handed over completed, and its bytes relayed? */
+    char b;
+    if ((size_t)k->mhd_peer >= f->nfd || atomic_load(&f->pending[k->mhd_peer]) != 0 ||
+        recv(k->mfd, &b, 1, MSG_PEEK | MSG_DONTWAIT) >= 0 || !would_block())
+      return -1;
+    k->mhd_idle = 1;
+  }
+  wg_fast_read_t rd;
+  if (!wg_fast_read_parse(c, k->in, h->len, &rd)) {
+    k->parked = 0;
+    return -1;
+  }
+  int first = !k->parked;
+  double arrival = first ? now : k->parked_at;
+  int ready = wg_cache_ready(c->cache, arrival, &k->parked_failures, first);
+  if (ready == 0 && now - arrival < WG_CACHE_SYNC_WAIT_S) {
+    k->parked = 1;
+    k->parked_at = arrival;
+    k->head_started = 0; /* complete: no 408 for it */
+    return 0;
+  }
+  k->parked = 0;
+  if (ready != 1)
+    return -1;
+  wg_response_t res;
+  memset(&res, 0, sizeof res);
+  char head[256];
+  size_t hl = 0;
+  if (wg_cache_serve(c->cache, &rd.req, &rd.route, &res) != 0 ||
+      (hl = wg_fast_read_head(res.status, res.content_type, res.body_len, head, sizeof head)) ==
+          0) {
+    wg_response_free(&res);
+    return -1;
+  }
+  send_fast(k, head, hl, res.body, res.body_len);
+  wg_metrics_cache(c->metrics, first ? WG_METRIC_CACHE_HIT : WG_METRIC_CACHE_WAIT);
+  wg_metrics_http(c->metrics, "GET", rd.route.label, res.status, wg_mono() - arrival);
+  wg_response_free(&res);
+  memmove(k->in, k->in + h->len, k->in_len - h->len);
+  k->in_len -= h->len;
+  k->last_activity = now;
+  return 1;
 }
 
 /* Checks what arrived after the approved bytes: body bytes pass, heads are parsed. */
@@ -245,14 +360,20 @@ static void classify(wg_front_t *f, front_conn_t *k, double now) {
       memmove(k->in + k->approved, k->in + k->approved + h.skip, k->in_len - k->approved - h.skip);
       k->in_len -= h.skip;
     }
+    if (h.content_length == 0 && k->approved == 0) {
+      int a = answer_read(f, k, &h, now);
+      if (a == 0 || k->dead)
+        return; /* parked: nothing after it is looked at yet */
+      if (a == 1)
+        continue;
+    }
     k->approved += h.len;
+    k->mhd_idle = 0;
+    if ((size_t)k->mhd_peer < f->nfd)
+      atomic_fetch_add(&f->pending[k->mhd_peer], 1);
     k->body_left = h.content_length;
     k->head_started = 0;
   }
-}
-
-static int would_block(void) {
-  return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
 }
 
 /* Moves bytes every way they can go until nothing moves, then closes a finished
@@ -262,6 +383,13 @@ static void pump(wg_front_t *f, front_conn_t *k) {
   double now = wg_mono();
   for (int moved = 1; moved && !k->dead;) {
     moved = 0;
+    if (k->reclassify) { /* woken: a parked head may go now */
+      k->reclassify = 0;
+      if (!k->refusing && !k->client_eof)
+        classify(f, k, now);
+      if (k->dead)
+        break;
+    }
     /* client -> in (discarded while lingering after a refusal) */
     if (!k->client_eof && (k->refusing == 2 ? k->cfd_shut : !k->refusing) && k->in_len < IN_CAP) {
       char sink[4096];
@@ -274,14 +402,19 @@ static void pump(wg_front_t *f, front_conn_t *k) {
         if (!k->refusing) {
           k->in_len += (size_t)n;
           classify(f, k, now);
+          if (k->dead)
+            break;
         }
       } else if (n == 0) {
         moved = 1;
         k->client_eof = 1;
         mark_gone(f, k);
-        k->in_len = k->approved; /* a head cut short is dropped */
+        k->in_len = k->approved; /* a head cut short (or parked) is dropped */
         k->body_left = 0;
         k->head_started = 0;
+        if (k->parked) /* a read that waited for the cache: nobody to answer */
+          wg_metrics_abandoned(f->c->metrics);
+        k->parked = 0;
       } else if (!would_block()) {
         k->dead = 1;
         break;
@@ -324,8 +457,23 @@ static void pump(wg_front_t *f, front_conn_t *k) {
         k->mhd_eof = 1;
       }
     }
-    /* out -> client */
-    if (k->out_off < k->out_len && !k->cfd_shut) {
+    /* the front's own answers, then out -> client (they came first) */
+    if (k->fast_off < k->fast_len && !k->cfd_shut) {
+      ssize_t n = send(k->cfd, k->fast + k->fast_off, k->fast_len - k->fast_off, MSG_NOSIGNAL);
+      if (n > 0) {
+        moved = 1;
+        k->fast_off += (size_t)n;
+        k->last_activity = now;
+        if (k->fast_off == k->fast_len) {
+          free(k->fast);
+          k->fast = NULL;
+          k->fast_off = k->fast_len = 0;
+        }
+      } else if (n < 0 && !would_block()) {
+        k->dead = 1;
+        break;
+      }
+    } else if (k->out_off < k->out_len && !k->cfd_shut) {
       ssize_t n = send(k->cfd, k->out + k->out_off, k->out_len - k->out_off, MSG_NOSIGNAL);
       if (n > 0) {
         moved = 1;
@@ -337,7 +485,7 @@ static void pump(wg_front_t *f, front_conn_t *k) {
       }
     }
     /* The refusal goes out once libmicrohttpd has answered what came before and closed. */
-    if (k->refusing == 1 && k->mhd_eof && k->out_off == k->out_len) {
+    if (k->refusing == 1 && k->mhd_eof && k->out_off == k->out_len && k->fast_len == 0) {
       k->out_off = 0;
       k->out_len = error_response(k->refuse_status, k->refuse_code, k->refuse_why, k->out, OUT_CAP);
       k->refusing = 2;
@@ -354,7 +502,7 @@ static void pump(wg_front_t *f, front_conn_t *k) {
   }
   if (k->refusing == 2 && k->cfd_shut && k->client_eof)
     k->dead = 1; /* refused, answered, and the client is done */
-  if (!k->refusing && k->mhd_eof && k->out_off == k->out_len)
+  if (!k->refusing && k->mhd_eof && k->out_off == k->out_len && k->fast_len == 0)
     k->dead = 1; /* libmicrohttpd closed (Connection: close, its timeout, client gone) */
   if (k->dead)
     conn_close(f, k);
@@ -401,8 +549,10 @@ static void accept_all(wg_front_t *f) {
       continue;
     }
     unsigned gen = ++f->next_gen ? f->next_gen : ++f->next_gen; /* 0 = unknown */
-    if ((size_t)sv[1] < f->nfd)
+    if ((size_t)sv[1] < f->nfd) {
+      atomic_store(&f->pending[sv[1]], 0);
       atomic_store(&f->gen[sv[1]], gen);
+    }
     /* libmicrohttpd owns sv[1] from here, also on failure (it closes it then). */
     if (MHD_add_connection(f->mhd, sv[1], (struct sockaddr *)&sa, len) != MHD_YES) {
       close(sv[0]);
@@ -420,6 +570,7 @@ static void accept_all(wg_front_t *f) {
     k->addrlen = len;
     k->in = in;
     k->out = out;
+    k->mhd_idle = 1;
     k->last_activity = k->last_client = wg_mono();
     k->next = f->conns;
     if (f->conns)
@@ -462,6 +613,11 @@ static void sweep(wg_front_t *f) {
       pump(f, k);
       continue;
     }
+    if (k->parked && now - k->parked_at >= WG_CACHE_SYNC_WAIT_S) {
+      k->reclassify = 1; /* to libmicrohttpd (answer_read) */
+      pump(f, k);
+      continue;
+    }
     if (now - k->last_activity > WG_HTTP_IDLE_TIMEOUT_S)
       conn_close(f, k); /* nothing moved either way: idle keep-alive, or a client gone mute */
   }
@@ -485,10 +641,22 @@ static void *front_main(void *arg) {
         return NULL;
       if (p == &f->listen_tag)
         accept_all(f);
+      if (p == &f->wake_tag) {
+        uint64_t v;
+        (void)!read(f->wakefd, &v, sizeof v);
+        front_conn_t *next;
+        for (front_conn_t *k = f->conns; k; k = next) {
+          next = k->next;
+          if (k->parked) {
+            k->reclassify = 1;
+            pump(f, k);
+          }
+        }
+      }
     }
     for (int i = 0; i < n; i++) {
       void *p = evs[i].data.ptr;
-      if (p == &f->stop_tag || p == &f->listen_tag)
+      if (p == &f->stop_tag || p == &f->listen_tag || p == &f->wake_tag)
         continue;
       front_conn_t *k = p;
       if (!k->closed) /* closed by an earlier event of this batch */
@@ -523,22 +691,29 @@ int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_fron
   f->nfd = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (1u << 20) ? rl.rlim_cur : 1u << 20;
   f->gen = calloc(f->nfd, sizeof *f->gen);
   f->gone = calloc(f->nfd, sizeof *f->gone);
-  if (!f->gen || !f->gone) {
+  f->pending = calloc(f->nfd, sizeof *f->pending);
+  if (!f->gen || !f->gone || !f->pending) {
     free(f->gen);
     free(f->gone);
+    free(f->pending);
     free(f);
     return WAGMA_ENOMEM;
   }
   f->epfd = epoll_create1(EPOLL_CLOEXEC);
   f->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  f->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   struct epoll_event lev = {.events = EPOLLIN, .data.ptr = &f->listen_tag};
   struct epoll_event sev = {.events = EPOLLIN, .data.ptr = &f->stop_tag};
+  struct epoll_event wev = {.events = EPOLLIN, .data.ptr = &f->wake_tag};
   /* *out is set before the thread starts: libmicrohttpd's threads read it (through http.c)
    * for connections the thread hands them. */
   *out = f;
-  if (f->epfd < 0 || f->stopfd < 0 || fcntl_nonblock(listen_fd) != 0 ||
+  if (f->wakefd >= 0)
+    wg_cache_notify(c->cache, f->wakefd); /* before the first read can park */
+  if (f->epfd < 0 || f->stopfd < 0 || f->wakefd < 0 || fcntl_nonblock(listen_fd) != 0 ||
       epoll_ctl(f->epfd, EPOLL_CTL_ADD, listen_fd, &lev) != 0 ||
       epoll_ctl(f->epfd, EPOLL_CTL_ADD, f->stopfd, &sev) != 0 ||
+      epoll_ctl(f->epfd, EPOLL_CTL_ADD, f->wakefd, &wev) != 0 ||
       pthread_create(&f->thread, NULL, front_main, f) != 0) {
     *out = NULL;
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "cannot start the connection front: %s",
@@ -547,8 +722,13 @@ int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_fron
       close(f->epfd);
     if (f->stopfd >= 0)
       close(f->stopfd);
+    if (f->wakefd >= 0) {
+      wg_cache_notify(c->cache, -1 - f->wakefd);
+      close(f->wakefd);
+    }
     free(f->gen);
     free(f->gone);
+    free(f->pending);
     free(f);
     return WAGMA_EIO;
   }
@@ -561,13 +741,16 @@ void wg_front_stop(wg_front_t *f) {
   uint64_t one = 1;
   (void)!write(f->stopfd, &one, sizeof one);
   pthread_join(f->thread, NULL);
+  wg_cache_notify(f->c->cache, -1 - f->wakefd);
   while (f->conns)
     conn_close(f, f->conns);
   free_graveyard(f);
   close(f->lfd);
   close(f->epfd);
   close(f->stopfd);
+  close(f->wakefd);
   free(f->gen);
   free(f->gone);
+  free(f->pending);
   free(f);
 }

@@ -627,6 +627,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   (void)toe;
   conn_ctx_t *ctx = *con_cls;
   if (ctx) {
+    wg_front_mhd_done(ctx->srv->front, ctx->fd, ctx->gen); /* the front may answer reads again */
     wg_response_free(&ctx->res);
     free(ctx->target);
     free(ctx->body);
