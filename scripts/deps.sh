@@ -11,7 +11,7 @@ PACKAGES=(
   etcd-server etcd-client
   libgrpc-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler libprotobuf-dev
   libmicrohttpd-dev libjansson-dev libcmocka-dev libopenblas-dev zlib1g-dev
-  libcurl4-openssl-dev libssl-dev dataset-fashion-mnist
+  libcurl4-openssl-dev libssl-dev openssl dataset-fashion-mnist # openssl: test certificates
   openmpi-bin libopenmpi-dev wrk yamllint valgrind clang
   libclang-rt-dev # libFuzzer runtime for .ci/run: only a Recommends of clang, which
   #                 --no-install-recommends skips
