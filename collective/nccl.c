@@ -199,6 +199,15 @@ static void nc_free(nc_t *t) {
 
 static void nc_close(wg_transport_t *t) {
   nc_interrupt(t);
+  /* A send whose receiver already returned may not have been seen complete yet: let what is
+   * posted finish (bounded), start nothing new. */
+  atomic_store(&t->draining, 1);
+  for (double until = wg_now() + 1.0; t->lane_started && wg_now() < until;) {
+    struct timespec ts = {0, 1000000};
+    if (!atomic_load(&t->busy))
+      break;
+    nanosleep(&ts, NULL);
+  }
   atomic_store(&t->stopping, 1);
   if (t->lane_started)
     pthread_join(t->lane_thread, NULL);

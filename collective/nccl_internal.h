@@ -131,6 +131,8 @@ typedef struct wg_transport {
   pthread_t lane_thread;
   int lane_started;
   atomic_int stopping;
+  atomic_int draining; /* close began: finish what is posted, start nothing new */
+  atomic_int busy;     /* the lane thread has a transfer posted or asked for */
 
   _Atomic uint64_t lane_bytes_sent, lane_bytes_received, lane_transfers;
   _Atomic uint64_t lane_failures;

@@ -137,7 +137,8 @@ static int post(nc_t *t, int send, int peer, void *dev, size_t len) {
 
 static void on_cts(nc_t *t, int src, uint64_t id) {
   nc_xfer_t *x = NULL;
-  if (atomic_load(&t->lane_state) == NC_LANE_UP && !t->posted.active && !t->reserved.active) {
+  if (atomic_load(&t->lane_state) == NC_LANE_UP && !t->posted.active && !t->reserved.active &&
+      !atomic_load(&t->draining)) {
     pthread_mutex_lock(&t->mu);
     for (x = t->out; x && !(x->id == id && x->dst == src); x = x->next)
       ;
@@ -406,7 +407,7 @@ static void maybe_cts(nc_t *t) {
       WG_NCCL(lane_down)(t, "no answer to a clear-to-send");
     return;
   }
-  if (now < t->backoff_until)
+  if (now < t->backoff_until || atomic_load(&t->draining))
     return;
   for (int k = 0; k < t->nranks; k++) {
     int src = (t->rr + k) % t->nranks;
@@ -438,6 +439,7 @@ void *WG_NCCL(lane_main)(void *arg) {
     WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
     check_posted(t);
     maybe_cts(t);
+    atomic_store(&t->busy, t->posted.active || t->reserved.active);
     if (t->posted.active)
       nap_us(20);
   }
