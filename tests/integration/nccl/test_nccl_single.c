@@ -1,0 +1,152 @@
+/* One rank over NCCL: the lane comes up, a self-transfer (ncclSend + ncclRecv to myself in one
+ * group) on the lane's communicator and stream, engine steps and a blocking allreduce, then the
+ * epoch paths: the kept communicator shrunk (nothing left), revoked then shrunk with
+ * NCCL_SHRINK_ABORT, aborted (forgotten) then initialised afresh.
+ *
+ * Built twice: test_nccl_gpu against NCCL and the CUDA runtime (label gpu: it exits 77, a
+ * skip, with the reason when this machine has no usable GPU), and test_nccl_single against
+ * tests/fake_nccl (runs everywhere). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine_internal.h"
+#include "nccl_internal.h"
+#include "process.h"
+
+#define COUNT 4096
+
+static int port;
+
+static int create(uint64_t epoch, wagma_comm_t **comm) {
+  wagma_plan_t plan;
+  if (wagma_plan_build(1, 2, NULL, &plan) != 0)
+    return -1;
+  plan.epoch = epoch;
+  snprintf(plan.members[0].name, WAGMA_NAME_MAX, "solo");
+  snprintf(plan.members[0].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%d", port);
+  wagma_comm_options_t o;
+  wagma_comm_options_init(&o);
+  o.plan = &plan;
+  o.count = COUNT;
+  o.transport = WAGMA_TRANSPORT_NCCL;
+  o.connect_timeout_s = 20;
+#ifdef WG_NCCL_FAKE
+  int rc = wg_comm_create_with(&o, &wg_ncclfake_transport, comm);
+#else
+  int rc = wagma_comm_create(&o, comm);
+#endif
+  wagma_plan_free(&plan);
+  return rc;
+}
+
+static nc_t *lane_of(wagma_comm_t *comm) {
+  nc_t *t = (nc_t *)comm->tp;
+  for (double until = proc_now() + 20; proc_now() < until;) {
+    if (atomic_load(&t->lane_state) != NC_LANE_INIT)
+      break;
+    proc_sleep(0.005);
+  }
+  return t;
+}
+
+static void self_transfer(nc_t *t) {
+  size_t bytes = COUNT * sizeof(float);
+  float *host = malloc(bytes), *back = malloc(bytes);
+  void *a = NULL, *b = NULL;
+  for (int i = 0; i < COUNT; i++)
+    host[i] = (float)i * 0.5f;
+  assert_int_equal(cudaMalloc(&a, bytes), cudaSuccess);
+  assert_int_equal(cudaMalloc(&b, bytes), cudaSuccess);
+  assert_int_equal(cudaMemcpy(a, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  assert_int_equal(ncclGroupStart(), ncclSuccess);
+  assert_int_equal(ncclSend(a, COUNT, ncclFloat32, 0, t->comm, t->stream), ncclSuccess);
+  assert_int_equal(ncclRecv(b, COUNT, ncclFloat32, 0, t->comm, t->stream), ncclSuccess);
+  ncclResult_t r = ncclGroupEnd();
+  assert_true(r == ncclSuccess || r == ncclInProgress);
+  double until = proc_now() + 10;
+  for (;;) {
+    ncclResult_t e = ncclSuccess;
+    assert_int_equal(ncclCommGetAsyncError(t->comm, &e), ncclSuccess);
+    assert_true(e == ncclSuccess || e == ncclInProgress);
+    if (e == ncclSuccess && cudaStreamQuery(t->stream) == cudaSuccess)
+      break;
+    assert_true(proc_now() < until);
+    proc_sleep(0.0005);
+  }
+  assert_int_equal(cudaMemcpy(back, b, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_memory_equal(back, host, bytes);
+  cudaFree(a);
+  cudaFree(b);
+  free(host);
+  free(back);
+}
+
+static void test_single_rank(void **s) {
+  (void)s;
+  wagma_comm_t *comm = NULL;
+  float *model = calloc(COUNT, sizeof(float));
+  assert_int_equal(proc_free_ports(1, &port), 0);
+
+  /* epoch 1: fresh */
+  assert_int_equal(create(1, &comm), 0);
+  nc_t *t = lane_of(comm);
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
+  assert_false(t->shrunk);
+  self_transfer(t);
+  for (int k = 0; k < 5; k++) {
+    model[0] = (float)k;
+    assert_int_equal(wagma_comm_step(comm, model, NULL), 0);
+    assert_float_equal(model[0], (float)k, 0);
+  }
+  assert_int_equal(wagma_comm_allreduce(comm, model, COUNT, WAGMA_REDUCE_MEAN), 0);
+  wagma_comm_destroy(comm);
+
+  /* epoch 2: the same member: the kept communicator is shrunk (nobody excluded) */
+  assert_int_equal(create(2, &comm), 0);
+  t = lane_of(comm);
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
+  assert_true(t->shrunk);
+  self_transfer(t);
+  /* revoke: the lane goes down, the communicator is kept revoked */
+  WG_NCCL(lane_down)(t, "test: revoke");
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_DOWN);
+  assert_int_equal(wagma_comm_step(comm, model, NULL), 0);
+  wagma_comm_destroy(comm);
+
+  /* epoch 3: shrunk from the revoked one (NCCL_SHRINK_ABORT) */
+  assert_int_equal(create(3, &comm), 0);
+  t = lane_of(comm);
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
+  assert_true(t->shrunk);
+  self_transfer(t);
+  wagma_comm_destroy(comm);
+
+  /* abort the kept one: epoch 4 initialises afresh */
+  WG_NCCL(forget)();
+  assert_int_equal(create(4, &comm), 0);
+  t = lane_of(comm);
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
+  assert_false(t->shrunk);
+  self_transfer(t);
+  wagma_comm_destroy(comm);
+  WG_NCCL(forget)();
+  free(model);
+}
+
+int main(void) {
+#ifndef WG_NCCL_FAKE
+  char err[256];
+  if (wagma_comm_transport_check(WAGMA_TRANSPORT_NCCL, 0, err, sizeof err) != 0) {
+    printf("SKIP: test_nccl_gpu needs a CUDA GPU and NCCL: %s\n", err);
+    return 77;
+  }
+#endif
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_single_rank)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
