@@ -515,6 +515,9 @@ ncclResult_t ncclGroupEnd(void) {
       rc = r;
   }
   group_n = 0;
+  free(group_ops); /* thread-local: nothing would free it when the thread ends */
+  group_ops = NULL;
+  group_cap = 0;
   if (rc == ncclSuccess && nonblocking)
     return ncclInProgress; /* as a non-blocking communicator may answer: poll the async error */
   return rc;

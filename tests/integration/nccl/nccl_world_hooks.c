@@ -41,4 +41,5 @@ void nw_comm_destroy(wagma_comm_t *comm) {
     l->failures = atomic_load(&t->lane_failures);
   }
   wagma_comm_destroy(comm);
+  WG_NCCL(forget)(); /* the worlds run one epoch: drop the kept communicator (LSan) */
 }

@@ -136,6 +136,7 @@ static void child(int me) {
       record_and_destroy(me, 3, comm, buf);
   }
 out:
+  WG_NCCL(forget)(); /* the communicator kept for a next epoch that will not come */
   free(buf);
   exit(sh->errors[me] ? 1 : 0);
 }
