@@ -160,7 +160,8 @@ enum {
   WG_METRIC_CACHE_HIT,
   WG_METRIC_CACHE_WAIT,
   WG_METRIC_CACHE_FALLBACK,
-  WG_METRIC_CACHE_RELOAD
+  WG_METRIC_CACHE_RELOAD,
+  WG_METRIC_CACHE_FRONT /* a hit or wait the connection front answered itself */
 };
 void wg_metrics_cache(wg_metrics_t *m, int what);
 void wg_metrics_sse(wg_metrics_t *m, int clients_delta, int dropped);
