@@ -327,6 +327,7 @@ static int answer_read(wg_front_t *f, front_conn_t *k, const wg_http_head_t *h, 
   }
   send_fast(k, head, hl, res.body, res.body_len);
   wg_metrics_cache(c->metrics, first ? WG_METRIC_CACHE_HIT : WG_METRIC_CACHE_WAIT);
+  wg_metrics_cache(c->metrics, WG_METRIC_CACHE_FRONT);
   wg_metrics_http(c->metrics, "GET", rd.route.label, res.status, wg_mono() - arrival);
   wg_response_free(&res);
   memmove(k->in, k->in + h->len, k->in_len - h->len);

@@ -49,7 +49,7 @@ struct wg_metrics {
   atomic_ullong abandoned;
   atomic_long queue_depth;
   /* the read cache and the event streams (cache.c, hub.c) */
-  atomic_ullong cache_hits, cache_waits, cache_fallbacks, cache_reloads;
+  atomic_ullong cache_hits, cache_waits, cache_fallbacks, cache_reloads, cache_front;
   atomic_long sse_clients;
   atomic_ullong sse_dropped;
 };
@@ -60,6 +60,7 @@ void wg_metrics_cache(wg_metrics_t *m, int what) {
   atomic_ullong *c = what == WG_METRIC_CACHE_HIT      ? &m->cache_hits
                      : what == WG_METRIC_CACHE_WAIT   ? &m->cache_waits
                      : what == WG_METRIC_CACHE_RELOAD ? &m->cache_reloads
+                     : what == WG_METRIC_CACHE_FRONT  ? &m->cache_front
                                                       : &m->cache_fallbacks;
   atomic_fetch_add(c, 1);
 }
@@ -261,6 +262,9 @@ char *wg_metrics_render(wg_metrics_t *m, int leader) {
             "# HELP wagma_read_cache_reloads_total Full reads of the tree by the cache (start, "
             "compaction, watch lost)\n# TYPE wagma_read_cache_reloads_total counter\n"
             "wagma_read_cache_reloads_total %llu\n"
+            "# HELP wagma_read_cache_front_total Reads of the cache (hit or wait) that the "
+            "connection front answered itself\n# TYPE wagma_read_cache_front_total counter\n"
+            "wagma_read_cache_front_total %llu\n"
             "# HELP wagma_event_streams Open event-stream connections\n"
             "# TYPE wagma_event_streams gauge\nwagma_event_streams %ld\n"
             "# HELP wagma_event_streams_dropped_total Event-stream clients dropped for reading "
@@ -269,7 +273,8 @@ char *wg_metrics_render(wg_metrics_t *m, int leader) {
             (unsigned long long)atomic_load(&m->cache_hits),
             (unsigned long long)atomic_load(&m->cache_waits),
             (unsigned long long)atomic_load(&m->cache_fallbacks),
-            (unsigned long long)atomic_load(&m->cache_reloads), atomic_load(&m->sse_clients),
+            (unsigned long long)atomic_load(&m->cache_reloads),
+            (unsigned long long)atomic_load(&m->cache_front), atomic_load(&m->sse_clients),
             (unsigned long long)atomic_load(&m->sse_dropped));
   render_histogram(&b, "wagma_plan_compute_seconds", "Time to build and encode a plan", &m->plan,
                    plan_buckets);
