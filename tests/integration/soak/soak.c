@@ -10,7 +10,8 @@
  *     same job run on the calm cluster before the faults start (the "clean" run).
  * The engine's sum-of-models invariant is internal to the agents and not observable from
  * outside; what is checked instead at each job's end is that the members' final models agree
- * (their fingerprint spread, docs/agent.md) within SPREAD_BOUND.
+ * (their fingerprint spread, docs/agent.md) within SPREAD_BOUND, when every member reported a
+ * fingerprint (a member that joined at the last round trained none and reports none).
  *
  * Events (weights in pick_event): SIGKILL of an agent (it stays down until a join), SIGSTOP of
  * an agent for 0.5-4 s then SIGCONT, restart of an agent (SIGTERM and start again), an agent
@@ -24,7 +25,8 @@
  *   wagma_soak [--events N] [--duration S] [--seed N] [--iterations N]
  * Runs jobs back to back until N events were injected (default 40) and, with --duration, at
  * most S seconds of faults (the job under way then finishes in calm). Prints one line per event
- * and a summary (events, worst stall, accuracies); exit 0 when every check held, 1 otherwise.
+ * and a summary (events, worst stall, accuracies); exit 0 when every check held, 1 otherwise
+ * (a failed check is printed and the run goes on, up to 20 of them).
  * Needs $WAGMA_AGENT_BIN and $WAGMA_COORDINATOR_BIN. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -411,7 +413,8 @@ static double run_job(soak_t *s, const char *name, long iterations, int faults, 
     failure(s, "job %s ended %s: %s", name, v.state, v.reason);
     return -1;
   }
-  if (spread < 0 || spread > SPREAD_BOUND)
+  /* -1: a member reported no fingerprint (one that joined at the last round trained none) */
+  if (spread > SPREAD_BOUND)
     failure(s, "job %s: the members' final models differ (spread %.4f > %.2f)", name, spread,
             SPREAD_BOUND);
   return accuracy;
@@ -442,8 +445,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  printf("soak: seed %u, %ld events, %s%.0f s of faults, jobs of %ld iterations\n", s.seed, target,
-         duration > 0 ? "at most " : "", duration, iterations);
+  printf("soak: seed %u, %ld events, %.0f s of faults at most (0 = no limit), jobs of %ld "
+         "iterations\n",
+         s.seed, target, duration, iterations);
   signal(SIGPIPE, SIG_IGN);
   if (cluster_start_with(&s.c, NAGENTS, agent_args, coordinator_args) != 0) {
     cluster_dump_logs(&s.c);
@@ -460,7 +464,7 @@ int main(int argc, char **argv) {
   double clean = run_job(&s, "clean", iterations, 0, 0, 0, &clean_s);
   double faults_until = duration > 0 ? cluster_now() + duration : 1e300;
   int jobs = 0;
-  while (clean >= 0 && s.events < target && cluster_now() < faults_until && s.failures == 0) {
+  while (clean >= 0 && s.events < target && cluster_now() < faults_until && s.failures < 20) {
     char name[32];
     snprintf(name, sizeof name, "soak-%d", jobs++);
     double acc = run_job(&s, name, iterations, 1, target - s.events, faults_until, &seconds);
