@@ -12,6 +12,7 @@
  * sends under SO_SNDTIMEO and waits for requests without one (an idle active is normal).
  * close() shuts every socket down and joins every thread. */
 #include "agent/adpsgd.h"
+#include "agent/peer_io.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -85,69 +86,6 @@ struct wg_adpsgd {
   float *reply;
 };
 
-/* ---- sockets ----------------------------------------------------------------------------- */
-
-static int set_nonblock(int fd, int on) {
-  int fl = fcntl(fd, F_GETFL, 0);
-  if (fl < 0)
-    return -1;
-  return fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
-}
-
-/* Writes len bytes before the deadline (wg_mono). 0, or WAGMA_ETIMEDOUT / WAGMA_EPEER. */
-static int send_all(int fd, const void *buf, size_t len, double deadline) {
-  const char *p = buf;
-  while (len > 0) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-      continue;
-    }
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-      return WAGMA_EPEER;
-    double left = deadline - wg_mono();
-    if (left <= 0)
-      return WAGMA_ETIMEDOUT;
-    struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-    int ms = (int)(left * 1000.0) + 1;
-    if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
-      return WAGMA_EIO;
-  }
-  return 0;
-}
-
-/* Reads len bytes before the deadline (deadline < 0: no deadline). 0, or WAGMA_ETIMEDOUT,
- * WAGMA_EPEER (closed or reset). */
-static int recv_all(int fd, void *buf, size_t len, double deadline) {
-  char *p = buf;
-  while (len > 0) {
-    if (deadline >= 0) {
-      double left = deadline - wg_mono();
-      if (left <= 0)
-        return WAGMA_ETIMEDOUT;
-      struct pollfd pfd = {.fd = fd, .events = POLLIN};
-      int r = poll(&pfd, 1, (int)(left * 1000.0) + 1);
-      if (r < 0 && errno != EINTR)
-        return WAGMA_EIO;
-      if (r <= 0)
-        continue;
-    }
-    ssize_t n = recv(fd, p, len, deadline >= 0 ? MSG_DONTWAIT : 0);
-    if (n > 0) {
-      p += n;
-      len -= (size_t)n;
-    } else if (n == 0) {
-      return WAGMA_EPEER;
-    } else if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-      return WAGMA_EPEER;
-    }
-  }
-  return 0;
-}
-
 static void header_init(gossip_header_t *h, int kind, uint64_t epoch, uint64_t token,
                         uint64_t count) {
   memset(h, 0, sizeof *h);
@@ -195,12 +133,12 @@ static void *conn_main(void *arg) {
   setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   while (w && reply) {
     gossip_header_t h, out;
-    if (recv_all(c->fd, &h, sizeof h, -1) != 0)
+    if (wg_peer_recv(c->fd, &h, sizeof h, -1) != 0)
       break;
     if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.kind != KIND_REQUEST ||
         h.count != g->count)
       break; /* not our protocol, or another model: drop the connection */
-    if (recv_all(c->fd, w, g->count * sizeof(float), -1) != 0)
+    if (wg_peer_recv(c->fd, w, g->count * sizeof(float), -1) != 0)
       break;
     int e = serve_average(g, &h, w, reply);
     header_init(&out, e ? KIND_REFUSED : KIND_REPLY, h.epoch, 0, e ? 0 : g->count);
@@ -293,36 +231,6 @@ static void *accept_main(void *arg) {
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
 
-static int bind_ephemeral(const char *host, int *fd_out, uint16_t *port_out) {
-  struct addrinfo hints, *res = NULL;
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  if (getaddrinfo(host && host[0] ? host : NULL, "0", &hints, &res) != 0 || !res)
-    return WAGMA_EINVAL;
-  int e = WAGMA_EIO;
-  for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0) {
-      struct sockaddr_storage ss;
-      socklen_t sl = sizeof ss;
-      if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        *port_out = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                             : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-        *fd_out = fd;
-        e = 0;
-        break;
-      }
-    }
-    close(fd);
-  }
-  freeaddrinfo(res);
-  return e;
-}
-
 int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *log_user,
                    wg_adpsgd_t **out) {
   int e = WAGMA_ENOMEM;
@@ -343,7 +251,7 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
   g->reply = malloc(count * sizeof(float));
   if (!g->snapshot || !g->pending || !g->reply)
     goto fail;
-  if ((e = bind_ephemeral(bind_host, &g->listen_fd, &g->port))) {
+  if ((e = wg_peer_listen(bind_host, &g->listen_fd, &g->port))) {
     wg_logf(log, log_user, WAGMA_LOG_ERROR, "adpsgd: cannot listen on %s: %s",
             bind_host ? bind_host : "*", strerror(errno));
     goto fail;
@@ -456,59 +364,18 @@ int wg_adpsgd_publish(wg_adpsgd_t *g, float *model) {
 
 /* ---- active side ------------------------------------------------------------------------- */
 
-static int connect_peer(out_peer_t *p, double deadline) {
-  struct addrinfo hints, *res = NULL;
-  char port[16];
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  snprintf(port, sizeof port, "%u", (unsigned)p->addr.port);
-  if (getaddrinfo(p->addr.host, port, &hints, &res) != 0 || !res)
-    return WAGMA_EPEER;
-  int e = WAGMA_EPEER;
-  for (struct addrinfo *ai = res; ai && e; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0)
-      continue;
-    set_nonblock(fd, 1);
-    int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (r < 0 && errno == EINPROGRESS) {
-      double left = deadline - wg_mono();
-      struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-      int soerr = 0;
-      socklen_t sl = sizeof soerr;
-      if (left > 0 && poll(&pfd, 1, (int)(left * 1000.0) + 1) == 1 &&
-          getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
-        r = 0;
-      else if (left <= 0 || soerr == 0)
-        e = WAGMA_ETIMEDOUT;
-    }
-    if (r == 0) {
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      p->fd = fd;
-      e = 0;
-    } else {
-      close(fd);
-    }
-  }
-  freeaddrinfo(res);
-  return e;
-}
-
 /* One exchange with peer p: 0 with the peer's snapshot in reply, or why not. */
 static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *model,
                     float *reply) {
   double deadline = wg_mono() + g->deadline_s;
   gossip_header_t h;
   int e = 0;
-  if (p->fd < 0 && (e = connect_peer(p, deadline)))
+  if (p->fd < 0 && (e = wg_peer_connect(p->addr.host, p->addr.port, deadline, &p->fd)))
     return e;
   header_init(&h, KIND_REQUEST, epoch, p->addr.token, g->count);
-  if ((e = send_all(p->fd, &h, sizeof h, deadline)) ||
-      (e = send_all(p->fd, model, g->count * sizeof(float), deadline)) ||
-      (e = recv_all(p->fd, &h, sizeof h, deadline)))
+  if ((e = wg_peer_send(p->fd, &h, sizeof h, deadline)) ||
+      (e = wg_peer_send(p->fd, model, g->count * sizeof(float), deadline)) ||
+      (e = wg_peer_recv(p->fd, &h, sizeof h, deadline)))
     return e;
   if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.epoch != epoch)
     return WAGMA_EPROTO;
@@ -516,7 +383,7 @@ static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *
     return WAGMA_EPEER;
   if (h.kind != KIND_REPLY || h.count != g->count)
     return WAGMA_EPROTO;
-  return recv_all(p->fd, reply, g->count * sizeof(float), deadline);
+  return wg_peer_recv(p->fd, reply, g->count * sizeof(float), deadline);
 }
 
 int wg_adpsgd_average(wg_adpsgd_t *g, float *model, wagma_rng_t *rng, int *peer) {

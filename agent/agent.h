@@ -12,6 +12,8 @@
  *   algorithms.c  one iteration of wagma / allreduce / local-sgd / adpsgd, straggler injection,
  *                 the gradient delay line, adpsgd's per-epoch exchange of endpoints
  *   adpsgd.c      AD-PSGD's pairwise averaging endpoint (its own header, adpsgd.h)
+ *   ps.c          the asgd / dc-asgd parameter-server endpoint (its own header, ps.h)
+ *   peer_io.c     TCP helpers with deadlines of those two endpoints (peer_io.h)
  *
  * The job config carries the api's kinds as they are (wagma_model_kind_t, wagma_dataset_kind_t,
  * wagma_algorithm_t, wagma_optimizer_type_t); runner.c maps the model kind to the training
@@ -117,6 +119,8 @@ typedef struct wg_job_config {
   uint64_t seed;
   int staleness_bound; /* local-sgd: model mean every tau iterations */
   int gradient_delay;  /* optimizer steps take the gradient of this many steps ago */
+  int ps_shards;       /* asgd, dc-asgd: parameter-server shards wanted */
+  double dc_lambda;    /* dc-asgd: the delay compensation's lambda */
   uint64_t checkpoint_every;
   char checkpoint_dir[256]; /* spec checkpoint.path: relative to the checkpoint root */
 } wg_job_config_t;

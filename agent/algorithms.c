@@ -13,6 +13,11 @@
  *              averagings it answered meanwhile; no barrier, a silent peer is skipped after
  *              the --round-deadline. Ports and tokens of the endpoints travel at each epoch's
  *              start over the communicator (an allreduce of 5 floats per rank).
+ *   asgd       (Downpour, ps.h) the first ps_shards ranks are parameter-server shards: they
+ *   dc-asgd    apply the workers' pushes at once (dc-asgd with delay compensation); a
+ *              worker pulls the model, computes a gradient there and pushes it, no local step;
+ *              the push's delay (updates between pull and push) is the progress' staleness.
+ *              At the end the shards' slices are the model (wg_algo_final_model).
  * Any algorithm: with the spec's gradient_delay d the optimizer takes the gradient of d steps
  * ago from a FIFO of gradients in the device's memory (wagma_grad_delay_t; the first d steps of
  * a job take no update; the FIFO lives as long as the job on this agent, across epochs).
@@ -56,12 +61,92 @@ static void note_round(wg_job_t *j, const wagma_round_stats_t *st) {
   }
 }
 
+static int is_ps(const wg_job_t *j) {
+  return j->cfg.algorithm == WAGMA_ALGO_ASGD || j->cfg.algorithm == WAGMA_ALGO_DC_ASGD;
+}
+
+static void note_loss(wg_job_t *j, double loss) {
+  if (isfinite(loss))
+    j->loss_ema = isfinite(j->loss_ema) ? 0.95 * j->loss_ema + 0.05 * loss : loss;
+}
+
+/* A shard's iteration: the pushes arrive on the endpoint's threads; this thread reports. Its
+ * iteration follows the workers' (the largest pushed), and reaches the job's end once every
+ * worker of the epoch said it is done. */
+static int shard_iteration(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  wg_ps_shard_stats_t st;
+  wg_sleep_s(0.002);
+  wg_ps_shard_stats(j->ps, &st);
+  if (st.max_delay > j->staleness_window)
+    j->staleness_window = st.max_delay;
+  if (isfinite(st.loss))
+    j->loss_ema = st.loss;
+  uint64_t it = st.max_iteration > j->iteration ? st.max_iteration : j->iteration;
+  if (st.workers_done >= j->plan.nranks - j->ps_shards)
+    it = it > j->total_iterations ? it : j->total_iterations;
+  else if (j->total_iterations && it >= j->total_iterations)
+    it = j->total_iterations - 1; /* a worker is still at it */
+  j->iteration = it;
+  return 0;
+}
+
+/* A worker's iteration: pull, gradient at the pulled model, push (the gradient of d steps ago
+ * with a gradient_delay). A shard that does not answer costs at most its deadline and the
+ * step does not count (see below); the epoch change that follows its death reassigns it. */
+static int worker_iteration(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  wagma_eval_t ev;
+  int e, e2;
+  double t0 = wg_mono();
+  float *host = wg_job_params_to_host(j, &e);
+  if (!host)
+    return e;
+  int pulled = wg_ps_pull(j->ps, host);
+  if ((e = wg_job_params_from_host(j)))
+    return e;
+  if ((e = wagma_batch_draw(&j->batch, &j->sampler, &j->train, (size_t)j->cfg.batch_size)) ||
+      (e = wagma_model_forward(j->model, j->batch.x, j->batch.y, j->batch.n, &ev)) ||
+      (e = wagma_model_backward(j->model)))
+    return e;
+  straggle(r, wg_mono() - t0);
+  const float *g = wg_job_grads_to_host(j, &e);
+  if (!g)
+    return e;
+  if (j->delay)
+    g = wagma_grad_delay_push(j->delay, g); /* a host delay line for asgd (wg_algo_setup) */
+  uint64_t delay = 0;
+  e2 = pulled ? pulled : g ? wg_ps_push(j->ps, g, j->iteration, ev.n ? ev.loss : NAN, &delay) : 0;
+  if (e2) {
+    /* a shard did not answer (dead, stopped, not in this epoch yet): the step trained nothing
+     * and does not count; wait a little (a dead shard refuses at once) and try again, until
+     * the plan that follows its death reassigns the shard */
+    wg_runner_warn_comm(r, "parameter-server pull or push", e2);
+    wg_sleep_s(0.02);
+    return e2;
+  }
+  if (delay > j->staleness_window)
+    j->staleness_window = delay;
+  note_loss(j, ev.n ? ev.loss : NAN);
+  j->iteration++;
+  if (j->iteration >= j->total_iterations && !j->ps_done_sent) {
+    wg_ps_done(j->ps);
+    j->ps_done_sent = 1;
+  }
+  double dt = wg_mono() - t0;
+  j->step_ema = isfinite(j->step_ema) ? 0.9 * j->step_ema + 0.1 * dt : dt;
+  return 0;
+}
+
 int wg_algo_iteration(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   wagma_eval_t ev;
   float *host;
   int e;
   double t0 = wg_mono();
+
+  if (is_ps(j) && j->ps && j->ps_shards > 0) /* else: alone in the plan, local steps */
+    return j->rank < j->ps_shards ? shard_iteration(r) : worker_iteration(r);
 
   if ((e = wagma_batch_draw(&j->batch, &j->sampler, &j->train, (size_t)j->cfg.batch_size)))
     return e;
@@ -165,14 +250,15 @@ static void address_host(const char *address, char *out, size_t len) {
 
 int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len) {
   wg_job_t *j = &r->job;
+  char host[WAGMA_ADDRESS_MAX];
   int e;
+  /* asgd workers push host gradients: their delay line is in host memory */
   if (j->cfg.gradient_delay > 0 &&
-      (e = wagma_grad_delay_create_on(r->backend, j->nparams, (unsigned)j->cfg.gradient_delay,
-                                      &j->delay, err, err_len)))
+      (e = wagma_grad_delay_create_on(is_ps(j) ? NULL : r->backend, j->nparams,
+                                      (unsigned)j->cfg.gradient_delay, &j->delay, err, err_len)))
     return e;
+  address_host(r->opt->listen, host, sizeof host);
   if (j->cfg.algorithm == WAGMA_ALGO_ADPSGD) {
-    char host[WAGMA_ADDRESS_MAX];
-    address_host(r->opt->listen, host, sizeof host);
     if ((e = wg_adpsgd_open(host[0] ? host : NULL, j->nparams, wg_agent_log, (void *)r->opt->name,
                             &j->gossip))) {
       snprintf(err, err_len, "adpsgd: cannot listen on the host of --listen %s: %s", r->opt->listen,
@@ -181,6 +267,15 @@ int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len) {
     }
     wagma_rng_seed(&j->gossip_rng, wagma_seed_derive(j->cfg.seed ^ 0xad95u, r->opt->name));
   }
+  if (is_ps(j)) {
+    double lambda = j->cfg.algorithm == WAGMA_ALGO_DC_ASGD ? j->cfg.dc_lambda : 0.0;
+    if ((e = wg_ps_open(host[0] ? host : NULL, j->nparams, wagma_optim_config(j->optim), lambda,
+                        wg_agent_log, (void *)r->opt->name, &j->ps))) {
+      snprintf(err, err_len, "%s: cannot listen on the host of --listen %s: %s",
+               wagma_algorithm_name(j->cfg.algorithm), r->opt->listen, wagma_strerror(e));
+      return WAGMA_EUNAVAIL;
+    }
+  }
   return 0;
 }
 
@@ -188,55 +283,123 @@ void wg_algo_teardown(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   wg_adpsgd_close(j->gossip);
   j->gossip = NULL;
+  wg_ps_close(j->ps);
+  j->ps = NULL;
   wagma_grad_delay_destroy(j->delay);
   j->delay = NULL;
 }
 
-void wg_algo_enter_epoch(wg_runner_ctx_t *r) {
+/* Every member's endpoint port and a fresh token, exchanged over the epoch's communicator.
+ * Ownership: *peers (nranks entries) is the caller's (free); on a failed exchange every port
+ * is 0 (no peer reachable this epoch) and the status is returned. */
+static int exchange_endpoints(wg_runner_ctx_t *r, uint16_t my_port, uint64_t *token,
+                              wg_adpsgd_peer_t **peers) {
   wg_job_t *j = &r->job;
-  int e = 0, n = j->plan.nranks;
-  if (!j->gossip || !j->comm || j->rank < 0)
-    return;
-  uint64_t token = 0;
-  if (RAND_bytes((unsigned char *)&token, sizeof token) != 1)
-    token = wagma_rng_next(&j->gossip_rng); /* unpredictable enough for a test build only */
+  int n = j->plan.nranks, e;
+  *token = 0;
+  if (RAND_bytes((unsigned char *)token, sizeof *token) != 1)
+    *token = wagma_rng_next(&j->gossip_rng) ^ wagma_mix64((uint64_t)(wg_mono() * 1e9));
   float *buf = calloc((size_t)n * WG_ADPSGD_EXCHANGE_FLOATS, sizeof(float));
-  wg_adpsgd_peer_t *peers = calloc((size_t)n, sizeof *peers);
-  if (!buf || !peers) {
-    e = WAGMA_ENOMEM;
-    goto out;
+  *peers = calloc((size_t)n, sizeof **peers);
+  if (!buf || !*peers) {
+    free(buf);
+    free(*peers);
+    *peers = NULL;
+    return WAGMA_ENOMEM;
   }
-  wg_adpsgd_exchange_encode(buf, j->rank, wg_adpsgd_port(j->gossip), token);
+  wg_adpsgd_exchange_encode(buf, j->rank, my_port, *token);
   e = wagma_comm_allreduce(j->comm, buf, (size_t)n * WG_ADPSGD_EXCHANGE_FLOATS, WAGMA_REDUCE_SUM);
   if (e) {
-    wg_runner_warn_comm(r, "adpsgd endpoint exchange", e);
+    wg_runner_warn_comm(r, "endpoint exchange", e);
     memset(buf, 0, (size_t)n * WG_ADPSGD_EXCHANGE_FLOATS * sizeof(float)); /* no peer known */
   }
   for (int i = 0; i < n; i++) {
-    address_host(j->plan.members[i].address, peers[i].host, sizeof peers[i].host);
-    wg_adpsgd_exchange_decode(buf, i, &peers[i].port, &peers[i].token);
+    address_host(j->plan.members[i].address, (*peers)[i].host, sizeof(*peers)[i].host);
+    wg_adpsgd_exchange_decode(buf, i, &(*peers)[i].port, &(*peers)[i].token);
   }
-  /* Averagings answered in the last epoch (after its last step) still belong to this model:
-   * take them before the endpoint forgets them. */
+  free(buf);
+  return e;
+}
+
+void wg_algo_enter_epoch(wg_runner_ctx_t *r) {
+  wg_job_t *j = &r->job;
+  wg_adpsgd_peer_t *peers = NULL;
+  uint64_t token;
+  int e = 0, n = j->plan.nranks;
+  if ((!j->gossip && !j->ps) || !j->comm || j->rank < 0)
+    return;
+  double deadline = r->opt->round_deadline_s;
+  exchange_endpoints(r, j->gossip ? wg_adpsgd_port(j->gossip) : wg_ps_port(j->ps), &token, &peers);
+  if (!peers) {
+    e = WAGMA_ENOMEM;
+    goto out;
+  }
   float *host = wg_job_params_to_host(j, &e);
   if (!host)
     goto out;
-  if (wg_adpsgd_publish(j->gossip, host) > 0 && (e = wg_job_params_from_host(j)))
-    goto out;
-  double deadline = r->opt->round_deadline_s;
-  e = wg_adpsgd_set_epoch(j->gossip, j->epoch, j->rank, n, peers, token, deadline,
-                          deadline * 5 > 2 ? deadline * 5 : 2, host);
+  if (j->gossip) {
+    /* Averagings answered in the last epoch (after its last step) still belong to this model:
+     * take them before the endpoint forgets them. */
+    if (wg_adpsgd_publish(j->gossip, host) > 0 && (e = wg_job_params_from_host(j)))
+      goto out;
+    e = wg_adpsgd_set_epoch(j->gossip, j->epoch, j->rank, n, peers, token, deadline,
+                            deadline * 5 > 2 ? deadline * 5 : 2, host);
+  } else {
+    j->ps_shards = wg_ps_shards(j->cfg.ps_shards, n);
+    j->ps_done_sent = 0;
+    e = wg_ps_set_epoch(j->ps, j->epoch, j->rank, n, j->ps_shards, peers, token,
+                        deadline > 1 ? deadline : 1, host);
+    if (e == 0 && j->rank >= j->ps_shards && j->iteration >= j->total_iterations) {
+      wg_ps_done(j->ps); /* done already: the shards must not wait for this worker */
+      j->ps_done_sent = 1;
+    }
+  }
 out:
   if (e)
     wg_logf(wg_agent_log, (void *)r->opt->name, WAGMA_LOG_WARN,
-            "job %s epoch %llu: adpsgd endpoint not set up: %s", j->cfg.job,
-            (unsigned long long)j->epoch, wagma_strerror(e));
-  free(buf);
+            "job %s epoch %llu: %s endpoint not set up: %s", j->cfg.job,
+            (unsigned long long)j->epoch, wagma_algorithm_name(j->cfg.algorithm),
+            wagma_strerror(e));
   free(peers);
 }
 
 const char *wg_algo_role(const wg_job_t *j) {
   if (j->cfg.algorithm == WAGMA_ALGO_ADPSGD)
     return wg_adpsgd_rank_active(j->rank) ? "active" : "passive";
+  if (is_ps(j) && j->rank >= 0 && j->rank < j->ps_shards)
+    return "server";
   return "worker";
+}
+
+int wg_algo_final_model(wg_runner_ctx_t *r, float *params) {
+  wg_job_t *j = &r->job;
+  if (!is_ps(j) || !j->ps || j->ps_shards == 0)
+    return wagma_comm_average(j->comm, params, j->nparams, 1.0f);
+  /* One SUM allreduce of [shards' slices | workers' models | a flag per shard | workers]: each
+   * slice is its shard's, or, when the shard died during this call (the collective then runs
+   * on the survivors), the workers' mean of their latest pulls. */
+  size_t n = j->nparams, S = (size_t)j->ps_shards, len = 2 * n + S + 1;
+  float *buf = calloc(len, sizeof(float));
+  if (!buf)
+    return WAGMA_ENOMEM;
+  if (j->rank < j->ps_shards) {
+    wg_ps_shard_slice(j->ps, buf);
+    buf[2 * n + (size_t)j->rank] = 1.0f;
+  } else {
+    memcpy(buf + n, params, n * sizeof(float));
+    buf[2 * n + S] = 1.0f;
+  }
+  int e = wagma_comm_allreduce(j->comm, buf, len, WAGMA_REDUCE_SUM);
+  if (e == 0) {
+    float workers = buf[2 * n + S];
+    for (int k = 0; k < j->ps_shards; k++) {
+      size_t first, slen;
+      wg_ps_slice(n, j->ps_shards, k, &first, &slen);
+      int have = buf[2 * n + (size_t)k] > 0.5f;
+      for (size_t i = first; i < first + slen; i++)
+        params[i] = have ? buf[i] : workers > 0 ? buf[n + i] / workers : params[i];
+    }
+  }
+  free(buf);
+  return e;
 }

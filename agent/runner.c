@@ -311,7 +311,7 @@ static void finish(wg_runner_ctx_t *r) {
   if (params)
     fingerprint(params, j->nparams, j->fingerprint, &j->nfingerprint);
   if (params && j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
-    e = wagma_comm_average(j->comm, params, j->nparams, 1.0f);
+    e = wg_algo_final_model(r, params);
     if (e == 0)
       e = wg_job_params_from_host(j);
     if (e)

@@ -6,6 +6,7 @@
 
 #include "agent/adpsgd.h"
 #include "agent/agent.h"
+#include "agent/ps.h"
 #include "agent/train/train.h"
 #include "wagma/collective.h"
 
@@ -19,6 +20,9 @@ typedef struct wg_job {
   wagma_grad_delay_t *delay; /* spec gradient_delay > 0: the optimizer's gradient FIFO */
   wg_adpsgd_t *gossip;       /* adpsgd: my pairwise averaging endpoint (for the whole job) */
   wagma_rng_t gossip_rng;    /* adpsgd: which passive an active asks */
+  wg_ps_t *ps;               /* asgd, dc-asgd: my parameter-server endpoint (whole job) */
+  int ps_shards;             /* asgd, dc-asgd: shards of the current epoch */
+  int ps_done_sent;          /* asgd worker: told the shards it reached the end */
   wagma_sampler_t sampler;
   wagma_batch_t batch;
   size_t nparams, nstate;
@@ -93,6 +97,10 @@ int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len);
 void wg_algo_teardown(wg_runner_ctx_t *r);
 void wg_algo_enter_epoch(wg_runner_ctx_t *r);
 const char *wg_algo_role(const wg_job_t *j);
+/* The final model at the job's end, into params (host, every member calls it): the mean of
+ * the members' models, or for asgd / dc-asgd the shards' slices. 0 or the collective's
+ * error. */
+int wg_algo_final_model(wg_runner_ctx_t *r, float *params);
 
 /* ckroot.c: a checkpoint saved as <root>/<rel_dir>/<name> (directories created, no link
  * followed) and loaded from <root>/<rel_file>; 0 or a status with err naming the file. A

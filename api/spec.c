@@ -15,7 +15,8 @@
 
 static const char *const model_names[] = {"softmax", "mlp", "lenet5"};
 static const char *const dataset_names[] = {"fashion-mnist", "synthetic"};
-static const char *const algorithm_names[] = {"wagma", "allreduce", "local-sgd", "adpsgd"};
+static const char *const algorithm_names[] = {"wagma",  "allreduce", "local-sgd",
+                                              "adpsgd", "asgd",      "dc-asgd"};
 static const char *const sync_names[] = {"barrier", "wait-avoiding"};
 static const char *const optimizer_names[] = {"sgd", "adam"};
 static const char *const device_names[] = {"cpu", "cuda"};
@@ -75,6 +76,8 @@ void wagma_job_spec_init(wagma_job_spec_t *s) {
   s->eval_every = 100;
   s->seed = 1;
   s->device = WAGMA_DEVICE_CPU;
+  s->ps_shards = 1;
+  s->dc_lambda = 0.04;
 }
 
 static int decode_optimizer(const json_t *obj, wagma_optimizer_spec_t *o, int *has_momentum,
@@ -233,6 +236,13 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
     } else if (strcmp(key, "checkpoint") == 0) {
       if ((e = decode_checkpoint(v, &s.checkpoint, err)))
         goto out;
+    } else if (strcmp(key, "ps_shards") == 0) {
+      if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_PS_SHARDS, &i64, err)))
+        goto out;
+      s.ps_shards = (int)i64;
+    } else if (strcmp(key, "dc_lambda") == 0) {
+      if ((e = wg_api_num(v, key, 0, 0, 1000, 0, &s.dc_lambda, err)))
+        goto out;
     } else if (strcmp(key, "gradient_delay") == 0) {
       if ((e = wg_api_int(v, key, 0, WAGMA_API_MAX_GRADIENT_DELAY, &i64, err)))
         goto out;
@@ -314,6 +324,14 @@ int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
     return wg_api_fail(err, "optimizer.nesterov", "applies to sgd only");
   if (!(s->optimizer.lr > 0 && s->optimizer.lr <= 10))
     return wg_api_fail(err, "optimizer.lr", "must be in (0, 10]");
+  if (s->ps_shards < 1 || s->ps_shards > WAGMA_API_MAX_PS_SHARDS)
+    return wg_api_fail(err, "ps_shards", "must be between 1 and %d", WAGMA_API_MAX_PS_SHARDS);
+  if ((s->algorithm == WAGMA_ALGO_ASGD || s->algorithm == WAGMA_ALGO_DC_ASGD) &&
+      s->ps_shards >= s->workers)
+    return wg_api_fail(err, "ps_shards", "must be below workers (%d): a job needs a worker",
+                       s->workers);
+  if (!(s->dc_lambda >= 0 && s->dc_lambda <= 1000))
+    return wg_api_fail(err, "dc_lambda", "must be in [0, 1000]");
   if (s->gradient_delay < 0 || s->gradient_delay > WAGMA_API_MAX_GRADIENT_DELAY)
     return wg_api_fail(err, "gradient_delay", "must be between 0 and %d",
                        WAGMA_API_MAX_GRADIENT_DELAY);
@@ -373,6 +391,8 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
   json_object_set_new(o, "seed", json_integer((json_int_t)s->seed));
   json_object_set_new(o, "device", json_string(wagma_device_name(s->device)));
   json_object_set_new(o, "gradient_delay", json_integer(s->gradient_delay));
+  json_object_set_new(o, "ps_shards", json_integer(s->ps_shards));
+  json_object_set_new(o, "dc_lambda", json_real(s->dc_lambda));
   json_object_set_new(ck, "every", json_integer((json_int_t)s->checkpoint.every));
   json_object_set_new(ck, "path", json_string(s->checkpoint.path));
   json_object_set_new(o, "checkpoint", ck);
@@ -388,9 +408,9 @@ int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {
 
 /* Fields of the spec that exist but cannot change after submission. */
 static const char *const immutable_fields[] = {
-    "name",        "model",      "dataset",       "algorithm",  "group_size", "staleness_bound",
-    "global_sync", "optimizer",  "batch_size",    "iterations", "epochs",     "seed",
-    "device",      "checkpoint", "gradient_delay"};
+    "name",        "model",      "dataset",        "algorithm",  "group_size", "staleness_bound",
+    "global_sync", "optimizer",  "batch_size",     "iterations", "epochs",     "seed",
+    "device",      "checkpoint", "gradient_delay", "ps_shards",  "dc_lambda"};
 
 int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
                               wagma_api_error_t *err) {

@@ -93,7 +93,9 @@ typedef enum wagma_algorithm {
   WAGMA_ALGO_WAGMA = 0,
   WAGMA_ALGO_ALLREDUCE,
   WAGMA_ALGO_LOCAL_SGD,
-  WAGMA_ALGO_ADPSGD /* AD-PSGD gossip: even ranks active, odd ranks passive */
+  WAGMA_ALGO_ADPSGD, /* AD-PSGD gossip: even ranks active, odd ranks passive */
+  WAGMA_ALGO_ASGD,   /* parameter-server asynchronous SGD: the first ps_shards ranks serve */
+  WAGMA_ALGO_DC_ASGD /* asgd with delay compensation (dc_lambda) */
 } wagma_algorithm_t;
 typedef enum wagma_sync { WAGMA_SYNC_BARRIER = 0, WAGMA_SYNC_WAIT_AVOIDING } wagma_sync_t;
 typedef enum wagma_optimizer_type { WAGMA_OPT_SGD = 0, WAGMA_OPT_ADAM } wagma_optimizer_type_t;
@@ -136,8 +138,15 @@ typedef struct wagma_job_spec {
    * gradients, agent/train's delay line), whatever the algorithm: the delayed-gradient
    * studies' staleness. 0..WAGMA_API_MAX_GRADIENT_DELAY, default 0 (none). */
   int gradient_delay;
+  /* asgd / dc-asgd: parameter-server shards (the first ranks of each plan), 1..64, default 1;
+   * must leave a worker: ps_shards < workers */
+  int ps_shards;
+  /* dc-asgd: lambda of the compensation g + lambda g.g.(w_now - w_pulled), [0, 1000],
+   * default 0.04 */
+  double dc_lambda;
 } wagma_job_spec_t;
 #define WAGMA_API_MAX_GRADIENT_DELAY 1024
+#define WAGMA_API_MAX_PS_SHARDS 64
 
 /* Sets every field to its default (name "", workers 0: the caller must set workers). */
 void wagma_job_spec_init(wagma_job_spec_t *spec);
@@ -259,10 +268,11 @@ typedef struct wagma_progress {
   double time;                      /* unix seconds of this report */
   char error[WAGMA_API_REASON_MAX]; /* with state failed or unavailable */
   /* the member's role in its algorithm: "worker" (wagma, allreduce, local-sgd), "active" or
-   * "passive" (adpsgd); "" = not reported (absent in JSON). One of WAGMA_API_ROLES. */
+   * "passive" (adpsgd), "server" or "worker" (asgd, dc-asgd: a parameter-server shard or a
+   * worker); "" = not reported (absent in JSON). One of WAGMA_API_ROLES. */
   char role[16];
 } wagma_progress_t;
-#define WAGMA_API_ROLES "worker", "active", "passive"
+#define WAGMA_API_ROLES "worker", "active", "passive", "server"
 
 void wagma_progress_init(wagma_progress_t *p);
 json_t *wagma_progress_to_value(const wagma_progress_t *p);

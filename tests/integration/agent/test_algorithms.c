@@ -9,6 +9,12 @@
  *  - adpsgd with one passive agent SIGSTOPped: the other members keep training in the same
  *    epoch (before the lease TTL makes a new plan) at a good fraction of their speed before
  *    the stop: nobody waits for the stopped agent beyond one deadline;
+ *  - asgd (2 shards, 2 workers) and dc-asgd converge, their workers' training loss is below
+ *    the same steps without averaging, REST shows "server" for the first ps_shards ranks and
+ *    "worker" for the others, and the shards report the pushes' delay as staleness;
+ *  - asgd with its only shard SIGKILLed mid-job: a new epoch (3 members) reassigns the shard,
+ *    its slice comes back from the members' copies (the workers' latest pulls), and the job
+ *    succeeds with an accuracy within bounds;
  *  - gradient_delay: the spec's delay reaches the agents (a job whose delay leaves few
  *    updates ends with a clearly higher loss than the same job without), and a delayed job
  *    converges.
@@ -251,11 +257,111 @@ static void test_gradient_delay_reaches_the_agents(void **state) {
   }
 }
 
+static void check_roles(cluster_t *c, const char *job, int shards) {
+  json_t *members = job_members_json(c, job);
+  for (size_t i = 0; i < json_array_size(members); i++) {
+    json_t *m = json_array_get(members, i);
+    int rank = (int)json_integer_value(json_object_get(m, "rank"));
+    json_t *progress = json_object_get(m, "progress");
+    const char *role = json_string_value(json_object_get(progress, "role"));
+    fprintf(stderr, "  %s rank %d: role %s, staleness %lld\n", job, rank, role ? role : "(none)",
+            (long long)json_integer_value(json_object_get(progress, "staleness")));
+    assert_non_null(role);
+    assert_string_equal(role, rank < shards ? "server" : "worker");
+  }
+  json_decref(members);
+}
+
+static void test_asgd_and_dc_asgd_converge_and_beat_no_averaging(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  double spread, loss_none, loss[2];
+  const char *algos[2] = {"asgd", "dc-asgd"};
+  run_job(c, "ps-none", "local-sgd", ",\"staleness_bound\":1000000", 300, &spread, &loss_none, &v);
+  for (int a = 0; a < 2; a++) {
+    char job[32];
+    snprintf(job, sizeof job, "ps-%s", algos[a]);
+    run_job(c, job, algos[a], ",\"ps_shards\":2,\"dc_lambda\":0.5", 300, &spread, &loss[a], &v);
+    double worker_loss = 0;
+    for (int i = 0; i < v.nmembers; i++) {
+      assert_true(v.members[i].accuracy > ACC_BOUND); /* everyone evaluates the shards' model */
+      assert_true(v.members[i].loss >= 0 && v.members[i].loss < LOSS_BOUND);
+      if (i >= 2)
+        worker_loss += v.members[i].loss / 2;
+    }
+    check_roles(c, job, 2);
+    fprintf(stderr, "  %s: workers' training loss %.4f vs %.4f without averaging\n", job,
+            worker_loss, loss_none);
+    assert_true(worker_loss < loss_none);
+  }
+}
+
+static void test_asgd_shard_killed_new_epoch_job_finishes(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  /* an MLP (235k parameters: about 1 MB pulled and pushed per step) so that the job is still
+   * training when the lease of the killed shard runs out */
+  submit(c, "{\"name\":\"ps-kill\",\"model\":\"mlp\",\"dataset\":\"synthetic\","
+            "\"algorithm\":\"asgd\",\"workers\":4,\"min_workers\":2,\"ps_shards\":1,"
+            "\"batch_size\":16,\"iterations\":4000,\"eval_every\":1000,"
+            "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0}}");
+  double t0 = cluster_now();
+  uint64_t it[4];
+  while (read_iterations(c, "ps-kill", &v, it) != 0 || it[3] < 100) {
+    if (cluster_now() - t0 > 60) {
+      cluster_dump_logs(c);
+      fail_msg("ps-kill did not start training");
+    }
+    cluster_sleep(0.1);
+  }
+  uint64_t epoch = v.epoch;
+  check_roles(c, "ps-kill", 1);
+  int k = index_of(c, v.members[0].name); /* rank 0: the shard */
+  assert_true(k >= 0);
+  fprintf(stderr, "  ps-kill: SIGKILL the shard %s at worker iteration %llu\n", c->agent_name[k],
+          (unsigned long long)it[3]);
+  assert_int_equal(kill(c->agent[k], SIGKILL), 0);
+  waitpid(c->agent[k], NULL, 0);
+  c->agent[k] = 0;
+  /* the new epoch comes while the job still has work: the new shard serves the rest */
+  while (cluster_job_get(c, "ps-kill", &v) != 0 || v.epoch == epoch) {
+    if (cluster_now() - t0 > 120) {
+      cluster_dump_logs(c);
+      fail_msg("ps-kill: no new epoch after the shard's death");
+    }
+    cluster_sleep(0.05);
+  }
+  fprintf(stderr, "  ps-kill: epoch %llu at iteration %llu (state %s)\n",
+          (unsigned long long)v.epoch, (unsigned long long)v.iteration, v.state);
+  assert_string_equal(v.state, "running");
+  assert_true(v.iteration < 4000);
+  if (cluster_job_wait_state(c, "ps-kill", "succeeded", 180, &v) != 0 ||
+      v.members[0].accuracy <= ACC_BOUND)
+    cluster_dump_logs(c);
+  assert_string_equal(v.state, "succeeded");
+  fprintf(stderr, "  ps-kill: epoch %llu -> %llu, %d members\n", (unsigned long long)epoch,
+          (unsigned long long)v.epoch, v.nmembers);
+  assert_true(v.epoch > epoch);
+  assert_int_equal(v.nmembers, 3);
+  for (int i = 0; i < v.nmembers; i++) {
+    fprintf(stderr, "  ps-kill %s: %s iteration %llu loss %.4f accuracy %.4f\n", v.members[i].name,
+            v.members[i].state, (unsigned long long)v.members[i].iteration, v.members[i].loss,
+            v.members[i].accuracy);
+    assert_string_equal(v.members[i].state, "done");
+    assert_true(v.members[i].accuracy > ACC_BOUND);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adpsgd_converges_and_beats_no_averaging),
       cmocka_unit_test(test_adpsgd_stopped_agent_others_keep_training),
       cmocka_unit_test(test_gradient_delay_reaches_the_agents),
+      cmocka_unit_test(test_asgd_and_dc_asgd_converge_and_beat_no_averaging),
+      /* last: it leaves 3 agents */
+      cmocka_unit_test(test_asgd_shard_killed_new_epoch_job_finishes),
   };
+  if (getenv("WAGMA_TEST_FILTER")) /* e.g. "*shard_killed*" */
+    cmocka_set_test_filter(getenv("WAGMA_TEST_FILTER"));
   return cmocka_run_group_tests_name("agent_algorithms", tests, setup, teardown);
 }

@@ -46,6 +46,17 @@ static void test_spec_defaults(void **state) {
   assert_int_equal(s.device, WAGMA_DEVICE_CPU);
   assert_int_equal(s.checkpoint.every, 0);
   assert_int_equal(s.gradient_delay, 0);
+  assert_int_equal(s.ps_shards, 1);
+  assert_true(fabs(s.dc_lambda - 0.04) < 1e-12);
+  /* the asgd family with its knobs; ps_shards only needs to leave a worker */
+  assert_int_equal(
+      spec_parse("{\"workers\":4,\"algorithm\":\"dc-asgd\",\"ps_shards\":3,\"dc_lambda\":2}",
+                 &s, &err),
+      0);
+  assert_int_equal(s.algorithm, WAGMA_ALGO_DC_ASGD);
+  assert_int_equal(s.ps_shards, 3);
+  assert_true(s.dc_lambda == 2);
+  assert_int_equal(spec_parse("{\"workers\":1,\"ps_shards\":4}", &s, &err), 0);
 
   /* adam without momentum gets momentum 0; epochs replaces iterations */
   assert_int_equal(
@@ -119,7 +130,12 @@ static const struct bad_spec bad_specs[] = {
     {"{\"workers\":4,\"name\":7}", "name"},
     {"{\"workers\":4,\"model\":\"resnet\"}", "model"},
     {"{\"workers\":4,\"dataset\":\"imagenet\"}", "dataset"},
-    {"{\"workers\":4,\"algorithm\":\"asgd\"}", "algorithm"},
+    {"{\"workers\":4,\"algorithm\":\"downpour\"}", "algorithm"},
+    {"{\"workers\":4,\"algorithm\":\"asgd\",\"ps_shards\":4}", "ps_shards"},
+    {"{\"workers\":4,\"ps_shards\":0}", "ps_shards"},
+    {"{\"workers\":4,\"ps_shards\":65}", "ps_shards"},
+    {"{\"workers\":4,\"dc_lambda\":-0.1}", "dc_lambda"},
+    {"{\"workers\":4,\"dc_lambda\":1001}", "dc_lambda"},
     {"{\"workers\":4,\"min_workers\":5}", "min_workers"},
     {"{\"workers\":4,\"min_workers\":0}", "min_workers"},
     {"{\"workers\":4,\"max_workers\":3,\"min_workers\":1}", "max_workers"},
