@@ -164,6 +164,9 @@ static void cjob_free(cjob_t *j) {
   free(j->points);
   free(j->agents);
   free(j->agent_last);
+  free(j->groups_body);
+  free(j->events_body);
+  pthread_mutex_destroy(&j->memo_mu);
   free(j);
 }
 
@@ -202,6 +205,7 @@ static cjob_t *job_get_or_add(wg_cache_t *c, const char *id) {
     return NULL;
   }
   snprintf(j->id, sizeof j->id, "%s", id);
+  pthread_mutex_init(&j->memo_mu, NULL);
   memmove(&c->jobs[i + 1], &c->jobs[i], (c->njobs - i) * sizeof *c->jobs);
   c->jobs[i] = j;
   c->njobs++;

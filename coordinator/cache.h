@@ -51,6 +51,17 @@ typedef struct cjob {
   char (*agents)[WAGMA_API_NAME_MAX];
   uint64_t *agent_last; /* the iteration of each agent's last point */
   uint32_t nagents;
+  /* Answers the readers rendered and keep for the next reads (cache_serve.c), under memo_mu
+   * (readers hold only the view's read lock): the groups of one round of the current plan
+   * (the plan key's mod revision, the round) and the timeline at one view revision. */
+  pthread_mutex_t memo_mu;
+  char *groups_body;
+  size_t groups_len;
+  int64_t groups_rev;
+  uint64_t groups_t;
+  char *events_body;
+  size_t events_len;
+  int64_t events_rev;
 } cjob_t;
 
 struct wg_cache {

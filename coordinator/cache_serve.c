@@ -117,6 +117,25 @@ static void jobs_list(wg_cache_t *c, const wg_request_t *req, wg_response_t *res
   res->content_type = "application/json";
 }
 
+/* A kept answer (a cjob_t's memo) into res: 1, or 0 when none or out of memory. */
+static int memo_answer(const char *body, size_t len, wg_response_t *res) {
+  if (!body)
+    return 0;
+  answer_copy(res, 200, body, len);
+  return res->status == 200;
+}
+
+/* Keeps a copy of res's body in *slot (the previous one freed); under j->memo_mu. */
+static void memo_keep(char **slot, size_t *slot_len, const wg_response_t *res) {
+  char *b = res->status == 200 && res->body ? malloc(res->body_len + 1) : NULL;
+  if (!b)
+    return;
+  memcpy(b, res->body, res->body_len + 1);
+  free(*slot);
+  *slot = b;
+  *slot_len = res->body_len;
+}
+
 static void job_get(wg_cache_t *c, const char *id, wg_response_t *res) {
   const cjob_t *j = wg_cache_job(c, id);
   if (!j || !j->full)
@@ -159,7 +178,8 @@ static void job_groups(wg_cache_t *c, const char *id, const wg_request_t *req, w
     return;
   }
   const cjob_t *j = wg_cache_job(c, id);
-  if (!plan_kv(c, j, id, res))
+  const wagma_etcd_kv_t *kv = plan_kv(c, j, id, res);
+  if (!kv)
     return;
   if (!j->has_plan) {
     wg_response_error(res, 500, "internal", NULL, "stored plan does not decode");
@@ -170,8 +190,20 @@ static void job_groups(wg_cache_t *c, const char *id, const wg_request_t *req, w
     if (t < j->plan.start_round)
       t = j->plan.start_round;
   }
-  if (t >= j->plan.start_round) {
+  if (t >= j->plan.start_round) { /* the current plan's: kept per round */
+    cjob_t *mj = (cjob_t *)j;
+    pthread_mutex_lock(&mj->memo_mu);
+    int kept = mj->groups_rev == kv->mod_revision && mj->groups_t == t &&
+               memo_answer(mj->groups_body, mj->groups_len, res);
+    pthread_mutex_unlock(&mj->memo_mu);
+    if (kept)
+      return;
     wg_groups_answer(id, &j->plan, t, res);
+    pthread_mutex_lock(&mj->memo_mu);
+    memo_keep(&mj->groups_body, &mj->groups_len, res);
+    mj->groups_rev = kv->mod_revision;
+    mj->groups_t = t;
+    pthread_mutex_unlock(&mj->memo_mu);
     return;
   }
   char prefix[256];
@@ -194,15 +226,24 @@ static void agents(wg_cache_t *c, wg_response_t *res) {
 
 /* GET /v1/jobs/{id}/events (not as a stream): the job's timeline. */
 static void job_events(wg_cache_t *c, const char *id, wg_response_t *res) {
-  const cjob_t *j = wg_cache_job(c, id);
+  cjob_t *j = wg_cache_job(c, id);
   if (!j || !j->full) {
     wg_response_error(res, 404, "not_found", NULL, "no job %s", id);
     return;
   }
+  pthread_mutex_lock(&j->memo_mu); /* kept per view revision */
+  int kept = j->events_rev == c->applied && memo_answer(j->events_body, j->events_len, res);
+  pthread_mutex_unlock(&j->memo_mu);
+  if (kept)
+    return;
   json_t *o = json_pack("{s:s,s:I,s:O}", "job", id, "revision", (json_int_t)c->applied, "events",
                         j->timeline);
   wg_response_json(res, 200, o ? json_dumps(o, WG_JSON_FLAGS) : NULL);
   json_decref(o);
+  pthread_mutex_lock(&j->memo_mu);
+  memo_keep(&j->events_body, &j->events_len, res);
+  j->events_rev = c->applied;
+  pthread_mutex_unlock(&j->memo_mu);
 }
 
 int wg_cache_serve(wg_cache_t *c, const wg_request_t *req, const wg_route_t *r,
