@@ -50,8 +50,8 @@ static void test_spec_defaults(void **state) {
   assert_true(fabs(s.dc_lambda - 0.04) < 1e-12);
   /* the asgd family with its knobs; ps_shards only needs to leave a worker */
   assert_int_equal(
-      spec_parse("{\"workers\":4,\"algorithm\":\"dc-asgd\",\"ps_shards\":3,\"dc_lambda\":2}",
-                 &s, &err),
+      spec_parse("{\"workers\":4,\"algorithm\":\"dc-asgd\",\"ps_shards\":3,\"dc_lambda\":2}", &s,
+                 &err),
       0);
   assert_int_equal(s.algorithm, WAGMA_ALGO_DC_ASGD);
   assert_int_equal(s.ps_shards, 3);
