@@ -112,6 +112,17 @@ static void job_summary(const json_t *job, FILE *out) {
   snprintf(line, sizeof line, "%s, group size %s, staleness bound %s, global sync %s",
            str_at(spec, "algorithm", a), int_at(spec, "group_size", b),
            int_at(spec, "staleness_bound", c), str_at(spec, "global_sync", d));
+  const char *algo = json_string_value(json_object_get(spec, "algorithm"));
+  if (algo && (!strcmp(algo, "asgd") || !strcmp(algo, "dc-asgd"))) {
+    size_t used = strlen(line);
+    snprintf(line + used, sizeof line - used, ", %s parameter-server shards",
+             int_at(spec, "ps_shards", e));
+    if (!strcmp(algo, "dc-asgd")) {
+      used = strlen(line);
+      snprintf(line + used, sizeof line - used, ", lambda %s",
+               wg_ctl_fmt_real(json_object_get(spec, "dc_lambda"), 3, e, sizeof e));
+    }
+  }
   const json_t *delay = json_object_get(spec, "gradient_delay");
   if (json_is_integer(delay) && json_integer_value(delay) > 0) {
     size_t used = strlen(line);
