@@ -87,6 +87,14 @@ static int shard_iteration(wg_runner_ctx_t *r) {
     it = it > j->total_iterations ? it : j->total_iterations;
   else if (j->total_iterations && it >= j->total_iterations)
     it = j->total_iterations - 1; /* a worker is still at it */
+  /* the runner evaluates j->model when the iteration crosses eval_every: make it the model the
+   * shards hold now (pulled like a worker, this shard's slice from itself) */
+  if (j->cfg.eval_every && it / j->cfg.eval_every != j->iteration / j->cfg.eval_every) {
+    int e;
+    float *host = wg_job_params_to_host(j, &e);
+    if (host && wg_ps_pull(j->ps, host) == 0)
+      wg_job_params_from_host(j);
+  }
   j->iteration = it;
   return 0;
 }

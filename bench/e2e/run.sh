@@ -2,9 +2,12 @@
 # bench/e2e/run.sh — time to a target test accuracy, end to end: a private etcd, a coordinator
 # and 4 CPU wagma-agents on 127.0.0.1 train Fashion-MNIST (MLP) through the REST API, for
 #   algorithms: wagma (global_sync barrier), wagma (wait-avoiding), allreduce (the baseline:
-#               synchronous data-parallel SGD), local-sgd
+#               synchronous data-parallel SGD), local-sgd, adpsgd, asgd and dc-asgd (one
+#               parameter-server shard, the 3 other agents workers; dc_lambda 0.04)
 #   settings:   none (no straggler), transient (every agent pauses 40 ms with probability 0.1
-#               per step), persistent (one agent computes 4x slower: --slow-factor 4)
+#               per step), persistent (one agent computes 4x slower: --slow-factor 4),
+#               absolute (one agent sleeps a fixed 40 ms every step: --sleep-prob 1
+#               --sleep-ms 40; the same straggler for every algorithm)
 # For each run it polls GET /v1/jobs/{id} every 0.5 s and records the mean over members of the
 # last evaluation accuracy (2000 test samples, every 50 iterations). Reports the wall time from
 # submission to the first poll at or above the target, the speedup over allreduce in the same
@@ -23,8 +26,8 @@ BUILD="${WAGMA_BUILD_DIR:-$ROOT/build}"
 ITERATIONS=1500
 TARGET=0.87
 OUT="$ROOT/bench/e2e/out"
-SETTINGS="none transient persistent"
-ALGORITHMS="wagma-barrier wagma-wait-avoiding allreduce local-sgd"
+SETTINGS="none transient persistent absolute"
+ALGORITHMS="wagma-barrier wagma-wait-avoiding allreduce local-sgd adpsgd asgd dc-asgd"
 RUN_TIMEOUT=400
 REPEAT=1
 while [ $# -gt 0 ]; do
@@ -108,6 +111,7 @@ start_cluster() {
     case "$1" in
     transient) extra=(--sleep-prob 0.1 --sleep-ms 40) ;;
     persistent) [ "$i" = 3 ] && extra=(--slow-factor 4) ;;
+    absolute) [ "$i" = 3 ] && extra=(--sleep-prob 1 --sleep-ms 40) ;;
     esac
     free_port
     "$AGENT" --etcd "127.0.0.1:$ec" --name "agent-$i" --listen "127.0.0.1:$PORT" \
@@ -133,7 +137,7 @@ run_job() {
   wagma-wait-avoiding) algorithm=wagma; sync=wait-avoiding ;;
   *) algorithm=$algo; sync=barrier ;;
   esac
-  local spec="{\"name\":\"$name\",\"model\":\"mlp\",\"dataset\":\"fashion-mnist\",\"algorithm\":\"$algorithm\",\"global_sync\":\"$sync\",\"workers\":4,\"group_size\":2,\"staleness_bound\":8,\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9},\"batch_size\":64,\"iterations\":$ITERATIONS,\"eval_every\":50,\"seed\":7}"
+  local spec="{\"name\":\"$name\",\"model\":\"mlp\",\"dataset\":\"fashion-mnist\",\"algorithm\":\"$algorithm\",\"global_sync\":\"$sync\",\"workers\":4,\"group_size\":2,\"staleness_bound\":8,\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9},\"batch_size\":64,\"iterations\":$ITERATIONS,\"eval_every\":50,\"seed\":7,\"ps_shards\":1}"
   local t0 tta="-" state="" job acc now
   t0=$(date +%s.%N)
   curl -fsS -X POST -H 'Content-Type: application/json' -d "$spec" "$API/v1/jobs" >/dev/null
