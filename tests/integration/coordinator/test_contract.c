@@ -547,8 +547,8 @@ static void test_spec_ranges(void **state) {
   walk_ranges(&c, json_object_get(schemas, "JobSpecInput"), "", 0, &nposted, &nchecked);
   /* workers, min/max_workers, group_size, staleness_bound, batch_size, iterations, epochs,
    * eval_every, seed, optimizer.{lr,momentum,weight_decay,warmup}, checkpoint.every,
-   * name and checkpoint.path lengths. */
-  assert_int_equal(nchecked, 17);
+   * gradient_delay, ps_shards, dc_lambda, name and checkpoint.path lengths. */
+  assert_int_equal(nchecked, 20);
   int npatch = 0;
   walk_ranges(&c, json_object_get(schemas, "JobPatch"), "", 1, &nposted, &npatch);
   assert_int_equal(npatch, 4);
