@@ -15,13 +15,14 @@
  * Algorithms (idx = position of a rank in ctx->ranks, n = ctx->nranks, pof2 = the largest
  * power of two <= n, rem = n - pof2; the first 2 * rem positions pair up, even sends to odd,
  * before, and the odd ones send the result back after):
- *  - doubling: log2(pof2) exchanges of the whole buffer.
+ *  - doubling: log2(pof2) exchanges of the whole buffer (for MEAN the last one divides).
  *  - Rabenseifner: recursive halving (each exchange sends half of what is left and reduces
  *    the other half) leaves each of the pof2 ranks with one reduced block; recursive
  *    doubling gathers the blocks back. Moves 2 (pof2 - 1) / pof2 of the buffer each way, in
- *    2 log2(pof2) exchanges. For MEAN each owner divides its block before the gather.
+ *    2 log2(pof2) exchanges. For MEAN each owner divides its block as the last halving
+ *    reduces it (one pass), before the gather.
  *  - ring: reduce-scatter then allgather around the ring, n chunks cut in segments,
- *    2 (n - 1) steps. For MEAN the owner of a chunk divides it before the allgather.
+ *    2 (n - 1) steps. For MEAN the owner of a chunk divides it as its last step reduces it.
  *  - broadcast: binomial tree when small, a segmented chain (pipeline) when large.
  *  - average: an allreduce of the weights, then of w * buf, divided by the weight sum.
  * All give bitwise identical results on every participant: float addition commutes, so a
@@ -206,8 +207,9 @@ static int recv_frame(const coll_t *c, int idx, uint64_t seq, size_t n, float *d
   return rc;
 }
 
-/* Receives n floats (src idx, seq) and adds them to dst. */
-static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n);
+/* Receives n floats (src idx, seq) and adds them to dst; with div > 0, divides each sum by
+ * div in the same pass (the owner of a MEAN block: no second pass over it). */
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n, float div);
 
 /* Receives n floats (src idx, seq) into dst. */
 static int recv_copy(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
@@ -223,21 +225,31 @@ add_floats(float *restrict dst, const float *restrict src, size_t n) {
     dst[i] += src[i];
 }
 
-static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
-  wg_message_t *m = NULL;
-  int rc = recv_frame(c, idx, seq, n, NULL, &m);
-  if (rc == 0)
-    add_floats(dst, (const float *)m->payload, n);
-  wg_message_free(m);
-  return rc;
-}
-
 /* Vectorized (divps divides each lane exactly like divss): the scalar loop took 12 % of the
  * CPU of a 1 MiB MEAN allreduce at P = 4. */
 __attribute__((optimize("tree-vectorize"))) static void div_floats(float *restrict buf, size_t n,
                                                                    float by) {
   for (size_t i = 0; i < n; i++)
     buf[i] /= by;
+}
+
+/* dst = (dst + src) / by, rounded as add_floats then div_floats would (each sum is rounded to
+ * float before the division), in one pass over dst. */
+__attribute__((optimize("tree-vectorize"))) static void
+add_div_floats(float *restrict dst, const float *restrict src, size_t n, float by) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (dst[i] + src[i]) / by;
+}
+
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n, float div) {
+  wg_message_t *m = NULL;
+  int rc = recv_frame(c, idx, seq, n, NULL, &m);
+  if (rc == 0 && div > 0)
+    add_div_floats(dst, (const float *)m->payload, n, div);
+  else if (rc == 0)
+    add_floats(dst, (const float *)m->payload, n);
+  wg_message_free(m);
+  return rc;
 }
 
 /* Segments of count floats: nseg segments of seglen (the last ones possibly shorter or
@@ -280,13 +292,14 @@ static int send_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
   return 0;
 }
 
-/* Receives segments seq_base + k from idx into buf (add = 1: reduce, 0: copy). */
+/* Receives segments seq_base + k from idx into buf (add = 1: reduce, 0: copy; div > 0 with
+ * add: each sum divided by div, recv_add). */
 static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s, float *buf,
-                    size_t count, int add) {
+                    size_t count, int add, float div) {
   for (uint64_t k = 0; k < s->nseg; k++) {
     size_t a, len;
     seg_range(s, count, k, &a, &len);
-    int rc = add ? recv_add(c, idx, seq_base + k, buf + a, len)
+    int rc = add ? recv_add(c, idx, seq_base + k, buf + a, len, div)
                  : recv_copy(c, idx, seq_base + k, buf + a, len);
     if (rc != 0)
       return rc;
@@ -295,10 +308,10 @@ static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
 }
 
 /* Sends buf[0..count) to idx and receives the peer's copy of it into the same range
- * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent), as segments
- * seq_base + k, at most PIPE_WINDOW segments ahead. */
+ * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent; div as
+ * recv_all), as segments seq_base + k, at most PIPE_WINDOW segments ahead. */
 static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s, const float *sbuf,
-                    size_t scount, float *rbuf, size_t rcount, int add) {
+                    size_t scount, float *rbuf, size_t rcount, int add, float div) {
   uint64_t sent = 0;
   for (uint64_t k = 0; k < s->nseg; k++) {
     for (; sent < s->nseg && sent < k + PIPE_WINDOW; sent++) {
@@ -310,7 +323,7 @@ static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
     }
     size_t a, len;
     seg_range(s, rcount, k, &a, &len);
-    int rc = add ? recv_add(c, idx, seq_base + k, rbuf + a, len)
+    int rc = add ? recv_add(c, idx, seq_base + k, rbuf + a, len, div)
                  : recv_copy(c, idx, seq_base + k, rbuf + a, len);
     if (rc != 0)
       return rc;
@@ -348,7 +361,9 @@ static int fold_peers(int n, int me, int *idx) {
   return k;
 }
 
-static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
+/* Recursive doubling; when mean, the last exchange divides each sum by n as it adds (every
+ * rank of the pof2 then holds the same quotients, and the fold-out copies them). */
+static int allreduce_doubling(const coll_t *c, float *buf, size_t count, int mean) {
   const int me = c->me;
   int pof2, rem, newrank;
   fold_plan(c->n, me, &pof2, &rem, &newrank);
@@ -362,16 +377,17 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
 
   if (me < 2 * rem)
     rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
-                     : recv_all(c, me - 1, base, &s, buf, count, 1);
+                     : recv_all(c, me - 1, base, &s, buf, count, 1, 0);
   if (rc != 0)
     return rc;
   if (newrank >= 0) {
     uint64_t step = 1;
     for (int mask = 1; mask < pof2; mask <<= 1, step++) {
       int peer = real_of(newrank ^ mask, rem);
+      float div = mean && mask == pof2 / 2 ? (float)c->n : 0;
       rc = send_all(c, peer, base + step * s.nseg, &s, buf, count);
       if (rc == 0)
-        rc = recv_all(c, peer, base + step * s.nseg, &s, buf, count, 1);
+        rc = recv_all(c, peer, base + step * s.nseg, &s, buf, count, 1, div);
       if (rc != 0)
         return rc;
     }
@@ -379,7 +395,7 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count) {
   const uint64_t last = base + (steps - 1) * s.nseg;
   if (me < 2 * rem)
     rc = me % 2 == 1 ? send_all(c, me - 1, last, &s, buf, count)
-                     : recv_all(c, me + 1, last, &s, buf, count, 0);
+                     : recv_all(c, me + 1, last, &s, buf, count, 0, 0);
   return rc;
 }
 
@@ -404,7 +420,7 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
   int rc = 0;
   if (me < 2 * rem)
     rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
-                     : recv_all(c, me - 1, base, &s, buf, count, 1);
+                     : recv_all(c, me - 1, base, &s, buf, count, 1, 0);
   if (rc != 0)
     return rc;
   if (newrank >= 0) {
@@ -418,7 +434,9 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
       int slo = (newrank & mask) ? lo : mid, shi = (newrank & mask) ? mid : hi;
       size_t so = BLK_OFF(slo), sn = BLK_OFF(shi) - so, ko = BLK_OFF(klo), kn = BLK_OFF(khi) - ko;
       segs_t ss = make_segs(sn > kn ? sn : kn, s.nseg);
-      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ko, kn, 1);
+      /* The last halving leaves me my block: for MEAN, divided as it is reduced. */
+      float div = mean && mask == pof2 / 2 ? (float)n : 0;
+      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ko, kn, 1, div);
       if (rc != 0)
         return rc;
       los[j] = lo;
@@ -426,15 +444,13 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
       lo = klo;
       hi = khi;
     }
-    if (mean)
-      div_floats(buf + BLK_OFF(lo), BLK_OFF(hi) - BLK_OFF(lo), (float)n);
     for (int mask = pof2 >> 1, j = log2 - 1; mask > 0; mask >>= 1, j--, step++) {
       int peer = real_of(newrank ^ mask, rem);
       /* I hold [lo, hi); the partner holds the other half of [los[j], his[j]). */
       int olo = lo == los[j] ? hi : los[j], ohi = lo == los[j] ? his[j] : lo;
       size_t so = BLK_OFF(lo), sn = BLK_OFF(hi) - so, ro = BLK_OFF(olo), rn = BLK_OFF(ohi) - ro;
       segs_t ss = make_segs(sn > rn ? sn : rn, s.nseg);
-      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ro, rn, 0);
+      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ro, rn, 0, 0);
       if (rc != 0)
         return rc;
       lo = los[j];
@@ -447,7 +463,7 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
     if (me % 2 == 1)
       rc = send_all(c, me - 1, last, &s, buf, count);
     else
-      rc = recv_all(c, me + 1, last, &s, buf, count, 0);
+      rc = recv_all(c, me + 1, last, &s, buf, count, 0, 0);
   }
   return rc;
 }
@@ -499,12 +515,12 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
     float *cb = buf + CHUNK_OFF(ch);
     size_t a, len;
     seg_range(&s, CHUNK_LEN(ch), k, &a, &len);
-    int rc =
-        phase0 ? recv_add(c, left, rs + i, cb + a, len) : recv_copy(c, left, rs + i, cb + a, len);
+    /* At step n - 2 chunk me + 1 is complete: for MEAN, divided as it is reduced. */
+    float div = phase0 && st == (uint64_t)(n - 2) && mean ? (float)n : 0;
+    int rc = phase0 ? recv_add(c, left, rs + i, cb + a, len, div)
+                    : recv_copy(c, left, rs + i, cb + a, len);
     if (rc != 0)
       return rc;
-    if (phase0 && st == (uint64_t)(n - 2) && mean) /* chunk me + 1 is complete */
-      div_floats(cb + a, len, (float)n);
   }
 #undef CHUNK_OFF
 #undef CHUNK_LEN
@@ -554,9 +570,7 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wa
   }
   reader_begin(&c, peers, npeers);
   if (alg == WG_COLL_DOUBLING) {
-    rc = allreduce_doubling(&c, buf, count);
-    if (rc == 0 && mean)
-      div_floats(buf, count, (float)c.n);
+    rc = allreduce_doubling(&c, buf, count, mean);
   } else if (alg == WG_COLL_RABENSEIFNER) {
     rc = allreduce_rabenseifner(&c, buf, count, mean);
   } else {
@@ -586,7 +600,7 @@ static int broadcast_run(coll_t *c, float *buf, size_t count, int root_idx) {
       if (vrank & mask) {
         int parent = REAL(vrank - mask);
         reader_begin(c, &parent, 1);
-        rc = recv_all(c, parent, base, &s, buf, count, 0);
+        rc = recv_all(c, parent, base, &s, buf, count, 0, 0);
         reader_end(c);
         if (rc != 0)
           return rc;
