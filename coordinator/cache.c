@@ -9,20 +9,27 @@
  *   - the sync thread (sync_main) loads the view (one Range of <prefix>/, at start, after a
  *     compaction or when a check finds it wrong), starts the watch from the revision after,
  *     and runs the SYNCS that tell how current the view is;
- *   - readers (cache_serve.c) take the read lock.
+ *   - readers (cache_serve.c) take the read lock: libmicrohttpd's threads, the workers and the
+ *     connection front (front.c), which parks its reads without blocking: wg_cache_ready
+ *     asks for a sync and the cache writes the front's eventfd once one completes.
  *
- * A sync: at mono time t0, with the view at revision A holding C keys under the prefix, one
- * Range of <prefix>/ at etcd's current revision R asks for the keys modified after A
- * (keys only, min_mod_revision A + 1, limit 1) and counts all keys. None modified and C keys:
- * the tree at R is the view's (every key live at R is unchanged since A, and as many), so the
- * view holds every change committed before t0 — VERIFIED at t0. Otherwise it is verified at t0
- * as soon as the watch delivered revision R. So a read that arrived at time a and is served
- * after a sync verified at t0 >= a sees every write committed before it arrived: consistent
- * (linearizable) reads from memory, one etcd round trip shared by every read that waits for
- * the same sync. With --read-staleness-ms S > 0 a read is served at once when the view was
- * verified within S (bounded staleness), and after a write through this coordinator only once
- * the view has that write's revision (read your writes). While the view is not valid (loading,
- * watch lost) or a sync fails (etcd away), reads go to etcd (http.c).
+ * A sync, started at mono time t0: one linearizable count-only Range of a single key
+ * (wagma_etcd_ping) tells etcd's current revision R, which is at least that of every write
+ * committed before t0. Once the watch has delivered R, the view holds every change committed
+ * before t0 — VERIFIED at t0. etcd's revision also moves with writes outside the prefix, which
+ * the watch never delivers: when the watch has not reached R within SYNC_WATCH_WAIT_S (or the
+ * last sync found such writes), the FULL CHECK runs: with the view at revision A holding C
+ * keys under the prefix, one Range of <prefix>/ asks for the keys modified after A (keys only,
+ * min_mod_revision A + 1, limit 1) and counts all keys. None modified and C keys: the tree at
+ * its revision is the view's, verified at t0; else verified once the watch delivered that
+ * Range's revision. (etcd reads every key of the prefix for the full check, so the one-key
+ * Range comes first: it costs the same whatever the size of the tree.) So a read that arrived
+ * at time a and is served after a sync verified at t0 >= a sees every write committed before
+ * it arrived: consistent (linearizable) reads from memory, one etcd round trip shared by every
+ * read that waits for the same sync. With --read-staleness-ms S > 0 a read is served at once when
+ * the view was verified within S (bounded staleness), and after a write through this coordinator
+ * only once the view has that write's revision (read your writes). While the view is not valid
+ * (loading, watch lost) or a sync fails (etcd away), reads go to etcd (http.c).
  *
  * Keys outside jobs/, agents/, assignments/ and quarantine/ (the leader key, the data-plane
  * secrets under secrets/) are only counted: their values are never copied; the load's copy of
@@ -306,8 +313,23 @@ static json_t *tl_entry(const cjob_t *j, int64_t rev, int type, double when) {
                    "time", when, "type", tl_names[type]);
 }
 
-/* Appends e to the job's timeline (in revision order; at most WG_CACHE_TIMELINE_MAX), unless
- * an entry with its id is there. Takes e. Returns e (borrowed) or NULL. */
+/* The bytes of one timeline entry as REST and the streams show it. */
+static size_t tl_entry_bytes(const json_t *e) {
+  return json_dumpb(e, NULL, 0, WG_JSON_FLAGS) + 1;
+}
+
+/* Sets j->timeline_bytes from the entries (after the timeline was replaced). */
+static void tl_recount(cjob_t *j) {
+  size_t k;
+  json_t *x;
+  j->timeline_bytes = 0;
+  json_array_foreach(j->timeline, k, x) j->timeline_bytes += tl_entry_bytes(x);
+}
+
+/* Appends e to the job's timeline (in revision order), unless an entry with its id is there;
+ * then drops the oldest entries beyond WG_CACHE_TIMELINE_MAX entries or
+ * WG_CACHE_TIMELINE_BYTES bytes (the newest stays). Takes e. Returns e (borrowed), or NULL
+ * when it was there already or is the one dropped. */
 static json_t *tl_add(cjob_t *j, json_t *e) {
   if (!e)
     return NULL;
@@ -332,8 +354,17 @@ static json_t *tl_add(cjob_t *j, json_t *e) {
     at = i;
   }
   json_array_insert_new(j->timeline, at, e);
-  while (json_array_size(j->timeline) > WG_CACHE_TIMELINE_MAX)
+  j->timeline_bytes += tl_entry_bytes(e);
+  while (json_array_size(j->timeline) > 1 &&
+         (json_array_size(j->timeline) > WG_CACHE_TIMELINE_MAX ||
+          j->timeline_bytes > WG_CACHE_TIMELINE_BYTES)) {
+    json_t *old = json_array_get(j->timeline, 0);
+    size_t b = tl_entry_bytes(old);
+    j->timeline_bytes = j->timeline_bytes > b ? j->timeline_bytes - b : 0;
+    if (old == e)
+      e = NULL;
     json_array_remove(j->timeline, 0);
+  }
   return e;
 }
 
@@ -934,6 +965,7 @@ static int load(wg_cache_t *c) {
       seed_timeline(&fresh, nj);
       json_t *seeded = nj->timeline;
       nj->timeline = json_deep_copy(oj->timeline);
+      tl_recount(nj);
       size_t k;
       json_t *x;
       json_array_foreach(seeded, k, x) tl_add(nj, json_incref(x));

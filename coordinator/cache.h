@@ -15,8 +15,9 @@
 #include "coord.h"
 #include "wagma/collective.h"
 
-#define WG_CACHE_TIMELINE_MAX 256 /* timeline entries kept per job (the oldest go first) */
-#define WG_CACHE_SERIES_MAX 1024  /* progress points kept per job (thinned by half when full) */
+#define WG_CACHE_TIMELINE_MAX 256         /* timeline entries kept per job (the oldest go first) */
+#define WG_CACHE_TIMELINE_BYTES (1 << 20) /* and at most this many bytes of them per job */
+#define WG_CACHE_SERIES_MAX 1024 /* progress points kept per job (thinned by half when full) */
 #define WG_CACHE_SERIES_AGENTS 256
 #define WG_CACHE_NOTIFY_MAX 4 /* fronts (REST servers) that park reads */
 
@@ -44,8 +45,9 @@ typedef struct cjob {
   char *summary; /* its entry in GET /v1/jobs */
   size_t summary_len;
   int has_plan;
-  wagma_plan_t plan; /* the current plan, decoded */
-  json_t *timeline;  /* array of entries (docs/api.md "Events") */
+  wagma_plan_t plan;     /* the current plan, decoded */
+  json_t *timeline;      /* array of entries (docs/api.md "Events") */
+  size_t timeline_bytes; /* their JSON's bytes (tl_add, tl_recount) */
   series_point_t *points;
   size_t npoints, cappoints;
   char (*agents)[WAGMA_API_NAME_MAX];

@@ -2,7 +2,8 @@
  * etcd: what each read endpoint answers from it (the bodies the etcd handlers render from the
  * same keys, pages and continue tokens, groups of current and earlier epochs, 404s), the key
  * count its syncs compare with etcd's, and the job timeline derived from the order of the
- * changes (who left an epoch and why: registration gone, scaled down, unavailable). */
+ * changes (who left an epoch and why: registration gone, scaled down, unavailable), and the
+ * timeline's bound in bytes. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -293,9 +294,50 @@ static void test_pages(void **state) {
   wg_cache_stop(c);
 }
 
+/* A job whose plans replace 200 members at each epoch: its timeline keeps the newest entries
+ * within WG_CACHE_TIMELINE_BYTES (each epoch entry names 400 members, ~30 KiB; 80 epochs would
+ * be ~2.4 MiB), the latest epoch last. */
+static void test_timeline_bounded(void **state) {
+  (void)state;
+  enum { N = 200, EPOCHS = 80 };
+  wg_cache_t *c = wg_cache_detached(&coord);
+  assert_non_null(c);
+  static char names[2 * N][64];
+  const char *set[2][N];
+  for (int k = 0; k < 2 * N; k++) {
+    snprintf(names[k], sizeof names[k], "a%d-%.56s", k,
+             "member-with-a-long-name-of-sixty-three-characters-xxxxxxxxxxxxx");
+    set[k / N][k % N] = names[k];
+  }
+  change(c, "/wagma/jobs/big/spec", spec(4));
+  change(c, "/wagma/jobs/big/status", "{\"state\":\"running\",\"created\":100}");
+  for (int e = 1; e <= EPOCHS; e++) {
+    char *p = plan_json((uint64_t)e, (uint64_t)e * 10, set[e % 2], N);
+    change(c, "/wagma/jobs/big/plan", p);
+    free(p);
+  }
+  wg_request_t req = {.method = "GET", .path = "/v1/jobs/big/events"};
+  wg_route_t r;
+  wg_response_t res = {0};
+  wg_route("GET", req.path, &r);
+  assert_int_equal(wg_cache_serve(c, &req, &r, &res), 0);
+  assert_int_equal(res.status, 200);
+  print_message("timeline of %d epochs: %zu bytes\n", EPOCHS, res.body_len);
+  assert_true(res.body_len <= WG_CACHE_TIMELINE_BYTES + 4096);
+  json_t *v = json_loads(res.body, 0, NULL);
+  json_t *ev = json_object_get(v, "events");
+  assert_true(json_array_size(ev) > 10 && json_array_size(ev) < EPOCHS);
+  json_t *last = json_array_get(ev, json_array_size(ev) - 1);
+  assert_int_equal(json_integer_value(json_object_get(last, "epoch")), EPOCHS);
+  json_decref(v);
+  wg_response_free(&res);
+  wg_cache_stop(c);
+}
+
 int main(void) {
   wagma_keys_init(&coord.keys, "/wagma");
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_view_and_timeline),
-                                     cmocka_unit_test(test_pages)};
+                                     cmocka_unit_test(test_pages),
+                                     cmocka_unit_test(test_timeline_bounded)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
