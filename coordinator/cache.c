@@ -1039,9 +1039,9 @@ static void timed_wait(wg_cache_t *c, double seconds);
 
 /* The full check of a sync (see the top of the file): the keys modified since the view's
  * revision and the number of keys, one keys-only Range of the prefix (etcd reads every key of
- * it). Verifies at t0, or leaves the revision the watch must deliver. Under mu, released
- * during the call. */
-static void sync_full(wg_cache_t *c, double t0) {
+ * it). Verifies at t0, or leaves the revision the watch must deliver; ping_rev is the
+ * revision the one-key Range saw. Under mu, released during the call. */
+static void sync_full(wg_cache_t *c, double t0, int64_t ping_rev) {
   char root[256];
   pthread_mutex_unlock(&c->mu);
   pthread_rwlock_rdlock(&c->rw);
@@ -1063,7 +1063,8 @@ static void sync_full(wg_cache_t *c, double t0) {
   } else if (r.n == 0 && r.count == count) {
     if (t0 > c->verified)
       c->verified = t0;
-    c->outside_writes = 1;                    /* etcd's revision moved with no change here */
+    if (a < ping_rev) /* etcd's revision moved past the view with no change here */
+      c->outside_writes = 1;
   } else if (c->seen_applied >= r.revision) { /* the watch delivered R already */
     if (t0 > c->verified)
       c->verified = t0;
@@ -1104,7 +1105,7 @@ static void sync_once(wg_cache_t *c) {
     return;
   }
   if (!c->stop && !c->reload)
-    sync_full(c, t0);
+    sync_full(c, t0, rev);
 }
 
 static void timed_wait(wg_cache_t *c, double seconds) {
