@@ -113,23 +113,30 @@ static void failure(soak_t *s, const char *fmt, ...) {
 
 /* ---- processes ------------------------------------------------------------------------ */
 
-/* 1 when pid has exited (reaped here), 0 when it still runs. */
-static int exited(pid_t pid) {
+/* 1 when pid has exited (reaped here; how, in how), 0 when it still runs. */
+static int exited(pid_t pid, char *how, size_t len) {
   int status;
-  return pid > 0 && waitpid(pid, &status, WNOHANG) == pid;
+  if (pid <= 0 || waitpid(pid, &status, WNOHANG) != pid)
+    return 0;
+  if (WIFEXITED(status))
+    snprintf(how, len, "exit status %d", WEXITSTATUS(status));
+  else
+    snprintf(how, len, "signal %d", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  return 1;
 }
 
 /* Survivors keep their PID: no process the driver believes alive has exited. */
 static void check_survivors(soak_t *s) {
+  char how[64];
   for (int i = 0; i < s->c.nagents; i++)
-    if (s->state[i] != DOWN && exited(s->c.agent[i])) {
-      failure(s, "%s (pid %d) exited on its own", s->c.agent_name[i], (int)s->c.agent[i]);
+    if (s->state[i] != DOWN && exited(s->c.agent[i], how, sizeof how)) {
+      failure(s, "%s (pid %d) exited on its own (%s)", s->c.agent_name[i], (int)s->c.agent[i], how);
       s->c.agent[i] = 0;
       s->state[i] = DOWN;
     }
   for (int k = 0; k < 2; k++)
-    if (s->coord[k].pid > 0 && exited(s->coord[k].pid)) {
-      failure(s, "coordinator %d (pid %d) exited on its own", k, (int)s->coord[k].pid);
+    if (s->coord[k].pid > 0 && exited(s->coord[k].pid, how, sizeof how)) {
+      failure(s, "coordinator %d (pid %d) exited on its own (%s)", k, (int)s->coord[k].pid, how);
       s->coord[k].pid = 0;
     }
   pid_t etcd = etcd_fixture_pid(s->c.etcd, 0);
