@@ -126,12 +126,22 @@ volumes. The TLS files come from an existing Secret, the password from a Secret 
 {{- .Values.etcd.client.existingSecret | default (printf "%s-etcd-client" (include "wagma.fullname" .)) }}
 {{- end }}
 
+{{- define "wagma.etcdTLSSecret" -}}
+{{- .Values.etcd.client.tls.secret | default (printf "%s-etcd-tls" (include "wagma.fullname" .)) }}
+{{- end }}
+
+{{/* Whether a client pair is mounted: an existing Secret with certKey, or the chart's with cert. */}}
+{{- define "wagma.etcdClientPair" -}}
+{{- $t := .Values.etcd.client.tls }}
+{{- if and $t.certKey (or $t.secret $t.cert) }}true{{ end }}
+{{- end }}
+
 {{- define "wagma.etcdClientArgs" -}}
 {{- $c := .Values.etcd.client }}
 {{- if $c.tls.enabled }}
 - --etcd-cacert
 - /etc/wagma/etcd-tls/{{ $c.tls.caKey }}
-{{- if $c.tls.certKey }}
+{{- if include "wagma.etcdClientPair" . }}
 - --etcd-cert
 - /etc/wagma/etcd-tls/{{ $c.tls.certKey }}
 - --etcd-key
@@ -165,7 +175,7 @@ volumes. The TLS files come from an existing Secret, the password from a Secret 
 {{- if $c.tls.enabled }}
 - name: etcd-tls
   secret:
-    secretName: {{ $c.tls.secret }}
+    secretName: {{ include "wagma.etcdTLSSecret" . }}
     defaultMode: 288 # 0440: the owner and fsGroup read it
 {{- end }}
 {{- if $c.username }}

@@ -278,6 +278,24 @@ function scenario(name, docs, byKind, find) {
       }
       break;
     }
+    case 'etcd-client-inline': {
+      // The chart makes the TLS Secret from the PEM values; no user, so no password Secret.
+      const tls = secret.find((s) => s.metadata.name === 'wagma-etcd-tls');
+      const pem = (k) => tls && tls.data[k] && Buffer.from(tls.data[k], 'base64').toString();
+      expect(tls && pem('ca.crt').includes('dummyCA') && pem('tls.crt').includes('dummyCERT') && pem('tls.key').includes('dummyKEY'),
+        'a Secret wagma-etcd-tls with ca.crt, tls.crt and tls.key from the values');
+      expect(!secret.some((s) => s.metadata.name === 'wagma-etcd-client'), 'no password Secret without a user');
+      for (const w of [coord, ...agents]) {
+        const spec = w.spec.template.spec;
+        const wc = spec.containers[0];
+        const vol = (spec.volumes || []).find((v) => v.name === 'etcd-tls');
+        expect(flag(wc.args, '--etcd-cacert') === '/etc/wagma/etcd-tls/ca.crt' && flag(wc.args, '--etcd-cert') === '/etc/wagma/etcd-tls/tls.crt',
+          `${w.metadata.name}: the TLS files`);
+        expect(!flag(wc.args, '--etcd-user') && !(wc.volumeMounts || []).some((m) => m.name === 'etcd-password'), `${w.metadata.name}: no etcd user`);
+        expect(vol && vol.secret.secretName === 'wagma-etcd-tls', `${w.metadata.name}: the chart's TLS Secret mounted`);
+      }
+      break;
+    }
     case 'existing-secret': {
       expect(secret.length === 0, 'no Secret rendered');
       const vol = coord.spec.template.spec.volumes.find((v) => v.name === 'token');

@@ -37,6 +37,7 @@ scenarios=(
   "etcd3|values/etcd3.yaml|"
   "external-etcd|values/external-etcd.yaml|"
   "etcd-client|values/etcd-client.yaml|"
+  "etcd-client-inline|values/etcd-client-inline.yaml|"
   "existing-secret|values/existing-secret.yaml|"
   "servicemonitor-on|values/servicemonitor.yaml|--api-versions monitoring.coreos.com/v1/ServiceMonitor"
   "servicemonitor-no-crd|values/servicemonitor.yaml|"
