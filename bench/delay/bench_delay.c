@@ -10,7 +10,8 @@
  * each cell's accuracy and its ratio to that baseline.
  *
  * Usage: bench_delay [--steps 2000] [--batch 64] [--delays 0,8,32,128] [--data DIR]
- *        [--synthetic N] [--threads 1]
+ *        [--synthetic N] [--threads 1] [--rows all|sgd|adam] [--sgd-momentum 0.9]
+ * (--sgd-momentum 0 --rows sgd: the control without momentum.)
  * Output: a markdown table on stdout, one line per cell on stderr as it finishes. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,10 +26,12 @@ typedef struct setting {
   float lr;
 } setting_t;
 
+static float sgd_momentum = 0.9f;
+
 static const setting_t settings[] = {
-    {"SGD m=0.9", WAGMA_OPTIM_SGD, 0.01f}, {"SGD m=0.9", WAGMA_OPTIM_SGD, 0.05f},
-    {"SGD m=0.9", WAGMA_OPTIM_SGD, 0.2f},  {"Adam", WAGMA_OPTIM_ADAM, 3e-4f},
-    {"Adam", WAGMA_OPTIM_ADAM, 1e-3f},     {"Adam", WAGMA_OPTIM_ADAM, 3e-3f},
+    {"SGD", WAGMA_OPTIM_SGD, 0.01f},   {"SGD", WAGMA_OPTIM_SGD, 0.05f},
+    {"SGD", WAGMA_OPTIM_SGD, 0.2f},    {"Adam", WAGMA_OPTIM_ADAM, 3e-4f},
+    {"Adam", WAGMA_OPTIM_ADAM, 1e-3f}, {"Adam", WAGMA_OPTIM_ADAM, 3e-3f},
 };
 #define NSETTINGS ((int)(sizeof settings / sizeof settings[0]))
 #define MAX_DELAYS 16
@@ -62,7 +65,7 @@ static double run_cell(const wagma_dataset_t *train, const wagma_dataset_t *test
   wagma_optim_config_t oc = wagma_optim_defaults(s->kind);
   oc.schedule.lr = s->lr;
   if (s->kind == WAGMA_OPTIM_SGD)
-    oc.momentum = 0.9f;
+    oc.momentum = sgd_momentum;
   if (wagma_optim_create(&oc, n, &o, err, sizeof err) ||
       wagma_grad_delay_create_on(NULL, n, delay, &q, err, sizeof err))
     die("optimizer", err);
@@ -100,7 +103,7 @@ int main(int argc, char **argv) {
   int steps = 2000, batch = 64, threads = 1, ndelays = 0;
   size_t synthetic = 0;
   unsigned delays[MAX_DELAYS];
-  const char *data = NULL, *dlist = "0,8,32,128";
+  const char *data = NULL, *dlist = "0,8,32,128", *rows = "all";
   char err[256] = "";
   for (int i = 1; i < argc; i++) {
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -120,6 +123,10 @@ int main(int argc, char **argv) {
       synthetic = (size_t)atol(v);
     else if (!strcmp(argv[i], "--threads"))
       threads = atoi(v);
+    else if (!strcmp(argv[i], "--rows"))
+      rows = v;
+    else if (!strcmp(argv[i], "--sgd-momentum"))
+      sgd_momentum = (float)atof(v);
     else {
       fprintf(stderr, "bench_delay: unknown option %s\n", argv[i]);
       return 2;
@@ -149,14 +156,20 @@ int main(int argc, char **argv) {
           synthetic ? "synthetic" : "Fashion-MNIST", train.n, test.n, batch, steps);
   double acc[NSETTINGS][MAX_DELAYS];
   double t0 = now_s();
+  int use[NSETTINGS];
   for (int s = 0; s < NSETTINGS; s++)
-    for (int d = 0; d < ndelays; d++) {
+    use[s] = !strcmp(rows, "all") ||
+             (!strcmp(rows, "sgd") ? settings[s].kind == WAGMA_OPTIM_SGD
+                                   : !strcmp(rows, "adam") && settings[s].kind != WAGMA_OPTIM_SGD);
+  for (int s = 0; s < NSETTINGS; s++)
+    for (int d = 0; d < ndelays && use[s]; d++) {
       double loss, t = now_s();
       acc[s][d] = run_cell(&train, &test, &settings[s], delays[d], steps, batch, &loss);
       fprintf(stderr,
-              "  %-9s lr %-6g delay %4u: test accuracy %.4f, last-100 train loss %.4f "
+              "  %-9s m %.2g lr %-6g delay %4u: test accuracy %.4f, last-100 train loss %.4f "
               "(%.1f s)\n",
-              settings[s].name, (double)settings[s].lr, delays[d], acc[s][d], loss, now_s() - t);
+              settings[s].name, (double)sgd_momentum, (double)settings[s].lr, delays[d], acc[s][d],
+              loss, now_s() - t);
     }
   printf("| optimizer | lr |");
   for (int d = 0; d < ndelays; d++)
@@ -166,7 +179,12 @@ int main(int argc, char **argv) {
     printf("---|");
   printf("\n");
   for (int s = 0; s < NSETTINGS; s++) {
-    printf("| %s | %g |", settings[s].name, (double)settings[s].lr);
+    if (!use[s])
+      continue;
+    if (settings[s].kind == WAGMA_OPTIM_SGD)
+      printf("| SGD m=%g | %g |", (double)sgd_momentum, (double)settings[s].lr);
+    else
+      printf("| %s | %g |", settings[s].name, (double)settings[s].lr);
     for (int d = 0; d < ndelays; d++) {
       if (d == 0 || acc[s][0] <= 0)
         printf(" %.4f |", acc[s][d]);
