@@ -269,9 +269,11 @@ static int check_endpoint(const char *p, size_t len, char *err, size_t err_len) 
   return 0;
 }
 
-/* Walks "a,b,c": each entry trimmed of blanks and a trailing '/', "http://" dropped, empty
- * entries skipped, every other one checked. With etcd non-NULL the entries are copied into
- * etcd->endpoints. 0, WAGMA_EINVAL (err says which entry and why) or WAGMA_ENOMEM. */
+/* Walks "a,b,c": each entry trimmed of blanks and a trailing '/', "http://" or "https://"
+ * dropped (*schemes, may be NULL: 1 if an http:// was seen, 2 if an https://; mixing them is
+ * refused), empty entries skipped, every other one checked. With etcd non-NULL the entries
+ * are copied into etcd->endpoints. 0, WAGMA_EINVAL (err says which entry and why) or
+ * WAGMA_ENOMEM. */
 static int walk_endpoints(wagma_etcd_t *etcd, const char *list, int *schemes, char *err,
                           size_t err_len) {
   const char *p = list;
@@ -401,9 +403,13 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
     goto out;
   }
   key_made = 1;
+  if (pthread_mutex_init(&etcd->auth_lock, NULL) != 0) {
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
+  auth_made = 1;
   if ((rc = wg_etcd_auth_init(etcd, options)) != 0)
     goto out;
-  auth_made = 1;
   etcd->tls = tls;
   if (options->ping_key != NULL && (etcd->ping_key = strdup(options->ping_key)) == NULL) {
     rc = WAGMA_ENOMEM;

@@ -76,7 +76,9 @@ int wg_etcd_security_check(const wagma_etcd_options_t *options, int *tls, char *
  * else insecure. Caller releases. NULL on failure (err says why). */
 grpc_channel_credentials *wg_etcd_credentials(const wagma_etcd_options_t *options, int tls,
                                               char *err, size_t err_len);
-/* Copies the user options into the handle; 0 or WAGMA_ENOMEM. */
+/* Copies the user options into the handle (auth_lock already initialized); 0 or
+ * WAGMA_ENOMEM. wg_etcd_auth_destroy frees what it copied (also after a failure) and
+ * destroys auth_lock. */
 int wg_etcd_auth_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *options);
 void wg_etcd_auth_destroy(wagma_etcd_t *etcd);
 /* The token to send on a call: *token NULL when the handle has no user or etcd's auth is

@@ -145,8 +145,6 @@ out:
 }
 
 int wg_etcd_auth_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *o) {
-  if (pthread_mutex_init(&etcd->auth_lock, NULL) != 0)
-    return WAGMA_ENOMEM;
   if ((o->username != NULL && (etcd->username = strdup(o->username)) == NULL) ||
       (o->password != NULL && (etcd->password = strdup(o->password)) == NULL) ||
       (o->password_file != NULL && (etcd->password_file = strdup(o->password_file)) == NULL))
