@@ -16,10 +16,14 @@
 #include "nccl_internal.h"
 #include "wagma/log_internal.h"
 
-/* A posted transfer, or a CTS not answered, fails after this. */
+/* A posted transfer fails after this. */
 static double xfer_deadline_s(size_t len) {
-  return 0.5 + (double)len / (256.0 * 1024 * 1024);
+  return 2.0 + (double)len / (256.0 * 1024 * 1024);
 }
+
+/* A clear-to-send that got neither GO nor NACK by then fails (the sender answers at once
+ * unless it is frozen or starved of CPU; on a loaded machine 1 s is not rare). */
+#define CTS_DEADLINE_S 3.0
 
 static void nap_us(long us) {
   struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
@@ -365,6 +369,7 @@ static void check_posted(nc_t *t) {
   }
   if (!done)
     return;
+  atomic_fetch_add(&t->lane_transfers, 1); /* before the list shows the transfer gone */
   if (p->send) {
     pthread_mutex_lock(&t->mu);
     for (nc_xfer_t **q = &t->out; *q; q = &(*q)->next)
@@ -390,7 +395,6 @@ static void check_posted(nc_t *t) {
       t->last_done[p->peer] = p->id;
     atomic_fetch_add(&t->lane_bytes_received, p->len);
   }
-  atomic_fetch_add(&t->lane_transfers, 1);
   int peer = p->peer, recv = !p->send;
   role_release(t, p, 1);
   if (recv)
@@ -420,11 +424,8 @@ static void maybe_cts(nc_t *t) {
     if (!up)
       continue;
     t->rr = src + 1;
-    t->reserved = (nc_role_t){.active = 1,
-                              .peer = src,
-                              .id = it->id,
-                              .item = it,
-                              .deadline = now + xfer_deadline_s((size_t)it->header.length)};
+    t->reserved = (nc_role_t){
+        .active = 1, .peer = src, .id = it->id, .item = it, .deadline = now + CTS_DEADLINE_S};
     if (WG_NCCL(control)(t, src, NC_CTS, it->id, NULL, 0) != 0)
       memset(&t->reserved, 0, sizeof t->reserved);
     return;
@@ -441,7 +442,7 @@ void *WG_NCCL(lane_main)(void *arg) {
     maybe_cts(t);
     atomic_store(&t->busy, t->posted.active || t->reserved.active);
     if (t->posted.active)
-      nap_us(20);
+      nap_us(100);
   }
   return NULL;
 }
