@@ -59,7 +59,7 @@ static const cmd_help_t helps[WG_CTL_CMD_COUNT] = {
     [WG_CTL_CMD_GET] = {"get ID",
                         "GET /v1/jobs/ID. The job's spec and status, then one row per member\n"
                         "of the current plan: RANK NAME ADDRESS [ALIVE] STATE ITERATION LOSS\n"
-                        "ACCURACY STEP_TIME STALENESS (ALIVE when the server reports it).\n"
+                        "ACCURACY STEP_TIME STALENESS ROLE (ALIVE when the server reports it).\n"
                         "Exit 4 when there is no such job.\n"},
     [WG_CTL_CMD_GROUPS] = {"groups ID [--iteration T]",
                            "GET /v1/jobs/ID/groups. The groups of round T (default: the\n"

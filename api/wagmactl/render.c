@@ -153,29 +153,31 @@ static void job_summary(const json_t *job, FILE *out) {
   kv(out, "finished:", wg_ctl_fmt_time(json_object_get(status, "finished"), a, sizeof a));
 }
 
-/* One row per member. ALIVE (optional in the schema) is shown only when some member has it. */
+/* One row per member. ALIVE (optional in the schema) is shown only when some member has it.
+ * ROLE: the member's role in its algorithm (progress "role"; "-" before its first report). */
 static int member_table(const json_t *members, FILE *out) {
-  static const char *const headers[] = {"RANK",      "NAME", "ADDRESS",  "ALIVE",     "STATE",
-                                        "ITERATION", "LOSS", "ACCURACY", "STEP_TIME", "STALENESS"};
+  static const char *const headers[] = {"RANK",      "NAME",      "ADDRESS", "ALIVE",
+                                        "STATE",     "ITERATION", "LOSS",    "ACCURACY",
+                                        "STEP_TIME", "STALENESS", "ROLE"};
   int has_alive = 0;
   size_t i;
   json_t *m;
   json_array_foreach(members, i, m) has_alive |= json_object_get(m, "alive") != NULL;
   const char *const *hdr = headers;
-  const char *no_alive[9];
+  const char *no_alive[10];
   if (!has_alive) {
     memcpy(no_alive, headers, 3 * sizeof *no_alive);
-    memcpy(no_alive + 3, headers + 4, 6 * sizeof *no_alive);
+    memcpy(no_alive + 3, headers + 4, 7 * sizeof *no_alive);
     hdr = no_alive;
   }
-  wg_ctl_table_t *t = wg_ctl_table_new(has_alive ? 10 : 9, hdr);
+  wg_ctl_table_t *t = wg_ctl_table_new(has_alive ? 11 : 10, hdr);
   if (!t)
     return -1;
   int rc = 0;
   json_array_foreach(members, i, m) {
     const json_t *p = json_object_get(m, "progress");
     char rank[CELL], name[CELL], addr[CELL], alive[CELL], state[CELL], iter[CELL], loss[CELL],
-        acc[CELL], step[CELL], stale[CELL];
+        acc[CELL], step[CELL], stale[CELL], role[CELL];
     const char *row[] = {int_at(m, "rank", rank),
                          str_at(m, "name", name),
                          str_at(m, "address", addr),
@@ -185,9 +187,10 @@ static int member_table(const json_t *members, FILE *out) {
                          wg_ctl_fmt_real(json_object_get(p, "loss"), 4, loss, sizeof loss),
                          wg_ctl_fmt_percent(json_object_get(p, "accuracy"), acc, sizeof acc),
                          wg_ctl_fmt_duration(json_object_get(p, "step_time"), step, sizeof step),
-                         int_at(p, "staleness", stale)};
+                         int_at(p, "staleness", stale),
+                         str_at(p, "role", role)};
     if (!has_alive)
-      memmove(row + 3, row + 4, 6 * sizeof *row);
+      memmove(row + 3, row + 4, 7 * sizeof *row);
     if ((rc = wg_ctl_table_add(t, row)) != 0)
       break;
   }

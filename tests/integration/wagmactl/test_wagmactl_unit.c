@@ -343,7 +343,7 @@ static const char job_json[] =
     "\"finished\":0,\"members\":[\"agent-a\",\"agent-b\"]},"
     "\"members\":[{\"rank\":0,\"name\":\"agent-a\",\"address\":\"127.0.0.1:7001\",\"joiner\":false,"
     "\"alive\":true,\"progress\":{\"state\":\"running\",\"iteration\":250,\"loss\":0.51234,"
-    "\"accuracy\":0.8,\"step_time\":0.02,\"staleness\":1}},"
+    "\"accuracy\":0.8,\"step_time\":0.02,\"staleness\":1,\"role\":\"active\"}},"
     "{\"rank\":1,\"name\":\"agent-b\",\"address\":\"127.0.0.1:7002\",\"joiner\":true,"
     "\"alive\":false,\"progress\":null}]}";
 
@@ -401,6 +401,7 @@ static void test_render_job(void **state) {
   assert_int_equal(column_of(r0, "20.0ms"), column_of(h, "STEP_TIME"));
   assert_int_equal(column_of(r1, "agent-b"), column_of(h, "NAME"));
   assert_int_equal(column_of(r1, "no"), column_of(h, "ALIVE"));
+  assert_int_equal(column_of(r0, "active"), column_of(h, "ROLE"));
   assert_int_equal(column_of(r1 + column_of(h, "LOSS"), "-"), 0); /* no progress yet */
   cap_close(&c);
   json_decref(root);
