@@ -119,8 +119,10 @@ static int request_ok(const wg_ps_t *p, const ps_header_t *h) {
          p->slice != NULL;
 }
 
-/* A pull: the slice and its version into out (under mu); dc-asgd keeps the worker's copy. */
-static int serve_pull(wg_ps_t *p, const ps_header_t *h, float *out, uint64_t *version) {
+/* A pull: the slice, its length and its version into out (under mu); dc-asgd keeps the
+ * worker's copy. */
+static int serve_pull(wg_ps_t *p, const ps_header_t *h, float *out, uint64_t *version,
+                      size_t *len) {
   int ok = 0;
   pthread_mutex_lock(&p->mu);
   if (request_ok(p, h) && h->a < (uint64_t)p->nranks) {
@@ -128,6 +130,7 @@ static int serve_pull(wg_ps_t *p, const ps_header_t *h, float *out, uint64_t *ve
     if (p->pulled)
       memcpy(p->pulled + h->a * p->len, p->slice, p->len * sizeof(float));
     *version = p->version;
+    *len = p->len;
     ok = 1;
   }
   pthread_mutex_unlock(&p->mu);
@@ -193,10 +196,7 @@ static void *conn_main(void *arg) {
     int ok = 0;
     size_t send_floats = 0;
     if (h.kind == KIND_PULL) {
-      ok = serve_pull(p, &h, buf, &x);
-      pthread_mutex_lock(&p->mu);
-      send_floats = ok ? p->len : 0;
-      pthread_mutex_unlock(&p->mu);
+      ok = serve_pull(p, &h, buf, &x, &send_floats);
       header_init(&out, ok ? KIND_SLICE : KIND_REFUSED, h.epoch, 0);
     } else if (h.kind == KIND_PUSH) {
       pthread_mutex_lock(&p->mu);
