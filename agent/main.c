@@ -21,6 +21,7 @@
 
 #include "agent/agent.h"
 #include "agent/train/train.h"
+#include "wagma/collective.h"
 #include "wagma/etcd.h"
 #include "wagma/log_internal.h"
 
@@ -109,6 +110,9 @@ static void usage(FILE *f) {
           "                          a usable CUDA GPU, or in a build without the CUDA\n"
           "                          backend, the agent exits at once (status 3) and\n"
           "                          registers nothing\n"
+          "  --transport tcp|nccl    how models are averaged (default tcp). nccl needs\n"
+          "                          --device cuda and a build with NCCL (else exit 3);\n"
+          "                          every agent of a job must use the same transport\n"
           "  --capacity N            workers this agent can host (default 1)\n"
           "  --lease-ttl SECONDS     TTL of the agent's lease (default 5)\n"
           "  --etcd-timeout-ms MS    deadline of each etcd call (default 3000)\n"
@@ -213,6 +217,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"advertise", required_argument, 0, 'A'},
                                         {"prefix", required_argument, 0, 'p'},
                                         {"device", required_argument, 0, 'D'},
+                                        {"transport", required_argument, 0, 'X'},
                                         {"capacity", required_argument, 0, 'c'},
                                         {"lease-ttl", required_argument, 0, 'L'},
                                         {"etcd-timeout-ms", required_argument, 0, 'E'},
@@ -299,6 +304,14 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
         o->device_cuda = 1;
       else
         FAIL("--device must be cpu or cuda");
+      break;
+    case 'X':
+      if (strcmp(optarg, "tcp") == 0)
+        o->transport_nccl = 0;
+      else if (strcmp(optarg, "nccl") == 0)
+        o->transport_nccl = 1;
+      else
+        FAIL("--transport must be tcp or nccl");
       break;
     case 'c':
       if (parse_double(optarg, 1, 1024, &v))
@@ -416,6 +429,8 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");
   }
+  if (o->transport_nccl && !o->device_cuda)
+    FAIL("--transport nccl needs --device cuda (NCCL averages GPU buffers)");
   if (o->etcd_user && !o->etcd_password_file)
     o->etcd_password = getenv("WAGMA_ETCD_PASSWORD");
   {
@@ -455,6 +470,15 @@ int main(int argc, char **argv) {
     int e = wagma_backend_probe("cuda", why, sizeof why);
     if (e) {
       fprintf(stderr, "wagma-agent: --device cuda: %s (%s); not registering\n", why,
+              wagma_strerror(e));
+      return 3;
+    }
+  }
+  if (opt.transport_nccl) { /* the same: NCCL in this build, and a device for it */
+    char why[512] = "";
+    int e = wagma_comm_transport_check(WAGMA_TRANSPORT_NCCL, 0, why, sizeof why);
+    if (e) {
+      fprintf(stderr, "wagma-agent: --transport nccl: %s (%s); not registering\n", why,
               wagma_strerror(e));
       return 3;
     }

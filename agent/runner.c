@@ -433,6 +433,9 @@ static void connect_epoch(wg_runner_ctx_t *r) {
    * authentication"); none: unauthenticated, which the collective logs as a warning */
   co.secret = j->secret_len ? j->secret : NULL;
   co.secret_len = j->secret_len;
+  /* --transport nccl: large payloads over NCCL on the backend's device ("cuda" = device 0) */
+  co.transport = r->opt->transport_nccl ? WAGMA_TRANSPORT_NCCL : WAGMA_TRANSPORT_TCP;
+  co.device = 0;
   double t0 = wg_mono();
   pthread_mutex_lock(&r->comm_log_mu);
   r->comm_error[0] = '\0';

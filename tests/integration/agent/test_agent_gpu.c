@@ -5,7 +5,8 @@
  * with "device": "cuda" converges: every member reports done with a training loss under
  * LOSS_BOUND and a test accuracy over ACC_BOUND, and the members' models end close to each
  * other (fingerprint spread, the bound of test_agent.c: averaging that did not reach the
- * device would leave the models 30x further apart).
+ * device would leave the models 30x further apart). Then a job of one agent with --transport
+ * nccl (one GPU runs single-rank NCCL only).
  *
  * Without a usable CUDA GPU (or in a build without the CUDA backend) it exits 77: skipped, with
  * the cause on stderr. scripts/gpu-check.sh runs it. Everything started is stopped by PID. */
@@ -44,18 +45,18 @@ static const char *agent_args[] = {"--device",
                                    "20",
                                    NULL};
 
-static void converge(cluster_t *c, const char *model, const char *algorithm) {
-  char job[64], spec[640];
+static void converge_n(cluster_t *c, const char *job, const char *model, const char *algorithm,
+                       int workers) {
+  char spec[640];
   job_view_t v;
   long st = 0;
   char *body = NULL;
-  snprintf(job, sizeof job, "gpu-%s-%s", model, algorithm);
   snprintf(spec, sizeof spec,
            "{\"name\":\"%s\",\"device\":\"cuda\",\"model\":\"%s\",\"dataset\":\"synthetic\","
-           "\"algorithm\":\"%s\",\"workers\":4,\"group_size\":2,\"staleness_bound\":4,"
+           "\"algorithm\":\"%s\",\"workers\":%d,\"group_size\":2,\"staleness_bound\":4,"
            "\"batch_size\":32,\"iterations\":160,\"eval_every\":40,"
            "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9}}",
-           job, model, algorithm);
+           job, model, algorithm, workers);
   assert_int_equal(cluster_http(c, "POST", "/v1/jobs", spec, &st, &body), 0);
   if (st != 201)
     fail_msg("POST %s: %ld %s", job, st, body ? body : "");
@@ -63,7 +64,7 @@ static void converge(cluster_t *c, const char *model, const char *algorithm) {
   if (cluster_job_wait_state(c, job, "succeeded", 180, &v) != 0)
     cluster_dump_logs(c);
   assert_string_equal(v.state, "succeeded");
-  assert_int_equal(v.nmembers, 4);
+  assert_int_equal(v.nmembers, workers);
   for (int i = 0; i < v.nmembers; i++) {
     const job_member_t *m = &v.members[i];
     fprintf(stderr, "  %s %s: %s iteration %llu loss %.4f accuracy %.4f\n", job, m->name, m->state,
@@ -78,6 +79,12 @@ static void converge(cluster_t *c, const char *model, const char *algorithm) {
   assert_true(spread <= SPREAD_BOUND);
 }
 
+static void converge(cluster_t *c, const char *model, const char *algorithm) {
+  char job[64];
+  snprintf(job, sizeof job, "gpu-%s-%s", model, algorithm);
+  converge_n(c, job, model, algorithm, 4);
+}
+
 static void test_wagma_on_gpu(void **state) {
   converge(*state, "mlp", "wagma");
 }
@@ -86,6 +93,17 @@ static void test_allreduce_on_gpu(void **state) {
 }
 static void test_local_sgd_on_gpu(void **state) {
   converge(*state, "lenet5", "local-sgd");
+}
+
+/* NCCL needs one GPU per rank: on a one-GPU machine, a job of one agent with --transport nccl
+ * (agent-0 restarted with it; the scheduler takes free agents in name order). Its global sync,
+ * rounds and final average go through the NCCL transport's init and self-transfers. */
+static void test_nccl_job_of_one(void **state) {
+  cluster_t *c = *state;
+  const char *nccl[] = {"--transport", "nccl", NULL};
+  assert_int_equal(cluster_restart_agent(c, 0, nccl), 0);
+  assert_int_equal(cluster_wait_agents(c, 4, 30), 0);
+  converge_n(c, "gpu-nccl-one", "mlp", "wagma", 1);
 }
 
 static int setup(void **state) {
@@ -102,6 +120,7 @@ int main(void) {
       cmocka_unit_test(test_wagma_on_gpu),
       cmocka_unit_test(test_allreduce_on_gpu),
       cmocka_unit_test(test_local_sgd_on_gpu),
+      cmocka_unit_test(test_nccl_job_of_one),
   };
   return cmocka_run_group_tests(tests, setup, cluster_group_teardown);
 }

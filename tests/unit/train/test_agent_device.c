@@ -55,8 +55,9 @@ static int connection_seen(int lfd, double wait_s) {
   return c >= 0;
 }
 
-/* Starts the agent with --device dev against etcd 127.0.0.1:port; stderr into *err_fd. */
-static pid_t start_agent(const char *dev, int port, int *err_fd) {
+/* Starts the agent with --device dev and --transport transport against etcd 127.0.0.1:port;
+ * stderr into *err_fd. */
+static pid_t start_agent(const char *dev, const char *transport, int port, int *err_fd) {
   int pipefd[2];
   assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
   char etcd[64];
@@ -66,7 +67,7 @@ static pid_t start_agent(const char *dev, int port, int *err_fd) {
   if (pid == 0) {
     dup2(pipefd[1], 2);
     execl(agent_bin, agent_bin, "--etcd", etcd, "--name", "device-test", "--listen", "127.0.0.1:1",
-          "--device", dev, "--etcd-timeout-ms", "500", (char *)NULL);
+          "--device", dev, "--transport", transport, "--etcd-timeout-ms", "500", (char *)NULL);
     _exit(127);
   }
   close(pipefd[1]);
@@ -114,7 +115,7 @@ static void cuda_without_gpu_exits_at_once_and_registers_nothing(void **state) {
   int port, err_fd;
   int lfd = listen_any(&port);
   double t0 = now_s();
-  pid_t pid = start_agent("cuda", port, &err_fd);
+  pid_t pid = start_agent("cuda", "tcp", port, &err_fd);
   double took;
   int status = wait_for(pid, 10.0, &took);
   char err[4096];
@@ -135,7 +136,7 @@ static void cpu_device_does_contact_etcd(void **state) {
   (void)state;
   int port, err_fd;
   int lfd = listen_any(&port);
-  pid_t pid = start_agent("cpu", port, &err_fd);
+  pid_t pid = start_agent("cpu", "tcp", port, &err_fd);
   int seen = connection_seen(lfd, 15.0);
   kill(pid, SIGTERM);
   double took;
@@ -146,6 +147,28 @@ static void cpu_device_does_contact_etcd(void **state) {
     print_error("no connection from wagma-agent --device cpu; stderr: %s\n", err);
   assert_true(seen);
   assert_true(status >= 0); /* it stopped on SIGTERM */
+  close(lfd);
+}
+
+/* NCCL averages GPU buffers: --transport nccl on a CPU agent is a usage error (status 2), said
+ * at once, before anything is registered. */
+static void nccl_without_cuda_device_is_a_usage_error(void **state) {
+  (void)state;
+  int port, err_fd;
+  int lfd = listen_any(&port);
+  double t0 = now_s();
+  pid_t pid = start_agent("cpu", "nccl", port, &err_fd);
+  double took;
+  int status = wait_for(pid, 10.0, &took);
+  char err[4096];
+  read_all(err_fd, err, sizeof(err));
+  print_message("wagma-agent --device cpu --transport nccl: %.3f s, status %d, stderr: %s", took,
+                status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, err);
+  assert_true(status >= 0 && WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 2);
+  assert_true(now_s() - t0 < 2.0);
+  assert_non_null(strstr(err, "--transport nccl needs --device cuda"));
+  assert_false(connection_seen(lfd, 0.2));
   close(lfd);
 }
 
@@ -160,6 +183,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(cuda_without_gpu_exits_at_once_and_registers_nothing),
       cmocka_unit_test(cpu_device_does_contact_etcd),
+      cmocka_unit_test(nccl_without_cuda_device_is_a_usage_error),
   };
   return cmocka_run_group_tests_name("agent --device", tests, NULL, NULL);
 }
