@@ -291,10 +291,14 @@ struct MHD_Daemon;
 typedef struct wg_front wg_front_t;
 /* Starts the front thread on a listening socket (taken over: closed by wg_front_stop, or
  * left to the caller on failure), handing connections to mhd (MHD_USE_NO_LISTEN_SOCKET).
- * Ownership: *out is the caller's (wg_front_stop). */
+ * Ownership: *out is the caller's (wg_front_stop, then wg_front_free). */
 int wg_front_start(wg_coord_t *c, int listen_fd, struct MHD_Daemon *mhd, wg_front_t **out);
-/* Stops the thread, closes every connection and the listening socket, frees. NULL: no-op. */
+/* Stops the thread, closes every connection and the listening socket (every client then reads
+ * as gone). NULL: no-op. */
 void wg_front_stop(wg_front_t *f);
+/* Frees a stopped front, once nothing calls wg_front_client_gone, wg_front_conn_gen or
+ * wg_front_mhd_done any more (the workers joined, libmicrohttpd stopped). NULL: no-op. */
+void wg_front_free(wg_front_t *f);
 /* The generation of the connection whose libmicrohttpd end is mhd_fd (0 = unknown), read
  * while libmicrohttpd holds that end; then whether that connection's client has left: 1, 0,
  * or -1 when the front cannot tell. Thread-safe (atomics per descriptor number). */
