@@ -304,7 +304,9 @@ static int answer_read(wg_front_t *f, front_conn_t *k, const wg_http_head_t *h, 
     return -1;
   }
   int first = !k->parked;
-  double arrival = first ? now : k->parked_at;
+  /* Arrival: now, not the pump's start (a sync that started before the head came may not
+   * hold a write its client saw complete in between). */
+  double arrival = first ? wg_mono() : k->parked_at;
   int ready = wg_cache_ready(c->cache, arrival, &k->parked_failures, first);
   if (ready == 0 && now - arrival < WG_CACHE_SYNC_WAIT_S) {
     k->parked = 1;
@@ -750,6 +752,11 @@ void wg_front_stop(wg_front_t *f) {
   close(f->epfd);
   close(f->stopfd);
   close(f->wakefd);
+}
+
+void wg_front_free(wg_front_t *f) {
+  if (!f)
+    return;
   free(f->gen);
   free(f->gone);
   free(f->pending);

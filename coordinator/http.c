@@ -668,7 +668,7 @@ int wg_http_bind(wg_coord_t *c, int *fd_out) {
 /* Stops what srv started, in the order that leaves no request half-held: the front (no new
  * requests; every client connection closed, so MHD's ends read their end of input), the
  * workers and readiness threads (the queued and waiting requests are resumed as gone), then
- * MHD. */
+ * MHD; the front's memory last (the workers and MHD's completion callbacks read it). */
 static void server_stop(wg_server_t *srv) {
   wg_hub_close_all(srv->c->hub); /* every stream ends; none calls into the front any more */
   wg_front_stop(srv->front);
@@ -698,7 +698,8 @@ static void server_stop(wg_server_t *srv) {
     }
   }
   if (srv->mhd)
-    MHD_stop_daemon(srv->mhd);
+    MHD_stop_daemon(srv->mhd); /* its completion callbacks still ask the front */
+  wg_front_free(srv->front);
   pthread_cond_destroy(&srv->work_cv);
   pthread_cond_destroy(&srv->ping_cv);
   pthread_cond_destroy(&srv->ready_cv);

@@ -14,6 +14,7 @@
 #             GET /v1/jobs/{id}              (spec, status and 64 members' progress)
 #             GET /v1/jobs/{id}/plan, /groups, /events (the timeline)
 #             the four reads mixed (wrk script cached_reads.lua)
+#             GET /v1/jobs/{id} again with WIDE_CONNS (default 128, the per-address limit) connections
 # on every coordinator, and prints req/s, p50, p99 and the ratio to /healthz on the same
 # server, with the load average before each run. Processes are stopped by PID at exit.
 set -euo pipefail
@@ -25,6 +26,7 @@ repeats=${4:-3}
 members=${MEMBERS:-64}
 stale_ms=${STALE_MS:-1000}
 rate=${PROGRESS_RATE:-64}
+wide=${WIDE_CONNS:-128} # the server takes 128 connections per client address
 tmp=$(mktemp -d)
 pids=()
 cleanup() { # newest first: the coordinators before their etcd
@@ -100,7 +102,7 @@ run() { # label, url, wrk args...
   non2xx=$(echo "$out" | awk '/Non-2xx/ {print $NF}')
   echo "$label|$rps|$p50|$p99|${non2xx:-0}|$load"
 }
-echo "cpu: $(nproc) cores; wrk -t2 -c$conns -d${dur}s; job of $members members (GET body $body bytes);"
+echo "cpu: $(nproc) cores; wrk -t2 -c$conns -d${dur}s (one row -c$wide); job of $members members (GET body $body bytes);"
 echo "progress writes: $rate/s; coordinators: ${names[*]} (one etcd on loopback)"
 echo
 echo "| run | coordinator | request | req/s | p50 | p99 | non-2xx | load avg (1 min) | vs /healthz |"
@@ -114,7 +116,8 @@ for ((r = 1; r <= repeats; r++)); do
     rows+=("$(run "GET /v1/jobs/bench/plan" "$u/v1/jobs/bench/plan")")
     rows+=("$(run "GET /v1/jobs/bench/groups" "$u/v1/jobs/bench/groups")")
     rows+=("$(run "GET /v1/jobs/bench/events" "$u/v1/jobs/bench/events")")
-    rows+=("$(run "mixed (job, plan, groups, progress)" "$u" -s "$root/bench/coordinator/cached_reads.lua")")
+    rows+=("$(run "mixed (job, plan, groups, events)" "$u" -s "$root/bench/coordinator/cached_reads.lua")")
+    rows+=("$(conns=$wide run "GET /v1/jobs/bench, $wide connections" "$u/v1/jobs/bench")")
     baseline=$(echo "${rows[0]}" | cut -d'|' -f2)
     for row in "${rows[@]}"; do
       IFS='|' read -r label rps p50 p99 non load <<<"$row"
