@@ -4,8 +4,9 @@
  * A read qualifies when the answer would be the same through libmicrohttpd: `GET` over
  * HTTP/1.1 with no body, a target of at most WG_FAST_TARGET_MAX bytes that needs no decoding
  * (no '%', no '+': then libmicrohttpd's decoded path and query values are the raw bytes) and
- * passes wg_route_target_check, no `Connection` field (keep-alive is HTTP/1.1's default; a
- * `close` goes through libmicrohttpd, which closes after its answer), a route the read cache
+ * passes wg_route_target_check, no `Connection` field but `keep-alive` (HTTP/1.1's default,
+ * which browsers send; a `close` goes through libmicrohttpd, which closes after its answer),
+ * a route the read cache
  * answers (wg_cache_route), and, for the events path, not asked as a stream and no token
  * configured (the token check and streams stay in dispatch.c and http.c). Anything else goes
  * to libmicrohttpd unchanged: this is a shortcut, never a second set of rules.
@@ -36,6 +37,16 @@ static const char *next_line(const char *p, const char *end) {
   if (p < end && *p == '\n')
     p++;
   return p;
+}
+
+/* 1 when a Connection field's value (from v to e) is just "keep-alive" (what browsers send;
+ * HTTP/1.1's default, so libmicrohttpd's answer is the same without it). */
+static int keep_alive(const char *v, const char *e) {
+  while (v < e && (*v == ' ' || *v == '\t'))
+    v++;
+  while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
+    e--;
+  return e - v == 10 && strncasecmp(v, "keep-alive", 10) == 0;
 }
 
 /* Splits the query (NUL-terminated, writable) into r's pairs as libmicrohttpd would: pieces
@@ -85,7 +96,7 @@ int wg_fast_read_parse(const wg_coord_t *c, const char *head, size_t len, wg_fas
   for (p = next_line(p, end); p < end && *p != '\r' && *p != '\n'; p = next_line(p, end)) {
     const char *e = line_end(p, end);
     size_t n = (size_t)(e - p);
-    if (n >= 11 && strncasecmp(p, "connection:", 11) == 0)
+    if (n >= 11 && strncasecmp(p, "connection:", 11) == 0 && !keep_alive(p + 11, e))
       return 0;
     if (n >= 7 && strncasecmp(p, "accept:", 7) == 0 && n >= 17 &&
         memmem(p, n, "text/event-stream", 17))
