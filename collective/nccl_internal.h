@@ -40,6 +40,7 @@ enum nc_op {
   NC_SHRINK = 8,    /* rank 0 -> all: shrink the kept communicator of epoch aux */
   NC_NOLANE = 9,    /* rank 0 -> all: no lane this epoch */
   NC_RESEND = 10,   /* payload: encoded header + payload of transfer aux, on TCP */
+  NC_DONE = 11,     /* receiver -> sender: transfer aux delivered; drop your copy */
 };
 
 #define NC_LANE_MIN_BYTES 1024 /* smaller payloads travel whole on TCP */
@@ -51,11 +52,14 @@ typedef enum nc_lane_state {
   NC_LANE_OFF,  /* never came up this epoch */
 } nc_lane_state_t;
 
-/* A frame whose payload goes on the lane, from send() until it was delivered (or re-sent on
- * TCP). The host copy stays until then. */
+/* A frame whose payload goes on the lane, from send() until its receiver said NC_DONE (or it
+ * was re-sent on TCP). The host copy stays until then: a send may complete on the sender
+ * before the receiver has the data (NCCL's eager sends), so only the receiver can tell. */
 typedef struct nc_xfer {
   uint64_t id;
   int dst;
+  int sent;                             /* the lane send completed; waiting for NC_DONE */
+  int acked;                            /* NC_DONE came while the send was still posted here */
   uint8_t header[WG_FRAME_HEADER_SIZE]; /* encoded, complete */
   uint8_t *host;
   size_t len;
@@ -155,7 +159,8 @@ void WG_NCCL(pump)(nc_t *t, double wait_s);
 /* Revokes the communicator, tells every peer, re-sends every outbound transfer on TCP and
  * marks every held transfer as waiting for its re-send. Lane thread (or close, after it). */
 void WG_NCCL(lane_down)(nc_t *t, const char *why);
-/* Sends every outbound transfer on TCP as NC_RESEND and frees it. */
+/* Sends every outbound transfer (sent on the lane and not acknowledged too) on TCP as
+ * NC_RESEND and frees it; a receiver drops one it already has. */
 void WG_NCCL(resend_all)(nc_t *t);
 
 /* nccl_init.c */

@@ -144,7 +144,7 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
   if (atomic_load(&t->lane_state) == NC_LANE_UP && !t->posted.active && !t->reserved.active &&
       !atomic_load(&t->draining)) {
     pthread_mutex_lock(&t->mu);
-    for (x = t->out; x && !(x->id == id && x->dst == src); x = x->next)
+    for (x = t->out; x && !(x->id == id && x->dst == src && !x->sent && !x->acked); x = x->next)
       ;
     pthread_mutex_unlock(&t->mu);
   }
@@ -235,6 +235,28 @@ static void on_control(nc_t *t, wg_message_t *m) {
     }
     return;
   case NC_CTS: on_cts(t, src, h->aux); return;
+  case NC_DONE: {
+    nc_xfer_t *done = NULL;
+    pthread_mutex_lock(&t->mu);
+    for (nc_xfer_t **q = &t->out; *q; q = &(*q)->next)
+      if ((*q)->id == h->aux && (*q)->dst == src) {
+        if (t->posted.active && t->posted.xfer == *q) {
+          (*q)->acked = 1; /* the receiver was faster than my poll: check_posted frees it */
+          break;
+        }
+        done = *q;
+        *q = done->next;
+        break;
+      }
+    if (done) /* counted before the list shows it gone */
+      atomic_fetch_add(&t->lane_transfers, 1);
+    pthread_mutex_unlock(&t->mu);
+    if (done) {
+      free(done->host);
+      free(done);
+    }
+    return;
+  }
   case NC_GO: on_go(t, src, h->aux); return;
   case NC_NACK:
     if (t->reserved.active && t->reserved.peer == src && t->reserved.id == h->aux) {
@@ -369,17 +391,24 @@ static void check_posted(nc_t *t) {
   }
   if (!done)
     return;
-  atomic_fetch_add(&t->lane_transfers, 1); /* before the list shows the transfer gone */
-  if (p->send) {
+  if (p->send) { /* kept until the receiver's NC_DONE: it may not have the data yet */
+    nc_xfer_t *x = p->xfer;
     pthread_mutex_lock(&t->mu);
-    for (nc_xfer_t **q = &t->out; *q; q = &(*q)->next)
-      if (*q == p->xfer) {
-        *q = p->xfer->next;
-        break;
-      }
+    x->sent = 1;
+    int acked = x->acked;
+    if (acked) {
+      atomic_fetch_add(&t->lane_transfers, 1); /* counted before the list shows it gone */
+      for (nc_xfer_t **q = &t->out; *q; q = &(*q)->next)
+        if (*q == x) {
+          *q = x->next;
+          break;
+        }
+    }
     pthread_mutex_unlock(&t->mu);
-    free(p->xfer->host);
-    free(p->xfer);
+    if (acked) {
+      free(x->host);
+      free(x);
+    }
     atomic_fetch_add(&t->lane_bytes_sent, p->len);
   } else {
     nc_item_t *it = p->item;
@@ -394,6 +423,8 @@ static void check_posted(nc_t *t) {
     if (t->last_done[p->peer] < p->id)
       t->last_done[p->peer] = p->id;
     atomic_fetch_add(&t->lane_bytes_received, p->len);
+    atomic_fetch_add(&t->lane_transfers, 1);
+    (void)WG_NCCL(control)(t, p->peer, NC_DONE, p->id, NULL, 0);
   }
   int peer = p->peer, recv = !p->send;
   role_release(t, p, 1);

@@ -91,10 +91,12 @@ static void test_allreduce_mean(void **s) {
   }
 }
 
+/* Barrier mode: the global rounds are blocking allreduces that must learn of the death from
+ * the transport (EPEER) and run again on the survivors. */
 static void test_sigkill_mid_run(void **s) {
   (void)s;
   ew_scenario_t sc;
-  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_BARRIER);
   sc.rounds = 60;
   sc.floor_s = 0.3;
   for (int r = 0; r < 4; r++)

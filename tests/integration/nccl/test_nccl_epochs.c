@@ -26,7 +26,8 @@
 
 typedef struct shared {
   int ports[NPROC];
-  volatile int stage; /* 3: epoch 2 is over, d may start epoch 3 */
+  volatile int stage;              /* 3: epoch 2 is over, d may start epoch 3 */
+  volatile int finished[4][NPROC]; /* [epoch][proc]: its collective returned */
   int errors[NPROC];
   int lane_up[NPROC][4]; /* [proc][epoch] */
   int shrunk[NPROC][4];
@@ -81,7 +82,20 @@ static int make_comm(int me, uint64_t epoch, const int *procs, int n, wagma_comm
   return 0;
 }
 
-static void record_and_destroy(int me, int epoch, wagma_comm_t *comm, const float *buf) {
+/* Waits (bounded) until every member of the epoch has its result, so that nobody closes
+ * while a peer still receives on the lane (close would re-send on TCP: correct, but then the
+ * lane did not carry it), then records what the lane did and destroys. */
+static void record_and_destroy(int me, int epoch, wagma_comm_t *comm, const float *buf,
+                               const int *procs, int n) {
+  sh->finished[epoch][me] = 1;
+  for (double until = proc_now() + 10; proc_now() < until;) {
+    int all = 1;
+    for (int k = 0; k < n; k++)
+      all &= sh->finished[epoch][procs[k]];
+    if (all)
+      break;
+    proc_sleep(0.002);
+  }
   nc_t *t = (nc_t *)comm->tp;
   sh->lane_up[me][epoch] = atomic_load(&t->lane_state) == NC_LANE_UP;
   sh->shrunk[me][epoch] = t->shrunk;
@@ -106,7 +120,7 @@ static void child(int me) {
         wagma_comm_allreduce(comm, buf, N, WAGMA_REDUCE_MEAN) != 0)
       sh->errors[me]++;
     if (comm)
-      record_and_destroy(me, 1, comm, buf);
+      record_and_destroy(me, 1, comm, buf, e1, 3);
     comm = NULL;
   }
   if (me == 2)
@@ -118,7 +132,7 @@ static void child(int me) {
     if (make_comm(me, 2, e2, 2, &comm) != 0 || wagma_comm_broadcast(comm, buf, N, 1) != 0)
       sh->errors[me]++;
     if (comm)
-      record_and_destroy(me, 2, comm, buf);
+      record_and_destroy(me, 2, comm, buf, e2, 2);
     comm = NULL;
     if (me == 0)
       sh->stage = 3;
@@ -133,7 +147,7 @@ static void child(int me) {
         wagma_comm_average(comm, buf, N, me == 3 ? 0.0f : 1.0f) != 0)
       sh->errors[me]++;
     if (comm)
-      record_and_destroy(me, 3, comm, buf);
+      record_and_destroy(me, 3, comm, buf, e3, 3);
   }
 out:
   WG_NCCL(forget)(); /* the communicator kept for a next epoch that will not come */

@@ -3,7 +3,9 @@
  * make cycles of ranks each waiting for the next), small frames (on TCP) interleaved with
  * large ones (on the lane). Each receiver must get every frame of a sender intact and in the
  * order it was sent, the lane must carry the large ones, and no transfer may fail: a deadlock
- * of the agreement would show as a missed deadline (a revoked lane), not only as a hang. */
+ * of the agreement would show as a missed deadline (a revoked lane), not only as a hang.
+ * With a fault injected mid-way (an operation that never completes, ncclRemoteError) the lane
+ * is revoked and every frame still arrives, intact and in order, on TCP. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -154,7 +156,7 @@ static void rank_main(int P, int me) {
   exit(sh->errors[me] ? 3 : 0);
 }
 
-static void run(int P) {
+static void run_with(int P, int faulty) {
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   memset(sh, 0, sizeof *sh);
@@ -177,13 +179,37 @@ static void run(int P) {
     }
   }
   assert_true(ok);
+  uint64_t failures = 0;
   for (int r = 0; r < P; r++) {
     assert_int_equal(sh->errors[r], 0);
-    assert_int_equal(sh->failures[r], 0);
-    /* 2 of 3 frames to and from each peer took the lane (both ends count a transfer) */
-    assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3)));
+    failures += sh->failures[r];
+    if (!faulty) {
+      assert_int_equal(sh->failures[r], 0);
+      /* 2 of 3 frames to and from each peer took the lane (both ends count a transfer) */
+      assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3)));
+    }
   }
+  if (faulty) /* the lane went down mid-way; what it had not delivered came on TCP */
+    assert_true(failures > 0);
   munmap(sh, sizeof *sh);
+}
+
+static void run(int P) {
+  run_with(P, 0);
+}
+
+static void test_op_never_completes_mid_way(void **s) {
+  (void)s;
+  setenv("FAKE_NCCL_HANG_OP", "12", 1);
+  run_with(3, 1);
+  unsetenv("FAKE_NCCL_HANG_OP");
+}
+
+static void test_remote_error_mid_way(void **s) {
+  (void)s;
+  setenv("FAKE_NCCL_REMOTE_ERROR_OP", "9", 1);
+  run_with(3, 1);
+  unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
 }
 
 static void test_all_to_all_p2(void **s) {
@@ -206,6 +232,8 @@ int main(void) {
       cmocka_unit_test(test_all_to_all_p2),
       cmocka_unit_test(test_all_to_all_p3),
       cmocka_unit_test(test_all_to_all_p4),
+      cmocka_unit_test(test_op_never_completes_mid_way),
+      cmocka_unit_test(test_remote_error_mid_way),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
