@@ -2,14 +2,16 @@
  * read cache, without libmicrohttpd: which heads qualify, and the bytes of the answer.
  *
  * A read qualifies when the answer would be the same through libmicrohttpd: `GET` over
- * HTTP/1.1 with no body, a target of at most WG_FAST_TARGET_MAX bytes that needs no decoding
+ * HTTP/1.1 with no body; a target of at most WG_FAST_TARGET_MAX bytes that needs no decoding
  * (no '%', no '+': then libmicrohttpd's decoded path and query values are the raw bytes) and
- * passes wg_route_target_check, no `Connection` field but `keep-alive` (HTTP/1.1's default,
- * which browsers send; a `close` goes through libmicrohttpd, which closes after its answer),
- * a route the read cache
- * answers (wg_cache_route), and, for the events path, not asked as a stream and no token
- * configured (the token check and streams stay in dispatch.c and http.c). Anything else goes
- * to libmicrohttpd unchanged: this is a shortcut, never a second set of rules.
+ * passes wg_route_target_check; no `Connection` field but `keep-alive` (HTTP/1.1's default,
+ * which browsers send; a `close` goes through libmicrohttpd, which closes after its answer);
+ * one job's read (GET of the job, its plan, groups or timeline: their cost is the job's size,
+ * the bodies rendered already; not the job list or the agents, rendered per read from the
+ * whole cluster, which the front thread must not wait for); for the timeline, not asked as a
+ * stream and no token configured (the token check and streams stay in dispatch.c and
+ * http.c). Anything else goes to libmicrohttpd unchanged: this is a shortcut, never a second
+ * set of rules.
  *
  * The answer has the status line, `Date`, `Content-Type` and `Content-Length` fields that
  * libmicrohttpd writes for the same response, and the body of wg_cache_serve.
@@ -113,7 +115,13 @@ int wg_fast_read_parse(const wg_coord_t *c, const char *head, size_t len, wg_fas
   out->req.method = "GET";
   out->req.path = out->target;
   wg_route("GET", out->target, &out->route);
-  if (out->route.status != 0 || !wg_cache_route(out->route.id))
+  /* One job's reads only: their cost is the job's size (the bodies are rendered already).
+   * The job list and the agents are rendered per read from the whole cluster, which would hold
+   * up every other connection of the front: libmicrohttpd's threads answer those. */
+  wg_route_id_t id = out->route.id;
+  if (out->route.status != 0 || !wg_cache_route(id) ||
+      (id != WG_ROUTE_JOB_GET && id != WG_ROUTE_JOB_PLAN && id != WG_ROUTE_JOB_GROUPS &&
+       id != WG_ROUTE_JOB_EVENTS))
     return 0;
   if (out->route.id == WG_ROUTE_JOB_EVENTS && (stream || c->token[0]))
     return 0;

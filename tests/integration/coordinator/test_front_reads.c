@@ -236,7 +236,8 @@ static void test_same_bytes(void **state) {
       assert_int_equal(get(f->leader.port, paths[i], VIA_MHD, &b), 0);
       assert_int_equal(get(f->follower.port, paths[i], PLAIN, &c), 0);
       assert_int_equal(get(f->leader.port, paths[i], KEEP_ALIVE, &d), 0);
-      nfront += 2;
+      if (strncmp(paths[i], "/v1/jobs/", 9) == 0) /* one job's reads (not the list) */
+        nfront += 2;
       /* A timeline's times are each replica's own (when its watch saw the change, or a
        * record's time when rebuilt at start): the follower's is compared by status only. */
       int timeline = strstr(paths[i], "/events") != NULL;
@@ -258,8 +259,8 @@ static void test_same_bytes(void **state) {
     }
     assert_true(same);
   }
-  /* The plain and keep-alive requests were the front's (hits or waits), the others
-   * libmicrohttpd's. */
+  /* The plain and keep-alive requests of one job's reads were the front's (hits or waits),
+   * the others libmicrohttpd's. */
   long front = metric(&f->leader, "wagma_read_cache_front_total");
   assert_int_equal(front - front0, nfront);
 }
