@@ -39,6 +39,11 @@ void nw_comm_destroy(wagma_comm_t *comm) {
     l->shrunk = t->shrunk;
     l->transfers = atomic_load(&t->lane_transfers);
     l->failures = atomic_load(&t->lane_failures);
+    pthread_mutex_lock(&t->mu);
+    for (int r = 0; r < t->nranks && r < 32; r++)
+      if (t->dead_done[r])
+        l->dead_mask |= 1u << r;
+    pthread_mutex_unlock(&t->mu);
   }
   wagma_comm_destroy(comm);
   WG_NCCL(forget)(); /* the worlds run one epoch: drop the kept communicator (LSan) */

@@ -18,6 +18,7 @@ typedef struct nw_lane {
   int shrunk;         /* the communicator was shrunk from the previous epoch's */
   uint64_t transfers; /* payloads moved on the lane */
   uint64_t failures;  /* times the lane was revoked */
+  unsigned dead_mask; /* ranks the transport knew dead (and buried) at destroy */
 } nw_lane_t;
 
 /* Shared with forked children; nw_init maps it (call once in the parent before forking),

@@ -111,6 +111,7 @@ static void test_sigkill_mid_run(void **s) {
     assert_true(res[r].final_round >= 60);
     assert_true(res[r].max_wait_after_s < 3.0); /* about one deadline for the dead rank */
     assert_true(nw_lanes[r].transfers > 0);
+    assert_true(nw_lanes[r].dead_mask & (1u << 2)); /* the transport learned of the death */
   }
 }
 
