@@ -3,7 +3,9 @@
 # and 4 CPU wagma-agents on 127.0.0.1 train Fashion-MNIST (MLP) through the REST API, for
 #   algorithms: wagma (global_sync barrier), wagma (wait-avoiding), allreduce (the baseline:
 #               synchronous data-parallel SGD), local-sgd, adpsgd, asgd and dc-asgd (one
-#               parameter-server shard, the 3 other agents workers; dc_lambda 0.04)
+#               parameter-server shard, the 3 other agents workers; dc_lambda 0.04; the
+#               shard runs plain SGD at lr 0.05: with momentum 0.9 both diverged here, as
+#               momentum SGD does with delayed gradients, see bench/delay)
 #   settings:   none (no straggler), transient (every agent pauses 40 ms with probability 0.1
 #               per step), persistent (one agent computes 4x slower: --slow-factor 4),
 #               absolute (one agent sleeps a fixed 40 ms every step: --sleep-prob 1
@@ -137,7 +139,9 @@ run_job() {
   wagma-wait-avoiding) algorithm=wagma; sync=wait-avoiding ;;
   *) algorithm=$algo; sync=barrier ;;
   esac
-  local spec="{\"name\":\"$name\",\"model\":\"mlp\",\"dataset\":\"fashion-mnist\",\"algorithm\":\"$algorithm\",\"global_sync\":\"$sync\",\"workers\":4,\"group_size\":2,\"staleness_bound\":8,\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9},\"batch_size\":64,\"iterations\":$ITERATIONS,\"eval_every\":50,\"seed\":7,\"ps_shards\":1}"
+  local momentum=0.9
+  case "$algo" in asgd | dc-asgd) momentum=0 ;; esac
+  local spec="{\"name\":\"$name\",\"model\":\"mlp\",\"dataset\":\"fashion-mnist\",\"algorithm\":\"$algorithm\",\"global_sync\":\"$sync\",\"workers\":4,\"group_size\":2,\"staleness_bound\":8,\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":$momentum},\"batch_size\":64,\"iterations\":$ITERATIONS,\"eval_every\":50,\"seed\":7,\"ps_shards\":1}"
   local t0 tta="-" state="" job acc now
   t0=$(date +%s.%N)
   curl -fsS -X POST -H 'Content-Type: application/json' -d "$spec" "$API/v1/jobs" >/dev/null
