@@ -2,7 +2,8 @@
 # scripts/gpu-check.sh — verifies a GPU machine in one command: configures a CUDA build
 # (WAGMA_WITH_CUDA=ON: a machine without CUDA fails at configure), builds exactly the tests
 # labelled gpu and the GPU benchmark, runs the gpu tests (a skipped test is a FAILURE here: the
-# point is to run them on a GPU), then the benchmark: samples/s of the MLP and LeNet-5 at batch
+# point is to run them on a GPU; among them test_nccl_gpu, single-rank NCCL: initialisation,
+# a self-transfer, shrink, revoke and abort, docs/design.md §6.4), then the benchmark: samples/s of the MLP and LeNet-5 at batch
 # 64, 512 and 4096 on the GPU against the CPU path in the same run, with the ratios.
 #
 # Environment (all optional):
