@@ -58,6 +58,10 @@ typedef struct out_peer {
   wg_adpsgd_peer_t addr;
   int fd;             /* -1 = not connected */
   double suspect_end; /* skipped until then (wg_mono) */
+  /* a request whose reply missed its deadline: the passive may still answer (and has then
+   * taken its half), so the reply is collected later and the active's half applied then */
+  int late;
+  float *sent; /* count floats: the model that request carried (allocated on first need) */
 } out_peer_t;
 
 struct wg_adpsgd {
@@ -274,11 +278,15 @@ fail:
 }
 
 static void close_peers(wg_adpsgd_t *g) {
-  for (int i = 0; g->peers && i < g->nranks; i++)
+  for (int i = 0; g->peers && i < g->nranks; i++) {
     if (g->peers[i].fd >= 0) {
       close(g->peers[i].fd);
       g->peers[i].fd = -1;
     }
+    free(g->peers[i].sent);
+    g->peers[i].sent = NULL;
+    g->peers[i].late = 0;
+  }
 }
 
 void wg_adpsgd_close(wg_adpsgd_t *g) {
@@ -365,17 +373,12 @@ int wg_adpsgd_publish(wg_adpsgd_t *g, float *model) {
 /* ---- active side ------------------------------------------------------------------------- */
 
 /* One exchange with peer p: 0 with the peer's snapshot in reply, or why not. */
-static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *model,
-                    float *reply) {
-  double deadline = wg_mono() + g->deadline_s;
+/* Reads a reply (header, then count floats into reply) before deadline. */
+static int read_reply(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, float *reply,
+                      double deadline) {
   gossip_header_t h;
-  int e = 0;
-  if (p->fd < 0 && (e = wg_peer_connect(p->addr.host, p->addr.port, deadline, &p->fd)))
-    return e;
-  header_init(&h, KIND_REQUEST, epoch, p->addr.token, g->count);
-  if ((e = wg_peer_send(p->fd, &h, sizeof h, deadline)) ||
-      (e = wg_peer_send(p->fd, model, g->count * sizeof(float), deadline)) ||
-      (e = wg_peer_recv(p->fd, &h, sizeof h, deadline)))
+  int e = wg_peer_recv(p->fd, &h, sizeof h, deadline);
+  if (e)
     return e;
   if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.epoch != epoch)
     return WAGMA_EPROTO;
@@ -384,6 +387,54 @@ static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *
   if (h.kind != KIND_REPLY || h.count != g->count)
     return WAGMA_EPROTO;
   return wg_peer_recv(p->fd, reply, g->count * sizeof(float), deadline);
+}
+
+/* One exchange with peer p: 0 with the peer's snapshot in reply, or why not; *sent = 1 when
+ * the whole request went out (then the passive may apply it even if its reply is late). */
+static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *model, float *reply,
+                    int *sent) {
+  double deadline = wg_mono() + g->deadline_s;
+  gossip_header_t h;
+  int e = 0;
+  *sent = 0;
+  if (p->fd < 0 && (e = wg_peer_connect(p->addr.host, p->addr.port, deadline, &p->fd)))
+    return e;
+  header_init(&h, KIND_REQUEST, epoch, p->addr.token, g->count);
+  if ((e = wg_peer_send(p->fd, &h, sizeof h, deadline)) ||
+      (e = wg_peer_send(p->fd, model, g->count * sizeof(float), deadline)))
+    return e;
+  *sent = 1;
+  return read_reply(g, p, epoch, reply, deadline);
+}
+
+/* Late replies: for each peer with a request outstanding whose reply has arrived by now,
+ * model += (s - w_sent) / 2, the active's half of that averaging (the passive took its half
+ * when it answered), so the sum of the models stays conserved. A peer that closed the
+ * connection answered nothing (or died: its model is gone with it). */
+static void collect_late(wg_adpsgd_t *g, float *model, uint64_t epoch, int nranks) {
+  for (int r = 1; r < nranks; r += 2) {
+    out_peer_t *p = &g->peers[r];
+    if (!p->late)
+      continue;
+    struct pollfd pfd = {.fd = p->fd, .events = POLLIN};
+    if (poll(&pfd, 1, 0) != 1)
+      continue; /* nothing yet */
+    /* the passive writes a reply whole: once it starts arriving the rest follows */
+    int e = read_reply(g, p, epoch, g->reply, wg_mono() + g->deadline_s);
+    if (e == 0) {
+      for (size_t i = 0; i < g->count; i++)
+        model[i] += 0.5f * (g->reply[i] - p->sent[i]);
+      pthread_mutex_lock(&g->mu);
+      g->counters.averaged++;
+      g->counters.late++;
+      pthread_mutex_unlock(&g->mu);
+    }
+    p->late = 0;
+    if (e) {
+      close(p->fd);
+      p->fd = -1;
+    }
+  }
 }
 
 int wg_adpsgd_average(wg_adpsgd_t *g, float *model, wagma_rng_t *rng, int *peer) {
@@ -397,8 +448,10 @@ int wg_adpsgd_average(wg_adpsgd_t *g, float *model, wagma_rng_t *rng, int *peer)
     *peer = -1;
   if (rank < 0 || !g->peers)
     return WAGMA_ENOTFOUND;
+  collect_late(g, model, epoch, nranks);
   for (int r = 1; r < nranks; r += 2) /* the passives not suspect */
-    if (r != rank && g->peers[r].addr.port != 0 && g->peers[r].suspect_end <= now)
+    if (r != rank && g->peers[r].addr.port != 0 && g->peers[r].suspect_end <= now &&
+        !g->peers[r].late)
       g->candidates[nc++] = r;
   if (nc == 0) {
     pthread_mutex_lock(&g->mu);
@@ -408,13 +461,17 @@ int wg_adpsgd_average(wg_adpsgd_t *g, float *model, wagma_rng_t *rng, int *peer)
   }
   int pick = g->candidates[wagma_rng_below(rng, (uint64_t)nc)];
   out_peer_t *p = &g->peers[pick];
-  int e = exchange(g, p, epoch, model, g->reply);
+  int sent = 0;
+  int e = exchange(g, p, epoch, model, g->reply, &sent);
   if (e == 0) {
     for (size_t i = 0; i < g->count; i++)
       model[i] = 0.5f * (model[i] + g->reply[i]);
   } else {
-    /* the stream may hold half a message: start afresh, and leave the peer alone a while */
-    if (p->fd >= 0) {
+    if (e == WAGMA_ETIMEDOUT && sent && (p->sent || (p->sent = malloc(g->count * sizeof(float))))) {
+      /* the request is with the passive: keep the connection for its reply (collect_late) */
+      memcpy(p->sent, model, g->count * sizeof(float));
+      p->late = 1;
+    } else if (p->fd >= 0) { /* the stream may hold half a message: start afresh */
       close(p->fd);
       p->fd = -1;
     }

@@ -18,7 +18,11 @@
  *
  * Failures: every exchange has a deadline. A passive that does not answer in time (stopped,
  * dead, partitioned) is skipped: the active keeps its model, marks the peer suspect for a
- * back-off period and picks among the other passives from then on. Requests of another epoch
+ * back-off period and picks among the other passives from then on. A request that went out
+ * whole may still be answered (a stopped passive that resumes has then taken its half): the
+ * active keeps that connection and a copy of the model it sent, and when the late reply comes
+ * (checked at each later average()) applies its own half, (s - w_sent) / 2, so the sum stays
+ * conserved. Until then the peer is not asked again. Requests of another epoch
  * or with a wrong token are refused.
  *
  * Wire format (little-endian, native float32): a 40-byte header {magic "WGAD", version 1,
@@ -50,6 +54,7 @@ typedef struct wg_adpsgd_counters {
   uint64_t skipped;  /* active: averagings given up (deadline, refusal, no peer) */
   uint64_t served;   /* passive: averagings answered */
   uint64_t refused;  /* passive: requests of another epoch or with a bad token */
+  uint64_t late;     /* active: replies collected after their deadline (in averaged too) */
 } wg_adpsgd_counters_t;
 
 /* 1 when rank is active (even), 0 when passive (odd). */

@@ -9,6 +9,8 @@
  * - a passive that accepts connections but never answers (what a SIGSTOPped agent looks
  *   like: its kernel still completes the handshake) costs one deadline, then is skipped while
  *   the active keeps averaging with the other passive;
+ * - a reply that comes after its deadline (a passive that was stopped and resumed) is
+ *   collected at the next averaging and the active's half applied then;
  * - a request with a wrong token or of another epoch is refused and changes nothing. */
 #include <math.h>
 #include <netinet/in.h>
@@ -184,7 +186,7 @@ static void concurrent_gossip_conserves_the_sum_and_reaches_consensus(void **sta
   world_t w;
   worker_arg_t args[RANKS];
   /* with local steps: sum = initial sum + every passive's steps */
-  world_open(&w, 2, 2.0);
+  world_open(&w, 2, 5.0); /* generous: a loaded machine must not make this a timeout test */
   double s0[N];
   for (int i = 0; i < N; i++)
     s0[i] = sum_all(&w, i);
@@ -192,7 +194,7 @@ static void concurrent_gossip_conserves_the_sum_and_reaches_consensus(void **sta
   int averaged = args[0].averaged + args[2].averaged;
   print_message("concurrent: %d averagings, %d skipped\n", averaged,
                 args[0].skipped + args[2].skipped);
-  assert_int_equal(averaged, 400);
+  assert_true(averaged >= 380); /* (a late reply is counted when collected) */
   double worst = 0;
   for (int i = 0; i < N; i++)
     worst = fmax(worst, fabs(sum_all(&w, i) - (s0[i] + 2 * 200 * 0.001)));
@@ -201,11 +203,17 @@ static void concurrent_gossip_conserves_the_sum_and_reaches_consensus(void **sta
   world_close(&w);
 
   /* without local steps: the models meet */
-  world_open(&w, 3, 2.0);
+  world_open(&w, 3, 5.0);
   double before = spread(&w);
   run_concurrently(&w, 0.0f, args);
   double after = spread(&w);
-  print_message("spread of the models: %.3g -> %.3g\n", before, after);
+  wg_adpsgd_counters_t c1, c3;
+  wg_adpsgd_counters(w.g[1], &c1);
+  wg_adpsgd_counters(w.g[3], &c3);
+  print_message("spread of the models: %.3g -> %.3g (%d + %d averagings, %d + %d skipped; "
+                "rank 1 answered %llu, rank 3 %llu)\n",
+                before, after, args[0].averaged, args[2].averaged, args[0].skipped, args[2].skipped,
+                (unsigned long long)c1.served, (unsigned long long)c3.served);
   assert_true(after < 1e-3 * before);
   world_close(&w);
 }
@@ -258,6 +266,79 @@ static void stopped_passive_is_skipped_after_one_deadline(void **state) {
   world_close(&w);
 }
 
+/* A passive that answers late: it reads one request, sleeps, then replies with `reply` (the
+ * wire format of adpsgd.h: a 40-byte header, then the floats). */
+typedef struct late_passive {
+  int listen_fd;
+  float reply[N];
+  double sleep_s;
+} late_passive_t;
+
+static void *late_passive_main(void *arg) {
+  late_passive_t *lp = arg;
+  int fd = accept(lp->listen_fd, NULL, NULL);
+  if (fd < 0)
+    return NULL;
+  struct {
+    uint32_t magic;
+    uint16_t version, kind;
+    uint64_t epoch, token, count, reserved;
+  } h;
+  float w[N];
+  if (recv(fd, &h, sizeof h, MSG_WAITALL) == (ssize_t)sizeof h &&
+      recv(fd, w, sizeof w, MSG_WAITALL) == (ssize_t)sizeof w) {
+    usleep((useconds_t)(lp->sleep_s * 1e6));
+    h.kind = 2; /* reply */
+    h.token = 0;
+    h.count = N;
+    if (send(fd, &h, sizeof h, 0) == (ssize_t)sizeof h)
+      (void)!send(fd, lp->reply, sizeof lp->reply, 0);
+  }
+  usleep(300000); /* the active reads before the connection closes */
+  close(fd);
+  return NULL;
+}
+
+static void late_reply_is_applied_later(void **state) {
+  (void)state;
+  world_t w;
+  world_open(&w, 7, 0.2);
+  late_passive_t lp = {.sleep_s = 0.5};
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof sa;
+  lp.listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_int_equal(bind(lp.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(lp.listen_fd, 4), 0);
+  assert_int_equal(getsockname(lp.listen_fd, (struct sockaddr *)&sa, &sl), 0);
+  for (int i = 0; i < N; i++)
+    lp.reply[i] = 3.0f + 0.001f * (float)i;
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, late_passive_main, &lp), 0);
+  /* rank 3 is the late passive; rank 1 unknown (port 0), so rank 3 is the only choice */
+  w.peers[3].port = ntohs(sa.sin_port);
+  w.peers[1].port = 0;
+  assert_int_equal(
+      wg_adpsgd_set_epoch(w.g[0], 7, 0, RANKS, w.peers, token_of(0), 0.2, 30.0, w.model[0]), 0);
+  float sent[N];
+  memcpy(sent, w.model[0], sizeof sent);
+  wagma_rng_t rng;
+  wagma_rng_seed(&rng, 9);
+  assert_int_equal(wg_adpsgd_average(w.g[0], w.model[0], &rng, NULL), WAGMA_ETIMEDOUT);
+  assert_memory_equal(w.model[0], sent, sizeof sent); /* nothing applied yet */
+  usleep(600000);                                     /* the reply is in by now */
+  /* the next averaging collects it (no peer left to ask: rank 3 waits out its back-off) */
+  assert_int_equal(wg_adpsgd_average(w.g[0], w.model[0], &rng, NULL), WAGMA_ENOTFOUND);
+  for (int i = 0; i < N; i++)
+    assert_true(fabsf(w.model[0][i] - (sent[i] + 0.5f * (lp.reply[i] - sent[i]))) <= 1e-6f);
+  wg_adpsgd_counters_t c;
+  wg_adpsgd_counters(w.g[0], &c);
+  assert_int_equal(c.late, 1);
+  assert_int_equal(c.averaged, 1);
+  pthread_join(th, NULL);
+  close(lp.listen_fd);
+  world_close(&w);
+}
+
 static void wrong_token_or_epoch_is_refused(void **state) {
   (void)state;
   world_t w;
@@ -293,6 +374,7 @@ int main(void) {
       cmocka_unit_test(one_averaging_reaches_the_mean_and_conserves_the_sum),
       cmocka_unit_test(concurrent_gossip_conserves_the_sum_and_reaches_consensus),
       cmocka_unit_test(stopped_passive_is_skipped_after_one_deadline),
+      cmocka_unit_test(late_reply_is_applied_later),
       cmocka_unit_test(wrong_token_or_epoch_is_refused),
   };
   return cmocka_run_group_tests_name("adpsgd", tests, NULL, NULL);
