@@ -568,10 +568,13 @@ int wg_cache_route(wg_route_id_t id);
 int wg_cache_serve(wg_cache_t *cache, const wg_request_t *req, const wg_route_t *r,
                    wg_response_t *res);
 /* Lists cl in the hub with its first event, the snapshot (rendered from the view under the
- * same lock, so no change is lost or sent twice). 0; 404 not_found (job unknown), 503 when
+ * same lock, so no change is lost or sent twice); or, when last_event_id (Last-Event-ID, may be
+ * NULL) is an id of this view that the kept events still reach back to, the events it missed
+ * instead (docs/api.md "Event streams"). 0; 404 not_found (job unknown), 503 when
  * the view is not valid or too many streams are open: then *res says so and cl is the
  * caller's. */
-int wg_cache_subscribe(wg_cache_t *cache, wg_sse_client_t *cl, wg_response_t *res);
+int wg_cache_subscribe(wg_cache_t *cache, wg_sse_client_t *cl, const char *last_event_id,
+                       wg_response_t *res);
 
 /* ---- the web view (ui.c) ----------------------------------------------------------------------
  */
