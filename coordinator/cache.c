@@ -228,6 +228,8 @@ static void job_remove(wg_cache_t *c, const char *id) {
   }
 }
 
+static void hist_reset(wg_cache_t *c);
+
 static void view_free(wg_cache_t *c) {
   for (size_t i = 0; i < c->njobs; i++)
     cjob_free(c->jobs[i]);
@@ -237,6 +239,9 @@ static void view_free(wg_cache_t *c) {
   kvarr_free(&c->agents);
   kvarr_free(&c->assigns);
   kvarr_free(&c->quars);
+  hist_reset(c);
+  free(c->hist);
+  c->hist = NULL;
 }
 
 /* The job's kv of a kind (spec, status, plan), NULL when absent. */
@@ -638,17 +643,62 @@ char *wg_cache_all_snapshot(wg_cache_t *c, size_t *len) {
 /* ---- publishing --------------------------------------------------------------------------------
  */
 
+/* Forgets the kept events (a new view: ids of the old one get a snapshot). */
+static void hist_reset(wg_cache_t *c) {
+  static unsigned loads;
+  for (size_t i = 0; i < c->hist_n; i++)
+    free(c->hist[(c->hist_head + i) % WG_CACHE_HISTORY_EVENTS].bytes);
+  c->hist_head = c->hist_n = c->hist_bytes = 0;
+  c->hist_floor = c->seq;
+  snprintf(c->view_tag, sizeof c->view_tag, "%x%x",
+           (unsigned)getpid() * 2654435761u ^ (unsigned)(wg_wall() * 1000), ++loads);
+}
+
+/* Keeps a published event (takes bytes), dropping the oldest beyond the bounds. */
+static void hist_add(wg_cache_t *c, const char *job, int all_too, char *bytes, size_t n) {
+  if (!c->hist && !(c->hist = calloc(WG_CACHE_HISTORY_EVENTS, sizeof *c->hist))) {
+    free(bytes);
+    c->hist_floor = c->seq; /* what is not kept cannot be resumed from */
+    return;
+  }
+  while (c->hist_n > 0 &&
+         (c->hist_n == WG_CACHE_HISTORY_EVENTS || c->hist_bytes + n > WG_CACHE_HISTORY_BYTES)) {
+    hist_event_t *o = &c->hist[c->hist_head];
+    c->hist_floor = o->seq;
+    c->hist_bytes -= o->n;
+    free(o->bytes);
+    c->hist_head = (c->hist_head + 1) % WG_CACHE_HISTORY_EVENTS;
+    c->hist_n--;
+  }
+  hist_event_t *e = &c->hist[(c->hist_head + c->hist_n) % WG_CACHE_HISTORY_EVENTS];
+  e->seq = c->seq;
+  snprintf(e->job, sizeof e->job, "%s", job);
+  e->all_too = all_too;
+  e->bytes = bytes;
+  e->n = n;
+  c->hist_n++;
+  c->hist_bytes += n;
+}
+
+void wg_cache_event_id(const wg_cache_t *c, int64_t rev, char *buf, size_t len) {
+  snprintf(buf, len, "%lld.%llu.%s", (long long)rev, (unsigned long long)c->seq, c->view_tag);
+}
+
 static void publish(wg_cache_t *c, const char *job, int all_too, int64_t rev, const char *event,
                     const char *data) {
   if (!c->c->hub || !data)
     return;
-  char id[32];
+  char id[64];
   size_t n;
-  snprintf(id, sizeof id, "%lld", (long long)rev);
+  c->seq++;
+  wg_cache_event_id(c, rev, id, sizeof id);
   char *bytes = wg_sse_event(id, event, data, &n);
-  if (bytes)
-    wg_hub_publish_locked(c->c->hub, job, all_too, bytes, n);
-  free(bytes);
+  if (!bytes) {
+    c->hist_floor = c->seq; /* lost: no resume across it */
+    return;
+  }
+  wg_hub_publish_locked(c->c->hub, job, all_too, bytes, n);
+  hist_add(c, job, all_too, bytes, n);
 }
 
 static void publish_value(wg_cache_t *c, const char *job, int all_too, int64_t rev,
@@ -764,7 +814,7 @@ static void apply(change_t *ch, const wagma_etcd_kv_t *kv, int del) {
       wagma_progress_t p;
       if (wagma_progress_from_json(kv->value, kv->value_len, &p, &err) == 0) {
         series_add(j, agent, &p);
-        if (co->hub && wg_hub_wants_locked(co->hub, j->id))
+        if (co->hub) /* kept for streams that resume, even with none following now */
           publish_value(c, j->id, 0, kv->mod_revision, "progress",
                         json_pack("{s:s,s:s,s:o}", "job", j->id, "agent", agent, "progress",
                                   wagma_progress_to_value(&p)));
@@ -915,8 +965,8 @@ static void resnap(void *user, wg_sse_client_t *cl) {
   }
   if (!data)
     return;
-  char id[32];
-  snprintf(id, sizeof id, "%lld", (long long)r->c->applied);
+  char id[64];
+  wg_cache_event_id(r->c, r->c->applied, id, sizeof id);
   char *bytes = wg_sse_event(id, "snapshot", data, &n);
   if (bytes)
     wg_hub_send_locked(r->c->c->hub, cl, bytes, n);

@@ -19,7 +19,18 @@
 #define WG_CACHE_TIMELINE_BYTES (1 << 20) /* and at most this many bytes of them per job */
 #define WG_CACHE_SERIES_MAX 1024 /* progress points kept per job (thinned by half when full) */
 #define WG_CACHE_SERIES_AGENTS 256
-#define WG_CACHE_NOTIFY_MAX 4 /* fronts (REST servers) that park reads */
+#define WG_CACHE_NOTIFY_MAX 4            /* fronts (REST servers) that park reads */
+#define WG_CACHE_HISTORY_EVENTS 4096     /* events kept for streams that resume */
+#define WG_CACHE_HISTORY_BYTES (4 << 20) /* and at most this many bytes of them */
+
+/* One published event, kept for a stream that resumes (Last-Event-ID). */
+typedef struct hist_event {
+  uint64_t seq;
+  char job[WAGMA_API_NAME_MAX];
+  int all_too; /* every-job streams get it too */
+  char *bytes; /* the whole event as sent */
+  size_t n;
+} hist_event_t;
 
 typedef struct kvarr {
   wagma_etcd_kv_t *kv; /* in key order; keys and values owned */
@@ -76,6 +87,14 @@ struct wg_cache {
   cjob_t **jobs;   /* sorted by wg_job_key_cmp */
   size_t njobs, capjobs;
   kvarr_t agents, assigns, quars;
+  /* The events published since the view was loaded (a ring, oldest at hist_head), for streams
+   * that resume: ids are "<revision>.<seq>.<view_tag>"; events with seq <= hist_floor are not
+   * kept. A load starts a new view_tag (ids of an earlier view or another replica get a
+   * snapshot). Under the view's lock. */
+  hist_event_t *hist;
+  size_t hist_head, hist_n, hist_bytes;
+  uint64_t seq, hist_floor;
+  char view_tag[24];
   /* sync state (mu) */
   pthread_mutex_t mu;
   pthread_cond_t cv; /* CLOCK_MONOTONIC: a sync, a request for one, stop */
@@ -107,6 +126,10 @@ void wg_kvarr_prefix(const kvarr_t *a, const char *prefix, size_t *lo, size_t *h
  * the caller frees. Under the view's lock. */
 char *wg_cache_job_snapshot(wg_cache_t *cache, const cjob_t *j, size_t *len);
 char *wg_cache_all_snapshot(wg_cache_t *cache, size_t *len);
+
+/* The id of an event at revision rev, the last published one's sequence number and the view's
+ * tag: "<rev>.<seq>.<tag>". Under the view's lock. */
+void wg_cache_event_id(const wg_cache_t *cache, int64_t rev, char *buf, size_t len);
 
 /* Tests (tests/unit/coordinator): a view without etcd, valid at once, with neither watch nor
  * thread; wg_cache_feed is the watch callback (events in revision order, rev the last one's).

@@ -272,7 +272,43 @@ int wg_cache_serve(wg_cache_t *c, const wg_request_t *req, const wg_route_t *r,
   return 0;
 }
 
-int wg_cache_subscribe(wg_cache_t *c, wg_sse_client_t *cl, wg_response_t *res) {
+/* The events a stream that last got the event with id last (Last-Event-ID) missed, for its
+ * job ("" = every job), concatenated into *out (NULL and 0 when none): 0; or -1 when the id
+ * is not one of this view's or the kept events do not reach back to it (then a snapshot).
+ * Under the view's lock. */
+static int missed_events(const wg_cache_t *c, const char *last, const char *job, char **out,
+                         size_t *len) {
+  long long rev;
+  unsigned long long seq;
+  char tag[sizeof c->view_tag] = "";
+  int used = 0;
+  *out = NULL;
+  *len = 0;
+  if (!last || !c->view_tag[0] ||
+      sscanf(last, "%lld.%llu.%23[0-9a-f]%n", &rev, &seq, tag, &used) != 3 || last[used] != '\0' ||
+      strcmp(tag, c->view_tag) != 0 || seq < c->hist_floor || seq > c->seq)
+    return -1;
+  size_t n = 0;
+  for (int pass = 0; pass < 2; pass++) { /* sizes, then bytes */
+    for (size_t i = 0; i < c->hist_n; i++) {
+      const hist_event_t *e = &c->hist[(c->hist_head + i) % WG_CACHE_HISTORY_EVENTS];
+      if (e->seq <= seq || (job[0] ? strcmp(e->job, job) != 0 : !e->all_too))
+        continue;
+      if (pass)
+        memcpy(*out + n, e->bytes, e->n);
+      n += e->n;
+    }
+    if (!pass && (n == 0 || !(*out = malloc(n))))
+      return n == 0 ? 0 : -1;
+    if (!pass)
+      n = 0;
+  }
+  *len = n;
+  return 0;
+}
+
+int wg_cache_subscribe(wg_cache_t *c, wg_sse_client_t *cl, const char *last_event_id,
+                       wg_response_t *res) {
   const char *job = wg_hub_client_job(cl);
   if (!c || !c->c->hub) {
     wg_response_error(res, 503, "unavailable", NULL, "event streams are off (--read-cache off)");
@@ -287,25 +323,24 @@ int wg_cache_subscribe(wg_cache_t *c, wg_sse_client_t *cl, wg_response_t *res) {
     return 503;
   }
   size_t n = 0;
-  char *data = NULL;
-  if (job[0]) {
-    const cjob_t *j = wg_cache_job(c, job);
-    if (!j || !j->full) {
-      pthread_rwlock_unlock(&c->rw);
-      wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
-      return 404;
-    }
-    data = wg_cache_job_snapshot(c, j, &n);
-  } else {
-    data = wg_cache_all_snapshot(c, &n);
+  char *data = NULL, *bytes = NULL;
+  const cjob_t *j = job[0] ? wg_cache_job(c, job) : NULL;
+  if (job[0] && (!j || !j->full)) {
+    pthread_rwlock_unlock(&c->rw);
+    wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
+    return 404;
   }
-  char id[32];
-  snprintf(id, sizeof id, "%lld", (long long)c->applied);
-  char *bytes = data ? wg_sse_event(id, "snapshot", data, &n) : NULL;
-  free(data);
-  int e = bytes ? 0 : WAGMA_ENOMEM;
+  int resumed = missed_events(c, last_event_id, job, &bytes, &n) == 0;
+  if (!resumed) { /* a snapshot first */
+    data = job[0] ? wg_cache_job_snapshot(c, j, &n) : wg_cache_all_snapshot(c, &n);
+    char id[64];
+    wg_cache_event_id(c, c->applied, id, sizeof id);
+    bytes = data ? wg_sse_event(id, "snapshot", data, &n) : NULL;
+    free(data);
+  }
+  int e = bytes || resumed ? 0 : WAGMA_ENOMEM;
   wg_hub_lock(c->c->hub);
-  if (!e && (e = wg_hub_add_locked(c->c->hub, cl)) == 0)
+  if (!e && (e = wg_hub_add_locked(c->c->hub, cl)) == 0 && bytes)
     wg_hub_send_locked(c->c->hub, cl, bytes, n);
   wg_hub_unlock(c->c->hub);
   pthread_rwlock_unlock(&c->rw);

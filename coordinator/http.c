@@ -366,7 +366,8 @@ static enum MHD_Result open_stream(wg_server_t *srv, struct MHD_Connection *conn
     wg_response_error(&ctx->res, 503, "unavailable", NULL, "event streams are not available");
     return send_answer(srv, conn, ctx, method);
   }
-  if (wg_cache_subscribe(c->cache, cl, &ctx->res) != 0) {
+  const char *last = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Last-Event-ID");
+  if (wg_cache_subscribe(c->cache, cl, last, &ctx->res) != 0) {
     wg_hub_client_free(cl); /* not listed */
     return send_answer(srv, conn, ctx, method);
   }

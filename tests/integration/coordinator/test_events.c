@@ -63,20 +63,29 @@ typedef struct sse {
   size_t len, off; /* parsed up to off */
   int status;
   int comments;
+  char last_id[128]; /* the id of the last event returned */
 } sse_t;
 
-static int sse_open(sse_t *s, int port, const char *path, const char *token, int rcvbuf) {
+/* Opens a stream; last_id (may be NULL) goes as Last-Event-ID. */
+static int sse_open_from(sse_t *s, int port, const char *path, const char *token, int rcvbuf,
+                         const char *last_id) {
   memset(s, 0, sizeof *s);
   s->fd = raw_connect(NULL, port, 5);
   if (s->fd < 0)
     return -1;
   if (rcvbuf > 0)
     setsockopt(s->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-  char req[512];
-  int n = snprintf(req, sizeof req,
-                   "GET %s HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n%s%s%s\r\n", path,
-                   token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "");
+  char req[768];
+  int n =
+      snprintf(req, sizeof req,
+               "GET %s HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n%s%s%s%s%s%s\r\n", path,
+               token ? "Authorization: Bearer " : "", token ? token : "", token ? "\r\n" : "",
+               last_id ? "Last-Event-ID: " : "", last_id ? last_id : "", last_id ? "\r\n" : "");
   return send(s->fd, req, (size_t)n, MSG_NOSIGNAL) == n ? 0 : -1;
+}
+
+static int sse_open(sse_t *s, int port, const char *path, const char *token, int rcvbuf) {
+  return sse_open_from(s, port, path, token, rcvbuf, NULL);
 }
 
 /* Reads what is there within timeout_s (0: only what is ready). 0 = the server closed. */
@@ -123,6 +132,8 @@ static int sse_next(sse_t *s, char *name, size_t nlen, char **data, double timeo
             ll--;
           if (ll > 7 && memcmp(line, "event: ", 7) == 0) {
             snprintf(name, nlen, "%.*s", (int)(ll - 7), line + 7);
+          } else if (ll > 4 && memcmp(line, "id: ", 4) == 0) {
+            snprintf(s->last_id, sizeof s->last_id, "%.*s", (int)(ll - 4), line + 4);
           } else if (ll >= 6 && memcmp(line, "data: ", 6) == 0) {
             *data = realloc(*data, dl + ll + 2);
             memcpy(*data + dl, line + 6, ll - 6);
@@ -476,12 +487,61 @@ static void test_watch(void **state) {
   harness_agent_kill(etcd, &a);
 }
 
+/* A stream that reconnects with Last-Event-ID gets the events it missed, in order, and no
+ * snapshot; an id this server does not know (another replica's, an earlier view's) gets a
+ * snapshot. */
+static void test_resume(void **state) {
+  fixture_t *f = *state;
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"res\",\"workers\":2}", 201));
+  sse_t *s = malloc(sizeof *s);
+  char name[64], id1[128];
+  char *data = NULL;
+  assert_int_equal(sse_open(s, f->coord.port, "/v1/jobs/res/events", TOKEN, 0), 0);
+  json_t *snap = sse_expect(s, "snapshot", 5);
+  assert_non_null(snap);
+  json_decref(snap);
+  for (int it = 1; it <= 3; it++)
+    harness_progress_epoch(f->env->etcd, "res", "resumer", 0, (uint64_t)it, "running", 1.0);
+  for (int it = 1; it <= 3; it++) {
+    json_t *p = sse_expect(s, "progress", 5);
+    assert_non_null(p);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(p, "progress"), "iteration")), it);
+    json_decref(p);
+    if (it == 1)
+      snprintf(id1, sizeof id1, "%s", s->last_id);
+  }
+  close(s->fd);
+  for (int it = 4; it <= 5; it++)
+    harness_progress_epoch(f->env->etcd, "res", "resumer", 0, (uint64_t)it, "running", 1.0);
+  harness_sleep(0.3); /* in the coordinator's view */
+  assert_int_equal(sse_open_from(s, f->coord.port, "/v1/jobs/res/events", TOKEN, 0, id1), 0);
+  for (int it = 2; it <= 5; it++) {
+    assert_int_equal(sse_next(s, name, sizeof name, &data, 5), 1);
+    if (strcmp(name, "progress") != 0)
+      fail_msg("resumed after %s: got %s, want the progress of iteration %d", id1, name, it);
+    json_t *p = json_loads(data, 0, NULL);
+    free(data);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(p, "progress"), "iteration")), it);
+    json_decref(p);
+  }
+  close(s->fd);
+  /* not an id of this server's: a snapshot */
+  assert_int_equal(sse_open_from(s, f->coord.port, "/v1/jobs/res/events", TOKEN, 0, "5.3.0badc0de"),
+                   0);
+  assert_int_equal(sse_next(s, name, sizeof name, &data, 5), 1);
+  free(data);
+  assert_string_equal(name, "snapshot");
+  close(s->fd);
+  free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_token),
-      cmocka_unit_test(test_order),
-      cmocka_unit_test(test_slow_client),
-      cmocka_unit_test(test_watch),
+      cmocka_unit_test(test_token),       cmocka_unit_test(test_order),
+      cmocka_unit_test(test_slow_client), cmocka_unit_test(test_watch),
+      cmocka_unit_test(test_resume),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
