@@ -122,6 +122,7 @@ typedef struct wg_job_config {
   int gradient_delay;  /* optimizer steps take the gradient of this many steps ago */
   int ps_shards;       /* asgd, dc-asgd: parameter-server shards wanted */
   double dc_lambda;    /* dc-asgd: the delay compensation's lambda */
+  int dc_adaptive;     /* dc-asgd: lambda / sqrt(mean square of g) */
   uint64_t checkpoint_every;
   char checkpoint_dir[256]; /* spec checkpoint.path: relative to the checkpoint root */
 } wg_job_config_t;

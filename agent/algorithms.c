@@ -283,6 +283,7 @@ int wg_algo_setup(wg_runner_ctx_t *r, char *err, size_t err_len) {
                wagma_algorithm_name(j->cfg.algorithm), r->opt->listen, wagma_strerror(e));
       return WAGMA_EUNAVAIL;
     }
+    wg_ps_set_adaptive(j->ps, j->cfg.algorithm == WAGMA_ALGO_DC_ASGD && j->cfg.dc_adaptive);
   }
   return 0;
 }

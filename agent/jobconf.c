@@ -38,6 +38,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->gradient_delay = spec.gradient_delay;
   cfg->ps_shards = spec.ps_shards;
   cfg->dc_lambda = spec.dc_lambda;
+  cfg->dc_adaptive = spec.dc_adaptive;
   cfg->checkpoint_every = spec.checkpoint.every;
   snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", spec.checkpoint.path);
   cfg->device = spec.device; /* the runner checks it against its own --device */

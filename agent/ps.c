@@ -63,6 +63,7 @@ struct wg_ps {
   size_t n;
   wagma_optim_config_t optim_cfg;
   double lambda;
+  int adaptive; /* dc-asgd-a: lambda / sqrt(mean square of g) per element */
   wagma_log_fn log;
   void *log_user;
   int listen_fd;
@@ -80,6 +81,7 @@ struct wg_ps {
   float *slice;       /* len floats */
   float *pulled;      /* dc-asgd: nranks x len, the slice as each worker last pulled it */
   float *scratch;     /* len floats: the compensated gradient */
+  float *meansq;      /* dc-asgd-a: len floats, the moving mean of g^2 */
   wagma_optim_t *opt; /* over the slice */
   uint64_t version, max_delay, pushes, max_iteration;
   double loss_ema;
@@ -146,8 +148,15 @@ static int serve_push(wg_ps_t *p, const ps_header_t *h, uint64_t worker, const f
     const float *use = g;
     if (p->pulled && p->lambda > 0) { /* dc-asgd: g + lambda g (.) g (.) (w_now - w_pulled) */
       const float lam = (float)p->lambda, *back = p->pulled + worker * p->len;
-      for (size_t i = 0; i < p->len; i++)
-        p->scratch[i] = g[i] + lam * g[i] * g[i] * (p->slice[i] - back[i]);
+      for (size_t i = 0; i < p->len; i++) {
+        float l = lam;
+        if (p->meansq) { /* dc-asgd-a: MeanSquare = 0.95 MeanSquare + 0.05 g^2 */
+          p->meansq[i] =
+              WG_PS_MEANSQ_DECAY * p->meansq[i] + (1.0f - WG_PS_MEANSQ_DECAY) * g[i] * g[i];
+          l = lam / sqrtf(p->meansq[i] + WG_PS_MEANSQ_EPS);
+        }
+        p->scratch[i] = g[i] + l * g[i] * g[i] * (p->slice[i] - back[i]);
+      }
       use = p->scratch;
     }
     wagma_optim_step(p->opt, h->b, p->slice, use);
@@ -292,8 +301,9 @@ static void free_shard(wg_ps_t *p) {
   free(p->slice);
   free(p->pulled);
   free(p->scratch);
+  free(p->meansq);
   free(p->worker_done);
-  p->slice = p->pulled = p->scratch = NULL;
+  p->slice = p->pulled = p->scratch = p->meansq = NULL;
   p->worker_done = NULL;
 }
 
@@ -361,6 +371,10 @@ void wg_ps_close(wg_ps_t *p) {
   free(p);
 }
 
+void wg_ps_set_adaptive(wg_ps_t *p, int on) {
+  p->adaptive = on;
+}
+
 uint16_t wg_ps_port(const wg_ps_t *p) {
   return p->port;
 }
@@ -379,7 +393,7 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
     np[k].fd = -1;
   }
   /* the shard's new state, built outside the lock */
-  float *slice = NULL, *pulled = NULL, *scratch = NULL;
+  float *slice = NULL, *pulled = NULL, *scratch = NULL, *meansq = NULL;
   uint8_t *done = NULL;
   wagma_optim_t *opt = NULL;
   size_t first = 0, len = 0;
@@ -392,7 +406,10 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
     done = calloc((size_t)nranks, 1);
     if (p->lambda > 0)
       pulled = calloc((size_t)nranks * (len ? len : 1), sizeof(float));
+    if (p->lambda > 0 && p->adaptive)
+      meansq = calloc(len ? len : 1, sizeof(float));
     if (!slice || !scratch || !done || (p->lambda > 0 && !pulled) ||
+        (p->lambda > 0 && p->adaptive && !meansq) ||
         (len && (e = wagma_optim_create(&p->optim_cfg, len, &opt, err, sizeof err)))) {
       if (err[0])
         wg_logf(p->log, p->log_user, WAGMA_LOG_ERROR, "ps shard: %s", err);
@@ -400,6 +417,7 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
       free(scratch);
       free(done);
       free(pulled);
+      free(meansq);
       free(np);
       return e ? e : WAGMA_ENOMEM;
     }
@@ -424,6 +442,7 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
   p->slice = slice;
   p->pulled = pulled;
   p->scratch = scratch;
+  p->meansq = meansq;
   p->opt = opt;
   p->worker_done = done;
   p->workers_done = 0;

@@ -54,6 +54,12 @@ int wg_ps_open(const char *bind_host, size_t n, const wagma_optim_config_t *opti
                wagma_log_fn log, void *log_user, wg_ps_t **out);
 void wg_ps_close(wg_ps_t *p);
 uint16_t wg_ps_port(const wg_ps_t *p);
+/* dc-asgd-a (the paper's adaptive variant), from the next epoch on: the shard keeps
+ * MeanSquare = 0.95 MeanSquare + 0.05 g^2 per element (from 0 at each epoch) and uses
+ * lambda / sqrt(MeanSquare + 1e-7) in place of lambda. */
+#define WG_PS_MEANSQ_DECAY 0.95f
+#define WG_PS_MEANSQ_EPS 1e-7f
+void wg_ps_set_adaptive(wg_ps_t *p, int on);
 
 /* Enters an epoch: rank among nranks, shards, the peers (their endpoints and tokens), my token,
  * the deadline of one exchange (s), and model (n floats, host): a shard takes its slice from it

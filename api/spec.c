@@ -240,6 +240,9 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
       if ((e = wg_api_int(v, key, 1, WAGMA_API_MAX_PS_SHARDS, &i64, err)))
         goto out;
       s.ps_shards = (int)i64;
+    } else if (strcmp(key, "dc_adaptive") == 0) {
+      if ((e = wg_api_bool(v, key, &s.dc_adaptive, err)))
+        goto out;
     } else if (strcmp(key, "dc_lambda") == 0) {
       if ((e = wg_api_num(v, key, 0, 0, 1000, 0, &s.dc_lambda, err)))
         goto out;
@@ -393,6 +396,7 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
   json_object_set_new(o, "gradient_delay", json_integer(s->gradient_delay));
   json_object_set_new(o, "ps_shards", json_integer(s->ps_shards));
   json_object_set_new(o, "dc_lambda", json_real(s->dc_lambda));
+  json_object_set_new(o, "dc_adaptive", json_boolean(s->dc_adaptive));
   json_object_set_new(ck, "every", json_integer((json_int_t)s->checkpoint.every));
   json_object_set_new(ck, "path", json_string(s->checkpoint.path));
   json_object_set_new(o, "checkpoint", ck);
@@ -410,7 +414,7 @@ int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {
 static const char *const immutable_fields[] = {
     "name",        "model",      "dataset",        "algorithm",  "group_size", "staleness_bound",
     "global_sync", "optimizer",  "batch_size",     "iterations", "epochs",     "seed",
-    "device",      "checkpoint", "gradient_delay", "ps_shards",  "dc_lambda"};
+    "device",      "checkpoint", "gradient_delay", "ps_shards",  "dc_lambda",  "dc_adaptive"};
 
 int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
                               wagma_api_error_t *err) {

@@ -144,6 +144,8 @@ typedef struct wagma_job_spec {
   /* dc-asgd: lambda of the compensation g + lambda g.g.(w_now - w_pulled), [0, 1000],
    * default 0.04 */
   double dc_lambda;
+  /* dc-asgd: the paper's adaptive variant (lambda / sqrt(mean square of g)), default false */
+  int dc_adaptive;
 } wagma_job_spec_t;
 #define WAGMA_API_MAX_GRADIENT_DELAY 1024
 #define WAGMA_API_MAX_PS_SHARDS 64

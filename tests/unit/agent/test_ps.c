@@ -4,7 +4,7 @@
  * - asgd: pushes are applied at once in arrival order (w -= lr g), each push's delay is the
  *   updates applied since that worker's pull;
  * - dc-asgd: the shard applies g + lambda g.g.(w_now - w_pulled) with w_pulled the slice as
- *   that worker pulled it;
+ *   that worker pulled it, and its adaptive variant lambda / sqrt(MeanSquare);
  * - two shards: a pull assembles the whole model, a push reaches both slices;
  * - done is counted per worker; a request of another epoch is refused; a shard that is gone
  *   fails the pull within the deadline. */
@@ -30,7 +30,7 @@ typedef struct world {
   float w0[N];
 } world_t;
 
-static void world_open(world_t *w, int shards, double lambda) {
+static void world_open_a(world_t *w, int shards, double lambda, int adaptive) {
   wagma_optim_config_t sgd = wagma_optim_defaults(WAGMA_OPTIM_SGD);
   sgd.schedule.lr = 0.1f;
   sgd.momentum = 0.0f;
@@ -39,6 +39,7 @@ static void world_open(world_t *w, int shards, double lambda) {
     w->w0[i] = 0.5f * (float)i - 1.0f;
   for (int r = 0; r < RANKS; r++) {
     assert_int_equal(wg_ps_open("127.0.0.1", N, &sgd, lambda, NULL, NULL, &w->p[r]), 0);
+    wg_ps_set_adaptive(w->p[r], adaptive);
     snprintf(w->peers[r].host, sizeof w->peers[r].host, "127.0.0.1");
     w->peers[r].port = wg_ps_port(w->p[r]);
     w->peers[r].token = 1000 + (uint64_t)r;
@@ -46,6 +47,10 @@ static void world_open(world_t *w, int shards, double lambda) {
   for (int r = 0; r < RANKS; r++)
     assert_int_equal(
         wg_ps_set_epoch(w->p[r], 5, r, RANKS, shards, w->peers, 1000 + (uint64_t)r, 2.0, w->w0), 0);
+}
+
+static void world_open(world_t *w, int shards, double lambda) {
+  world_open_a(w, shards, lambda, 0);
 }
 
 static void world_close(world_t *w) {
@@ -77,9 +82,9 @@ static void slices_partition_the_model(void **state) {
 }
 
 /* Two workers pull, then push in turn; the shard's slice and the delays against by hand. */
-static void check_two_pushes(double lambda) {
+static void check_two_pushes(double lambda, int adaptive) {
   world_t w;
-  world_open(&w, 1, lambda);
+  world_open_a(&w, 1, lambda, adaptive);
   float m1[N], m2[N], g1[N], g2[N], got[N];
   uint64_t d1 = 99, d2 = 99;
   assert_int_equal(wg_ps_pull(w.p[1], m1), 0);
@@ -100,10 +105,16 @@ static void check_two_pushes(double lambda) {
   memset(got, 0, sizeof got);
   wg_ps_shard_slice(w.p[0], got);
   for (int i = 0; i < N; i++) {
+    /* push 1 (worker 1 pulled w0, the shard is at w0: no compensation) */
+    float ms = (1.0f - WG_PS_MEANSQ_DECAY) * g1[i] * g1[i];
     float after1 = w.w0[i] - 0.1f * g1[i];
-    float g = g2[i];
+    float g = g2[i], lam = (float)lambda;
+    if (adaptive) { /* MeanSquare after both pushes */
+      ms = WG_PS_MEANSQ_DECAY * ms + (1.0f - WG_PS_MEANSQ_DECAY) * g2[i] * g2[i];
+      lam = (float)lambda / sqrtf(ms + WG_PS_MEANSQ_EPS);
+    }
     if (lambda > 0) /* worker 2 pulled w0; the shard is at after1 now */
-      g = g2[i] + (float)lambda * g2[i] * g2[i] * (after1 - w.w0[i]);
+      g = g2[i] + lam * g2[i] * g2[i] * (after1 - w.w0[i]);
     float want = after1 - 0.1f * g;
     assert_true(fabsf(got[i] - want) <= 1e-6f);
   }
@@ -115,12 +126,17 @@ static void check_two_pushes(double lambda) {
 
 static void asgd_applies_pushes_at_once_and_measures_delay(void **state) {
   (void)state;
-  check_two_pushes(0.0);
+  check_two_pushes(0.0, 0);
 }
 
 static void dc_asgd_compensates_with_the_workers_pull(void **state) {
   (void)state;
-  check_two_pushes(0.5);
+  check_two_pushes(0.5, 0);
+}
+
+static void dc_asgd_adaptive_scales_lambda_by_the_mean_square(void **state) {
+  (void)state;
+  check_two_pushes(0.5, 1);
 }
 
 static void two_shards_serve_their_slices(void **state) {
@@ -176,6 +192,7 @@ int main(void) {
       cmocka_unit_test(slices_partition_the_model),
       cmocka_unit_test(asgd_applies_pushes_at_once_and_measures_delay),
       cmocka_unit_test(dc_asgd_compensates_with_the_workers_pull),
+      cmocka_unit_test(dc_asgd_adaptive_scales_lambda_by_the_mean_square),
       cmocka_unit_test(two_shards_serve_their_slices),
       cmocka_unit_test(done_epochs_and_dead_shards),
   };

@@ -56,6 +56,10 @@ static void test_spec_defaults(void **state) {
   assert_int_equal(s.algorithm, WAGMA_ALGO_DC_ASGD);
   assert_int_equal(s.ps_shards, 3);
   assert_true(s.dc_lambda == 2);
+  assert_int_equal(s.dc_adaptive, 0);
+  assert_int_equal(
+      spec_parse("{\"workers\":2,\"algorithm\":\"dc-asgd\",\"dc_adaptive\":true}", &s, &err), 0);
+  assert_int_equal(s.dc_adaptive, 1);
   assert_int_equal(spec_parse("{\"workers\":1,\"ps_shards\":4}", &s, &err), 0);
 
   /* adam without momentum gets momentum 0; epochs replaces iterations */
@@ -136,6 +140,7 @@ static const struct bad_spec bad_specs[] = {
     {"{\"workers\":4,\"ps_shards\":65}", "ps_shards"},
     {"{\"workers\":4,\"dc_lambda\":-0.1}", "dc_lambda"},
     {"{\"workers\":4,\"dc_lambda\":1001}", "dc_lambda"},
+    {"{\"workers\":4,\"dc_adaptive\":1}", "dc_adaptive"},
     {"{\"workers\":4,\"min_workers\":5}", "min_workers"},
     {"{\"workers\":4,\"min_workers\":0}", "min_workers"},
     {"{\"workers\":4,\"max_workers\":3,\"min_workers\":1}", "max_workers"},
