@@ -119,8 +119,9 @@ static void job_summary(const json_t *job, FILE *out) {
              int_at(spec, "ps_shards", e));
     if (!strcmp(algo, "dc-asgd")) {
       used = strlen(line);
-      snprintf(line + used, sizeof line - used, ", lambda %s",
-               wg_ctl_fmt_real(json_object_get(spec, "dc_lambda"), 3, e, sizeof e));
+      snprintf(line + used, sizeof line - used, ", lambda %s%s",
+               wg_ctl_fmt_real(json_object_get(spec, "dc_lambda"), 3, e, sizeof e),
+               json_is_true(json_object_get(spec, "dc_adaptive")) ? " (adaptive)" : "");
     }
   }
   const json_t *delay = json_object_get(spec, "gradient_delay");
