@@ -84,7 +84,8 @@ static void test_bad_etcd_address_is_a_usage_error(void **state) {
       {"127.0.0.1", "must be HOST:PORT"},
       {"127.0.0.1:23x9", "port must be a number"},
       {"no such host:2379", "bad character in host"},
-      {"https://127.0.0.1:2379", "only plain http://"},
+      {"ftp://127.0.0.1:2379", "only http:// and https://"},
+      {"https://127.0.0.1:2379,http://127.0.0.1:2380", "mixed"},
       {"127.0.0.1:2379,127.0.0.1:70000", "port must be 1..65535"},
       {",", "no endpoints"},
   };
