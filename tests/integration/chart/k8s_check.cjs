@@ -223,6 +223,7 @@ function scenario(name, docs, byKind, find) {
       expect(coord.spec.replicas === 2, '2 coordinator replicas');
       expect(agents.length === 1 && agents[0].spec.replicas === 4, '4 CPU agents, no GPU pool');
       expect(flag(argsOf(agents[0], 'agent'), '--device') === 'cpu', '--device cpu');
+      expect(flag(argsOf(agents[0], 'agent'), '--transport') === undefined, 'no --transport on CPU agents (tcp)');
       expect(secret.length === 1 && secret[0].data.token && Buffer.from(secret[0].data.token, 'base64').length === 40, 'a token Secret with a 40-character token');
       expect(flag(cargs, '--token-file') === '/etc/wagma/token/token', '--token-file from the Secret');
       expect(sm.length === 0, 'no ServiceMonitor');
@@ -233,6 +234,7 @@ function scenario(name, docs, byKind, find) {
       const gc = gpu.spec.template.spec.containers[0];
       expect(gc.resources.limits['nvidia.com/gpu'] === 2, 'limits nvidia.com/gpu: 2');
       expect(flag(gc.args, '--device') === 'cuda', '--device cuda');
+      expect(flag(gc.args, '--transport') === 'nccl', '--transport nccl');
       expect(/-cuda$/.test(gc.image), 'the CUDA image');
       expect(gpu.spec.template.spec.nodeSelector['nvidia.com/gpu.present'] === 'true', 'the GPU node selector');
       expect((gpu.spec.template.spec.tolerations || []).some((t) => t.key === 'nvidia.com/gpu'), 'the GPU toleration');
