@@ -193,6 +193,8 @@ static void test_fault_init_in_progress_for_ever(void **s) {
 
 int main(void) {
   nw_init();
+  if (getenv("NW_ONLY")) /* one test by name, e.g. to repeat it */
+    cmocka_set_test_filter(getenv("NW_ONLY"));
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_groups_p2),
       cmocka_unit_test(test_groups_p3),
