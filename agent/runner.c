@@ -302,6 +302,27 @@ static void fingerprint(const float *p, size_t n, double *out, int *nout) {
   *nout = 5;
 }
 
+/* Ends the job on this member without a result to report: "failed" with why, so the job fails
+ * loudly instead of succeeding with a model that is not the job's (docs/design.md §7). */
+static void finish_failed(wg_runner_ctx_t *r, const char *why) {
+  wg_job_t *j = &r->job;
+  j->done = 1;
+  j->done_at = wg_mono();
+  RLOG(r, WAGMA_LOG_ERROR, "job %s: %s", j->cfg.job, why);
+  share_progress(r, WG_STATE_FAILED, why, 1);
+}
+
+/* Whether every parameter of the job's model is finite (the host copy; 1 when it cannot be
+ * read: the failed read is reported elsewhere). */
+static int model_finite(wg_job_t *j) {
+  int e;
+  const float *p = wg_job_params_to_host(j, &e);
+  for (size_t i = 0; p && i < j->nparams; i++)
+    if (!isfinite(p[i]))
+      return 0;
+  return 1;
+}
+
 static void finish(wg_runner_ctx_t *r) {
   wg_job_t *j = &r->job;
   /* The models as trained (before the final average makes them equal): how far apart the
@@ -318,6 +339,15 @@ static void finish(wg_runner_ctx_t *r) {
       wg_runner_warn_comm(r, "final model average", e);
   }
   evaluate(r, 0);
+  if (!model_finite(j) || (j->test.n && !isfinite(j->accuracy))) {
+    char why[200];
+    snprintf(why, sizeof why,
+             "the final model at iteration %llu is not finite (NaN or Inf): not reporting it "
+             "as the job's result",
+             (unsigned long long)j->iteration);
+    finish_failed(r, why);
+    return;
+  }
   j->done = 1;
   j->done_at = wg_mono();
   RLOG(r, WAGMA_LOG_INFO, "job %s: done at iteration %llu, loss %.4f, test accuracy %.4f",
@@ -501,7 +531,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
    * recorded (every member loads the same file, and the coordinator made the plan's
    * start_round its iteration), else from the seed (the same on every member), with weight 1.
    * The iteration does not travel in the sync: every member takes the plan's start_round. */
-  int plan_joiner = j->plan.members[j->rank].joiner && !all_joiners;
+  int plan_joiner = j->plan.members[j->rank].joiner && !all_joiners, seeded = 0;
   if (!j->have_model) {
     if (!plan_joiner && have_ck && ck->path[0] && load_checkpoint(r, ck) == 0) {
       if (j->iteration != j->plan.start_round)
@@ -514,6 +544,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
       wagma_model_init(j->model, j->cfg.seed);
       wagma_optim_reset(j->optim);
       j->have_model = !plan_joiner;
+      seeded = !plan_joiner;
     }
   }
   int joiner = plan_joiner;
@@ -549,8 +580,18 @@ static void connect_epoch(wg_runner_ctx_t *r) {
        (unsigned long long)j->total_iterations, wg_mono() - t0,
        j->authenticated ? "authenticated" : "UNAUTHENTICATED");
   share_progress(r, WG_STATE_RUNNING, NULL, 1);
-  if (j->iteration >= j->total_iterations)
+  if (j->iteration >= j->total_iterations && seeded && j->iteration > 0) {
+    /* A fresh start (nobody survived, no checkpoint loaded) at the job's last iteration: no
+     * iteration is left to train, so the "result" would be the seed's model. */
+    char why[240];
+    snprintf(why, sizeof why,
+             "epoch %llu starts at the job's last iteration %llu with no trained model (no "
+             "survivor, no checkpoint): the job's model is lost",
+             (unsigned long long)j->epoch, (unsigned long long)j->iteration);
+    finish_failed(r, why);
+  } else if (j->iteration >= j->total_iterations) {
     finish(r);
+  }
 }
 
 static void maybe_checkpoint(wg_runner_ctx_t *r, uint64_t before) {

@@ -24,7 +24,13 @@
  *   - terminal: nothing (its assignments are cleaned up below).
  *   - a current member reported progress state "failed" -> failed.
  *   - refused as above by too many agents and run by none -> failed.
- *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded.
+ *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded;
+ *     so does a pending job whose last plan's members all did in that plan's epoch (they
+ *     finished while their agent keys were gone, e.g. an etcd outage at the job's end).
+ *   - nobody survived, no checkpoint, and an agent reported the last iteration: no new plan
+ *     (it would start there from the seed); the job waits for the final reports with its plan,
+ *     and fails FINAL_REPORT_WAIT_S after the epoch's newest report. A finished job is never
+ *     planned again.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
  *     i.e. lease expired - and those that refused the job drop out), cut to spec.workers
  *     (highest ranks leave), then free agents (name order, same device as the job, neither
@@ -68,6 +74,9 @@
 /* A job that this many agents refused ("unavailable") and none ran fails: it is the job that
  * cannot run, not the agents (so a bad job does not quarantine the cluster). */
 #define MAX_REFUSALS 3
+/* How long a job whose members all left at its last iteration waits for their final reports
+ * (after the newest report of its epoch) before it fails. */
+#define FINAL_REPORT_WAIT_S 30.0
 
 struct wg_scheduler {
   wg_coord_t *c;
@@ -481,10 +490,15 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   uint8_t secret[WAGMA_API_SECRET_LEN];
   char secret_hex[2 * WAGMA_API_SECRET_LEN + 1];
 
-  if (j->status.state == WAGMA_JOB_RUNNING && plan_members(j, &names, &addrs, &ncur))
+  /* The members of the last plan decide completion even when the job is pending: they may
+   * have finished while their agent keys were gone (an etcd outage longer than their lease
+   * TTL at the job's end, their "done" written after they registered again). A pending job
+   * has no live membership (ncur 0), even if an old plan exists. */
+  int nplan = 0;
+  if (plan_members(j, &names, &addrs, &nplan))
     return;
-  if (j->status.state != WAGMA_JOB_RUNNING)
-    ncur = 0; /* a pending job has no live membership, even if an old plan exists */
+  int running = j->status.state == WAGMA_JOB_RUNNING;
+  ncur = running ? nplan : 0;
 
   /* Completion and failure, from the members' progress. */
   if (refused_by_all(s, j, reason, sizeof reason)) {
@@ -493,8 +507,11 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     goto out;
   }
   int done = 0;
-  for (int r = 0; r < ncur; r++) {
+  for (int r = 0; r < nplan; r++) {
     const wagma_progress_t *pr = find_progress(j, names[r]);
+    /* (a pending job: only reports of its last plan's epoch) */
+    if (pr && !running && pr->epoch < j->status.epoch)
+      continue;
     if (pr && pr->state == WAGMA_PROGRESS_FAILED) {
       snprintf(reason, sizeof reason, "agent %s failed: %.160s", names[r],
                pr->error[0] ? pr->error : "no detail");
@@ -506,8 +523,8 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
                (j->spec.iterations && pr->iteration >= j->spec.iterations)))
       done++;
   }
-  if (ncur > 0 && done == ncur) {
-    snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", ncur,
+  if (nplan > 0 && done == nplan) {
+    snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", nplan,
              (unsigned long long)wg_job_record_iteration(j));
     append_refusal(s, j, reason, sizeof reason); /* who could not serve it, if anyone */
     if (p->leader)
@@ -534,6 +551,38 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   int nfree = 0;
   for (size_t i = 0; i < s->nagents; i++)
     nfree += !s->agents[i].busy && eligible(j, &s->agents[i]);
+  /* Nobody survived, no checkpoint, and the epoch reached the job's last iteration: a fresh
+   * plan would start there from the seed and report an untrained model as the result. The
+   * members' final reports are on their way (an etcd outage at the job's end outlived their
+   * leases; they register again, keep their assignments and the job) or lost: the job keeps
+   * its plan and state (completed above when the reports come), up to FINAL_REPORT_WAIT_S
+   * after the epoch's newest report, then fails. */
+  uint64_t reached = wg_job_record_iteration(j);
+  if (survivors == 0 && !j->has_checkpoint && j->spec.iterations && reached >= j->spec.iterations) {
+    double newest = 0;
+    for (int r = 0; r < j->nprogress; r++)
+      if (j->progress[r].progress.epoch >= j->status.epoch && j->progress[r].progress.time > newest)
+        newest = j->progress[r].progress.time;
+    if (wg_wall() - newest > FINAL_REPORT_WAIT_S) {
+      snprintf(reason, sizeof reason,
+               "its members left at the last iteration %llu without all reporting the final "
+               "model, and no checkpoint holds it",
+               (unsigned long long)reached);
+      if (p->leader)
+        finish_job(p, j, WAGMA_JOB_FAILED, reason);
+      goto out;
+    }
+    snprintf(reason, sizeof reason,
+             "its members left at the last iteration %llu; waiting for their final reports",
+             (unsigned long long)reached);
+    if (p->leader && strcmp(j->status.reason, reason) != 0) {
+      wagma_job_status_t st = j->status; /* shallow: members shared, not freed here */
+      snprintf(st.reason, sizeof st.reason, "%s", reason);
+      st.iteration = reached;
+      write_job(p, j, &st, NULL, NULL, NULL, "job waits for final reports");
+    }
+    goto out;
+  }
   if (survivors == 0 && nfree < j->spec.min_workers) {
     /* Cannot start (or restart): stay or become pending. */
     /* Constant per job (no free count): pending jobs are not rewritten at every pass. */
