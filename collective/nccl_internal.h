@@ -72,7 +72,8 @@ typedef struct nc_item {
   wg_message_t *msg; /* complete: deliver when it is at the head */
   uint64_t id;       /* transfer (msg == NULL) */
   wg_frame_header_t header;
-  int resend; /* the lane is not up: wait for NC_RESEND */
+  int resend;   /* the lane is not up: wait for NC_RESEND */
+  double since; /* when it was held (diagnostics) */
   struct nc_item *next;
 } nc_item_t;
 
@@ -122,6 +123,7 @@ typedef struct wg_transport {
   nc_role_t reserved;  /* CTS sent, waiting for GO / NACK */
   nc_role_t posted;    /* the one posted transfer */
   double backoff_until;
+  double next_report; /* diagnostics: when to log transfers held too long */
   unsigned rng;
   int lane_size; /* ranks of the communicator */
   int shrunk;    /* it was shrunk from the previous epoch's */

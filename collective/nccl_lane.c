@@ -41,6 +41,7 @@ static void flush_src(nc_t *t, int src) {
 }
 
 static void hold(nc_t *t, int src, nc_item_t *it) {
+  it->since = wg_now();
   nc_item_t **p = &t->pending[src];
   while (*p)
     p = &(*p)->next;
@@ -463,6 +464,25 @@ static void maybe_cts(nc_t *t) {
   }
 }
 
+/* Logs (at most once a second) what holds a sender's frames for more than a second. */
+static void report_stuck(nc_t *t) {
+  double now = wg_now();
+  if (now < t->next_report)
+    return;
+  t->next_report = now + 1.0;
+  for (int r = 0; r < t->nranks; r++) {
+    nc_item_t *it = t->pending[r];
+    if (!it || now - it->since < 1.0)
+      continue;
+    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+            "rank %d: transfer %llu from rank %d held %.1f s (lane %d, resend %d, peer up %d, "
+            "reserved %d/%d, posted %d/%d)",
+            t->rank, (unsigned long long)it->id, r, now - it->since, atomic_load(&t->lane_state),
+            it->resend, t->peer_up[r], t->reserved.active, t->reserved.peer, t->posted.active,
+            t->posted.peer);
+  }
+}
+
 void *WG_NCCL(lane_main)(void *arg) {
   nc_t *t = arg;
   WG_NCCL(lane_init)(t);
@@ -471,6 +491,7 @@ void *WG_NCCL(lane_main)(void *arg) {
     WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
     check_posted(t);
     maybe_cts(t);
+    report_stuck(t);
     atomic_store(&t->busy, t->posted.active || t->reserved.active);
     if (t->posted.active)
       nap_us(100);

@@ -2,6 +2,7 @@
  * compute thread creates and destroys its communicators. */
 #include "nccl_world_hooks.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -27,11 +28,15 @@ void nw_reset(void) {
 
 int nw_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) {
   my_rank = options ? options->rank : 0;
-  return wg_comm_create_with(options, &wg_ncclfake_transport, comm);
+  /* NW_TCP=1: the same scenarios over TCP, to tell the transport's failures from the engine's */
+  const char *tcp = getenv("NW_TCP");
+  return wg_comm_create_with(options,
+                             tcp && *tcp == '1' ? &wg_tcp_transport : &wg_ncclfake_transport, comm);
 }
 
 void nw_comm_destroy(wagma_comm_t *comm) {
-  if (comm && comm->tp && nw_lanes && my_rank >= 0 && my_rank < NW_MAXP) {
+  if (comm && comm->tp && nw_lanes && comm->ops != &wg_tcp_transport && my_rank >= 0 &&
+      my_rank < NW_MAXP) {
     nc_t *t = (nc_t *)comm->tp;
     nw_lane_t *l = &nw_lanes[my_rank];
     l->recorded = 1;
