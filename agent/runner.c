@@ -529,7 +529,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
    * model that the plan does not mark as a joiner is part of a fresh start (the coordinator
    * marks no joiner when nobody survived): it begins from the job's checkpoint when one is
    * recorded (every member loads the same file, and the coordinator made the plan's
-   * start_round its iteration), else from the seed (the same on every member), with weight 1.
+   * start_round its iteration), else from the seed (the same on every member; weight 0 below).
    * The iteration does not travel in the sync: every member takes the plan's start_round. */
   int plan_joiner = j->plan.members[j->rank].joiner && !all_joiners, seeded = 0;
   if (!j->have_model) {
@@ -547,12 +547,21 @@ static void connect_epoch(wg_runner_ctx_t *r) {
       seeded = !plan_joiner;
     }
   }
-  int joiner = plan_joiner;
-  float weight = joiner ? 0.0f : 1.0f;
+  /* A member without a model of the job takes weight 0 and receives the others' model: a
+   * joiner, and also a member the plan counts as a survivor whose joining sync never completed
+   * (it drew the seed above; weighted 1, the seed would dilute the trained model). When no
+   * member has a model every weight is 0 (WAGMA_EINVAL on every member): a fresh start, and
+   * every member keeps the seed's model it drew (the same on all). */
+  int joiner = plan_joiner, fresh = 0;
+  float weight = joiner || seeded ? 0.0f : 1.0f;
   size_t n = j->nparams + j->nstate;
   e = wg_job_state_to_host(j, j->sync_buf);
   if (e == 0)
     e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
+  if (e == WAGMA_EINVAL && weight == 0.0f) {
+    fresh = 1; /* nobody had a model: sync_buf is still this member's (seed) state */
+    e = 0;
+  }
   if (e == WAGMA_ECANCELED) {
     RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
          j->cfg.job, (unsigned long long)j->epoch);
@@ -576,13 +585,16 @@ static void connect_epoch(wg_runner_ctx_t *r) {
        "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
        "sync %.3f s, data plane %s",
        j->cfg.job, (unsigned long long)j->epoch, j->rank, j->plan.nranks,
-       joiner ? "joiner" : "survivor", weight, (unsigned long long)j->iteration,
-       (unsigned long long)j->total_iterations, wg_mono() - t0,
-       j->authenticated ? "authenticated" : "UNAUTHENTICATED");
+       joiner   ? "joiner"
+       : fresh  ? "fresh start"
+       : seeded ? "survivor without a model"
+                : "survivor",
+       weight, (unsigned long long)j->iteration, (unsigned long long)j->total_iterations,
+       wg_mono() - t0, j->authenticated ? "authenticated" : "UNAUTHENTICATED");
   share_progress(r, WG_STATE_RUNNING, NULL, 1);
-  if (j->iteration >= j->total_iterations && seeded && j->iteration > 0) {
-    /* A fresh start (nobody survived, no checkpoint loaded) at the job's last iteration: no
-     * iteration is left to train, so the "result" would be the seed's model. */
+  if (j->iteration >= j->total_iterations && fresh && j->iteration > 0) {
+    /* A fresh start (no member had a model, no checkpoint loaded) at the job's last
+     * iteration: no iteration is left to train, so the "result" would be the seed's model. */
     char why[240];
     snprintf(why, sizeof why,
              "epoch %llu starts at the job's last iteration %llu with no trained model (no "
