@@ -223,6 +223,23 @@ char *wg_snapshot_render(const snapshot_t *s) {
     if (cnt)
       OUT("wagma_job_loss{job=\"%s\"} %.6g\n", j->id, sum / cnt);
   }
+  OUT("# HELP wagma_job_staleness Largest staleness reported by the members: rounds behind "
+      "(wagma), "
+      "updates applied between a pull and its push (asgd, dc-asgd)\n"
+      "# TYPE wagma_job_staleness gauge\n");
+  for (size_t i = 0; i < s->njobs; i++) {
+    const wg_job_record_t *j = &s->jobs[i];
+    uint64_t most = 0;
+    int cnt = 0;
+    for (int k = 0; k < j->nprogress; k++)
+      if (wg_job_has_member(j, j->progress[k].agent)) {
+        if (j->progress[k].progress.staleness > most)
+          most = j->progress[k].progress.staleness;
+        cnt++;
+      }
+    if (cnt)
+      OUT("wagma_job_staleness{job=\"%s\"} %llu\n", j->id, (unsigned long long)most);
+  }
 #undef OUT
   return b;
 }

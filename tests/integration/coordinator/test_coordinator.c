@@ -204,6 +204,7 @@ static void test_lifecycle(void **state) {
   assert_non_null(strstr(r.content_type, "text/plain"));
   assert_non_null(strstr(r.body, "wagma_jobs{state=\"succeeded\"} 1"));
   assert_non_null(strstr(r.body, "wagma_plan_epoch{job=\"life\"} 2"));
+  assert_non_null(strstr(r.body, "wagma_job_staleness{job=\"life\"} 1")); /* the members' */
   assert_non_null(strstr(r.body, "wagma_http_request_duration_seconds_bucket"));
   assert_non_null(strstr(r.body, "wagma_agents 3"));
   harness_http_free(&r);
