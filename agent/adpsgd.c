@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "wagma/clock_internal.h"
@@ -34,6 +35,11 @@
 #define GOSSIP_VERSION 1u
 enum { KIND_REQUEST = 1, KIND_REPLY = 2, KIND_REFUSED = 3 };
 #define MAX_CONNECTIONS 1024
+/* A request for an epoch this passive has not entered yet waits this long for set_epoch: the
+ * actives of a new epoch start asking as soon as their own endpoint exchange returns, a few
+ * microseconds to milliseconds before every passive has set its epoch; refused, the active
+ * would skip that passive for its whole back-off (seconds). */
+#define EPOCH_WAIT_S 1.0
 
 typedef struct gossip_header {
   uint32_t magic;
@@ -73,6 +79,7 @@ struct wg_adpsgd {
   pthread_t accept_thread;
 
   pthread_mutex_t mu;
+  pthread_cond_t epoch_cv; /* set_epoch and close broadcast it (CLOCK_MONOTONIC) */
   int stopping;
   conn_t *conns;
   int nconns;
@@ -108,6 +115,19 @@ static void header_init(gossip_header_t *h, int kind, uint64_t epoch, uint64_t t
 static int serve_average(wg_adpsgd_t *g, const gossip_header_t *h, const float *w, float *reply) {
   int e = 0;
   pthread_mutex_lock(&g->mu);
+  if (h->epoch > g->epoch && !g->stopping) { /* the active entered it first: wait (bounded) */
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += (time_t)EPOCH_WAIT_S;
+    until.tv_nsec += (long)((EPOCH_WAIT_S - (double)(time_t)EPOCH_WAIT_S) * 1e9);
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    while (h->epoch > g->epoch && !g->stopping)
+      if (pthread_cond_timedwait(&g->epoch_cv, &g->mu, &until) != 0)
+        break;
+  }
   if (h->epoch != g->epoch || g->rank < 0 || wg_adpsgd_rank_active(g->rank)) {
     e = WAGMA_EEPOCH;
   } else if (h->token != g->token) {
@@ -245,6 +265,11 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
   if (!g)
     return WAGMA_ENOMEM;
   pthread_mutex_init(&g->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g->epoch_cv, &ca);
+  pthread_condattr_destroy(&ca);
   g->count = count;
   g->log = log;
   g->log_user = log_user;
@@ -272,6 +297,7 @@ fail:
   free(g->snapshot);
   free(g->pending);
   free(g->reply);
+  pthread_cond_destroy(&g->epoch_cv);
   pthread_mutex_destroy(&g->mu);
   free(g);
   return e;
@@ -294,6 +320,7 @@ void wg_adpsgd_close(wg_adpsgd_t *g) {
     return;
   pthread_mutex_lock(&g->mu);
   g->stopping = 1;
+  pthread_cond_broadcast(&g->epoch_cv); /* a request waiting for an epoch gives up */
   for (conn_t *c = g->conns; c; c = c->next)
     shutdown(c->fd, SHUT_RDWR); /* wakes its thread */
   pthread_mutex_unlock(&g->mu);
@@ -312,6 +339,7 @@ void wg_adpsgd_close(wg_adpsgd_t *g) {
   free(g->snapshot);
   free(g->pending);
   free(g->reply);
+  pthread_cond_destroy(&g->epoch_cv);
   pthread_mutex_destroy(&g->mu);
   free(g);
 }
@@ -352,6 +380,7 @@ int wg_adpsgd_set_epoch(wg_adpsgd_t *g, uint64_t epoch, int rank, int nranks,
   memcpy(g->snapshot, model, g->count * sizeof(float));
   memset(g->pending, 0, g->count * sizeof(float));
   g->pending_n = 0;
+  pthread_cond_broadcast(&g->epoch_cv);
   pthread_mutex_unlock(&g->mu);
   return 0;
 }

@@ -368,6 +368,47 @@ static void wrong_token_or_epoch_is_refused(void **state) {
   world_close(&w);
 }
 
+typedef struct late_epoch_arg {
+  world_t *w;
+  double delay_s;
+} late_epoch_arg_t;
+
+/* The passives enter epoch 8 delay_s after the active did. */
+static void *passives_enter_late(void *p) {
+  late_epoch_arg_t *a = p;
+  usleep((useconds_t)(a->delay_s * 1e6));
+  for (int r = 1; r < RANKS; r += 2)
+    wg_adpsgd_set_epoch(a->w->g[r], 8, r, RANKS, a->w->peers, token_of(r), 2.0, 10.0,
+                        a->w->model[r]);
+  return NULL;
+}
+
+/* An active of a new epoch asks before the passive has entered it (their endpoint exchanges
+ * return microseconds apart): the request waits for the passive's set_epoch and is served,
+ * instead of being refused and the passive skipped for the whole back-off. */
+static void request_ahead_of_the_passive_waits_for_its_epoch(void **state) {
+  (void)state;
+  world_t w;
+  world_open(&w, 9, 2.0);
+  assert_int_equal(
+      wg_adpsgd_set_epoch(w.g[0], 8, 0, RANKS, w.peers, token_of(0), 2.0, 10.0, w.model[0]), 0);
+  late_epoch_arg_t a = {&w, 0.1};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, passives_enter_late, &a), 0);
+  wagma_rng_t rng;
+  wagma_rng_seed(&rng, 10);
+  int peer = -1;
+  double t0 = wg_mono();
+  assert_int_equal(wg_adpsgd_average(w.g[0], w.model[0], &rng, &peer), 0);
+  print_message("served %.3f s after the request, by rank %d\n", wg_mono() - t0, peer);
+  pthread_join(t, NULL);
+  wg_adpsgd_counters_t c;
+  wg_adpsgd_counters(w.g[peer], &c);
+  assert_int_equal(c.served, 1);
+  assert_int_equal(c.refused, 0);
+  world_close(&w);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(exchange_codec_survives_a_sum),
@@ -376,6 +417,7 @@ int main(void) {
       cmocka_unit_test(stopped_passive_is_skipped_after_one_deadline),
       cmocka_unit_test(late_reply_is_applied_later),
       cmocka_unit_test(wrong_token_or_epoch_is_refused),
+      cmocka_unit_test(request_ahead_of_the_passive_waits_for_its_epoch),
   };
   return cmocka_run_group_tests_name("adpsgd", tests, NULL, NULL);
 }
