@@ -393,8 +393,7 @@ static uint64_t now_ns(void) {
 static void linger_arm(struct wg_transport *t, uint64_t at_ns, int push) {
   pthread_mutex_lock(&t->linger_lock);
   uint64_t armed = t->timer_armed_ns;
-  if (armed == 0 || armed > at_ns ||
-      (push && at_ns - armed > (uint64_t)(LINGER_S * 1e9 / 4))) {
+  if (armed == 0 || armed > at_ns || (push && at_ns - armed > (uint64_t)(LINGER_S * 1e9 / 4))) {
     struct itimerspec its = {.it_value = {.tv_sec = (time_t)(at_ns / 1000000000u),
                                           .tv_nsec = (long)(at_ns % 1000000000u)}};
     if (timerfd_settime(t->timerfd, TFD_TIMER_ABSTIME, &its, NULL) == 0)
