@@ -1,8 +1,9 @@
 /* agent/adpsgd.c — the AD-PSGD endpoint (adpsgd.h): pairwise model averaging between an active
  * and a passive worker over TCP.
  *
- * Owns: a listening socket on an ephemeral port, its accept thread and one thread per accepted
- * connection (the passive side: read a request, average against the snapshot, answer), the
+ * Owns: a listening socket on an ephemeral port, its server (peer_server.c: an accept thread
+ * and one thread per accepted connection running serve_conn, the passive side: read a
+ * request, average against the snapshot, answer), the
  * snapshot and pending correction (count floats each), and the active side's connections to
  * the passives of the epoch (used by the training thread only).
  * Threads: the training thread calls set_epoch, publish and average; the accept thread and the
@@ -52,14 +53,6 @@ typedef struct gossip_header {
 } gossip_header_t;
 _Static_assert(sizeof(gossip_header_t) == 40, "header layout");
 
-typedef struct conn {
-  struct conn *next;
-  wg_adpsgd_t *g;
-  int fd;
-  pthread_t thread;
-  int done; /* the thread ended (under g->mu) */
-} conn_t;
-
 typedef struct out_peer {
   wg_adpsgd_peer_t addr;
   int fd;             /* -1 = not connected */
@@ -76,13 +69,11 @@ struct wg_adpsgd {
   void *log_user;
   int listen_fd;
   uint16_t port;
-  pthread_t accept_thread;
+  wg_peer_server_t *server; /* accept thread, a thread per connection: serve_conn */
 
   pthread_mutex_t mu;
   pthread_cond_t epoch_cv; /* set_epoch and close broadcast it (CLOCK_MONOTONIC) */
   int stopping;
-  conn_t *conns;
-  int nconns;
   uint64_t epoch;
   int rank, nranks;
   uint64_t token;
@@ -149,29 +140,30 @@ static int serve_average(wg_adpsgd_t *g, const gossip_header_t *h, const float *
   return e;
 }
 
-static void *conn_main(void *arg) {
-  conn_t *c = arg;
-  wg_adpsgd_t *g = c->g;
+/* A connection thread of the server (peer_server.c): requests until the active closes, sends
+ * something else, or close shuts the socket down. */
+static void serve_conn(void *user, int fd) {
+  wg_adpsgd_t *g = user;
   float *w = malloc(g->count * sizeof(float)), *reply = malloc(g->count * sizeof(float));
   struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
-  setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   while (w && reply) {
     gossip_header_t h, out;
-    if (wg_peer_recv(c->fd, &h, sizeof h, -1) != 0)
+    if (wg_peer_recv(fd, &h, sizeof h, -1) != 0)
       break;
     if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.kind != KIND_REQUEST ||
         h.count != g->count)
       break; /* not our protocol, or another model: drop the connection */
-    if (wg_peer_recv(c->fd, w, g->count * sizeof(float), -1) != 0)
+    if (wg_peer_recv(fd, w, g->count * sizeof(float), -1) != 0)
       break;
     int e = serve_average(g, &h, w, reply);
     header_init(&out, e ? KIND_REFUSED : KIND_REPLY, h.epoch, 0, e ? 0 : g->count);
-    if (send(c->fd, &out, sizeof out, MSG_NOSIGNAL) != (ssize_t)sizeof out)
+    if (send(fd, &out, sizeof out, MSG_NOSIGNAL) != (ssize_t)sizeof out)
       break;
     if (!e) {
       size_t len = g->count * sizeof(float), off = 0;
       while (off < len) {
-        ssize_t n = send(c->fd, (char *)reply + off, len - off, MSG_NOSIGNAL);
+        ssize_t n = send(fd, (char *)reply + off, len - off, MSG_NOSIGNAL);
         if (n <= 0)
           break;
         off += (size_t)n;
@@ -182,75 +174,6 @@ static void *conn_main(void *arg) {
   }
   free(w);
   free(reply);
-  pthread_mutex_lock(&g->mu);
-  c->done = 1;
-  pthread_mutex_unlock(&g->mu);
-  return NULL;
-}
-
-/* Joins and frees the connections whose thread ended (under nothing; takes mu). */
-static void reap_conns(wg_adpsgd_t *g) {
-  for (;;) {
-    conn_t *dead = NULL;
-    pthread_mutex_lock(&g->mu);
-    for (conn_t **pp = &g->conns; *pp; pp = &(*pp)->next)
-      if ((*pp)->done) {
-        dead = *pp;
-        *pp = dead->next;
-        g->nconns--;
-        break;
-      }
-    pthread_mutex_unlock(&g->mu);
-    if (!dead)
-      return;
-    pthread_join(dead->thread, NULL);
-    close(dead->fd);
-    free(dead);
-  }
-}
-
-static void *accept_main(void *arg) {
-  wg_adpsgd_t *g = arg;
-  for (;;) {
-    struct pollfd pfd = {.fd = g->listen_fd, .events = POLLIN};
-    int r = poll(&pfd, 1, 200);
-    pthread_mutex_lock(&g->mu);
-    int stopping = g->stopping;
-    pthread_mutex_unlock(&g->mu);
-    if (stopping)
-      break;
-    reap_conns(g);
-    if (r <= 0)
-      continue;
-    int fd = accept(g->listen_fd, NULL, NULL);
-    if (fd < 0)
-      continue;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    conn_t *c = calloc(1, sizeof *c);
-    pthread_mutex_lock(&g->mu);
-    int full = g->nconns >= MAX_CONNECTIONS;
-    pthread_mutex_unlock(&g->mu);
-    if (!c || full) {
-      free(c);
-      close(fd);
-      continue;
-    }
-    c->g = g;
-    c->fd = fd;
-    pthread_mutex_lock(&g->mu);
-    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-      pthread_mutex_unlock(&g->mu);
-      close(fd);
-      free(c);
-      continue;
-    }
-    c->next = g->conns;
-    g->conns = c;
-    g->nconns++;
-    pthread_mutex_unlock(&g->mu);
-  }
-  return NULL;
 }
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
@@ -285,10 +208,8 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
             bind_host ? bind_host : "*", strerror(errno));
     goto fail;
   }
-  if (pthread_create(&g->accept_thread, NULL, accept_main, g) != 0) {
-    e = WAGMA_EIO;
+  if ((e = wg_peer_server_start(g->listen_fd, MAX_CONNECTIONS, serve_conn, g, &g->server)))
     goto fail;
-  }
   *out = g;
   return 0;
 fail:
@@ -321,17 +242,8 @@ void wg_adpsgd_close(wg_adpsgd_t *g) {
   pthread_mutex_lock(&g->mu);
   g->stopping = 1;
   pthread_cond_broadcast(&g->epoch_cv); /* a request waiting for an epoch gives up */
-  for (conn_t *c = g->conns; c; c = c->next)
-    shutdown(c->fd, SHUT_RDWR); /* wakes its thread */
   pthread_mutex_unlock(&g->mu);
-  pthread_join(g->accept_thread, NULL);
-  for (conn_t *c = g->conns, *next; c; c = next) {
-    next = c->next;
-    shutdown(c->fd, SHUT_RDWR); /* accepted after the first pass */
-    pthread_join(c->thread, NULL);
-    close(c->fd);
-    free(c);
-  }
+  wg_peer_server_stop(g->server); /* shuts the connections down, joins their threads */
   close(g->listen_fd);
   close_peers(g);
   free(g->peers);

@@ -1,15 +1,15 @@
 /* agent/ps.c — the asgd / dc-asgd parameter-server endpoint (ps.h): the shard's server side
  * and the worker's pull / push / done.
  *
- * Owns: a listening socket on an ephemeral port, its accept thread, one thread per accepted
- * connection; the shard's slice, its optimizer (the job's, on the CPU backend, over the slice),
- * its version, dc-asgd's per-worker copies of the pulled slice, the push statistics; the
- * worker's connections to the shards of the epoch and the versions of its last pull.
- * Threads: the training thread calls set_epoch, pull, push, done and the shard_* readers; the
- * connection threads serve pulls and pushes. mu guards the epoch, the shard's state and the
- * statistics; no socket I/O happens under it. The worker's side is the training thread's only.
- * Every wait of the worker has a deadline; a connection thread waits for requests without one
- * (an idle worker is normal) and is woken by shutdown() at close. */
+ * Owns: a listening socket on an ephemeral port, its server (peer_server.c: an accept thread
+ * and one thread per accepted connection running serve_conn); the shard's slice, its optimizer (the
+ * job's, on the CPU backend, over the slice), its version, dc-asgd's per-worker copies of the
+ * pulled slice, the push statistics; the worker's connections to the shards of the epoch and the
+ * versions of its last pull. Threads: the training thread calls set_epoch, pull, push, done and the
+ * shard_* readers; the connection threads serve pulls and pushes. mu guards the epoch, the shard's
+ * state and the statistics; no socket I/O happens under it. The worker's side is the training
+ * thread's only. Every wait of the worker has a deadline; a connection thread waits for requests
+ * without one (an idle worker is normal) and is woken by shutdown() at close. */
 #include "agent/ps.h"
 
 #include <math.h>
@@ -45,14 +45,6 @@ typedef struct ps_header {
 } ps_header_t;
 _Static_assert(sizeof(ps_header_t) == 64, "header layout");
 
-typedef struct ps_conn {
-  struct ps_conn *next;
-  wg_ps_t *p;
-  int fd;
-  pthread_t thread;
-  int done;
-} ps_conn_t;
-
 typedef struct ps_shard_peer {
   wg_adpsgd_peer_t addr;
   int fd;
@@ -68,12 +60,9 @@ struct wg_ps {
   void *log_user;
   int listen_fd;
   uint16_t port;
-  pthread_t accept_thread;
+  wg_peer_server_t *server; /* accept thread, a thread per connection: serve_conn */
 
   pthread_mutex_t mu;
-  int stopping;
-  ps_conn_t *conns;
-  int nconns;
   uint64_t epoch, token;
   int rank, nranks, shards;
   /* shard state (rank < shards) */
@@ -189,17 +178,18 @@ static int serve_done(wg_ps_t *p, const ps_header_t *h) {
   return ok;
 }
 
-static void *conn_main(void *arg) {
-  ps_conn_t *c = arg;
-  wg_ps_t *p = c->p;
+/* A connection thread of the server (peer_server.c): pulls, pushes and done reports until the
+ * worker closes, sends something else, or close shuts the socket down. */
+static void serve_conn(void *user, int fd) {
+  wg_ps_t *p = user;
   float *buf = malloc(p->n * sizeof(float)); /* a slice is at most the model */
   while (buf) {
     ps_header_t h, out;
-    if (wg_peer_recv(c->fd, &h, sizeof h, -1) != 0)
+    if (wg_peer_recv(fd, &h, sizeof h, -1) != 0)
       break;
     if (h.magic != PS_MAGIC || h.version != PS_VERSION || h.count > p->n)
       break;
-    if (h.count && wg_peer_recv(c->fd, buf, h.count * sizeof(float), -1) != 0)
+    if (h.count && wg_peer_recv(fd, buf, h.count * sizeof(float), -1) != 0)
       break;
     uint64_t x = 0;
     int ok = 0;
@@ -222,75 +212,11 @@ static void *conn_main(void *arg) {
     out.a = x;
     out.count = send_floats;
     double deadline = wg_mono() + 5.0; /* a worker that stops reading costs this thread only */
-    if (wg_peer_send(c->fd, &out, sizeof out, deadline) != 0 ||
-        (send_floats && wg_peer_send(c->fd, buf, send_floats * sizeof(float), deadline) != 0))
+    if (wg_peer_send(fd, &out, sizeof out, deadline) != 0 ||
+        (send_floats && wg_peer_send(fd, buf, send_floats * sizeof(float), deadline) != 0))
       break;
   }
   free(buf);
-  pthread_mutex_lock(&p->mu);
-  c->done = 1;
-  pthread_mutex_unlock(&p->mu);
-  return NULL;
-}
-
-static void reap_conns(wg_ps_t *p) {
-  for (;;) {
-    ps_conn_t *dead = NULL;
-    pthread_mutex_lock(&p->mu);
-    for (ps_conn_t **pp = &p->conns; *pp; pp = &(*pp)->next)
-      if ((*pp)->done) {
-        dead = *pp;
-        *pp = dead->next;
-        p->nconns--;
-        break;
-      }
-    pthread_mutex_unlock(&p->mu);
-    if (!dead)
-      return;
-    pthread_join(dead->thread, NULL);
-    close(dead->fd);
-    free(dead);
-  }
-}
-
-static void *accept_main(void *arg) {
-  wg_ps_t *p = arg;
-  for (;;) {
-    struct pollfd pfd = {.fd = p->listen_fd, .events = POLLIN};
-    int r = poll(&pfd, 1, 200);
-    pthread_mutex_lock(&p->mu);
-    int stopping = p->stopping, full = p->nconns >= MAX_CONNECTIONS;
-    pthread_mutex_unlock(&p->mu);
-    if (stopping)
-      break;
-    reap_conns(p);
-    if (r <= 0)
-      continue;
-    int fd = accept(p->listen_fd, NULL, NULL);
-    if (fd < 0)
-      continue;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    ps_conn_t *c = full ? NULL : calloc(1, sizeof *c);
-    if (!c) {
-      close(fd);
-      continue;
-    }
-    c->p = p;
-    c->fd = fd;
-    pthread_mutex_lock(&p->mu);
-    if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-      pthread_mutex_unlock(&p->mu);
-      close(fd);
-      free(c);
-      continue;
-    }
-    c->next = p->conns;
-    p->conns = c;
-    p->nconns++;
-    pthread_mutex_unlock(&p->mu);
-  }
-  return NULL;
 }
 
 /* ---- lifecycle --------------------------------------------------------------------------- */
@@ -334,9 +260,8 @@ int wg_ps_open(const char *bind_host, size_t n, const wagma_optim_config_t *opti
   p->loss_ema = NAN;
   if ((e = wg_peer_listen(bind_host, &p->listen_fd, &p->port)))
     goto fail;
-  if (pthread_create(&p->accept_thread, NULL, accept_main, p) != 0) {
+  if ((e = wg_peer_server_start(p->listen_fd, MAX_CONNECTIONS, serve_conn, p, &p->server))) {
     close(p->listen_fd);
-    e = WAGMA_EIO;
     goto fail;
   }
   *out = p;
@@ -350,19 +275,7 @@ fail:
 void wg_ps_close(wg_ps_t *p) {
   if (!p)
     return;
-  pthread_mutex_lock(&p->mu);
-  p->stopping = 1;
-  for (ps_conn_t *c = p->conns; c; c = c->next)
-    shutdown(c->fd, SHUT_RDWR);
-  pthread_mutex_unlock(&p->mu);
-  pthread_join(p->accept_thread, NULL);
-  for (ps_conn_t *c = p->conns, *next; c; c = next) {
-    next = c->next;
-    shutdown(c->fd, SHUT_RDWR);
-    pthread_join(c->thread, NULL);
-    close(c->fd);
-    free(c);
-  }
+  wg_peer_server_stop(p->server); /* shuts the connections down, joins their threads */
   close(p->listen_fd);
   close_peers(p);
   free(p->peers);
