@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +312,57 @@ const job_member_t *job_member(const job_view_t *v, const char *name) {
     if (strcmp(v->members[i].name, name) == 0)
       return &v->members[i];
   return NULL;
+}
+
+int cluster_job_submit(const cluster_t *c, const char *fmt, ...) {
+  char json[2048], *body = NULL;
+  long st = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(json, sizeof json, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof json) {
+    fprintf(stderr, "submit: the job spec is longer than %zu bytes\n", sizeof json - 1);
+    return -1;
+  }
+  if (cluster_http(c, "POST", "/v1/jobs", json, &st, &body) != 0 || st != 201) {
+    fprintf(stderr, "submit %s -> %ld %s\n", json, st, body ? body : "");
+    free(body);
+    return -1;
+  }
+  free(body);
+  return 0;
+}
+
+int cluster_job_patch_workers(const cluster_t *c, const char *job, int workers) {
+  char path[128], json[64], *body = NULL;
+  long st = 0;
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  snprintf(json, sizeof json, "{\"workers\":%d}", workers);
+  if (cluster_http(c, "PATCH", path, json, &st, &body) != 0 || st != 200) {
+    fprintf(stderr, "PATCH %s %s -> %ld %s\n", path, json, st, body ? body : "");
+    free(body);
+    return -1;
+  }
+  free(body);
+  return 0;
+}
+
+int cluster_job_stop(const cluster_t *c, const char *job, double timeout_s) {
+  char path[128], *body = NULL;
+  long st = 0;
+  job_view_t v;
+  snprintf(path, sizeof path, "/v1/jobs/%s", job);
+  if (cluster_http(c, "DELETE", path, NULL, &st, &body) != 0 ||
+      (st != 200 && st != 202 && st != 204)) {
+    fprintf(stderr, "DELETE %s -> %ld %s\n", path, st, body ? body : "");
+    free(body);
+    return -1;
+  }
+  free(body);
+  if (timeout_s > 0 && cluster_job_wait_state(c, job, "stopped", timeout_s, &v) != 0)
+    return -1;
+  return 0;
 }
 
 double job_fingerprint_spread(const job_view_t *v) {

@@ -57,6 +57,16 @@ int cluster_wait_agents(cluster_t *c, int n, double timeout_s);
 int cluster_http(const cluster_t *c, const char *method, const char *path, const char *json,
                  long *status, char **body);
 
+/* POST /v1/jobs of the JSON that printf(fmt, ...) makes: 0 on 201, else -1 with the status
+ * and the answer on stderr. */
+int cluster_job_submit(const cluster_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* PATCH /v1/jobs/{job} {"workers": workers}: 0 on 200, else -1 (printed). */
+int cluster_job_patch_workers(const cluster_t *c, const char *job, int workers);
+/* DELETE /v1/jobs/{job}: 0 when it was accepted (200, 202, 204) and, with timeout_s > 0, the
+ * job reached "stopped" within timeout_s; else -1 (printed). */
+int cluster_job_stop(const cluster_t *c, const char *job, double timeout_s);
+
 /* A snapshot of GET /v1/jobs/{id}. */
 #define JOB_MEMBER_GROUP_MAX 64
 #define JOB_MEMBER_FINGERPRINT_MAX 8

@@ -93,42 +93,11 @@ static int teardown(void **state) {
   return rc;
 }
 
-static void submit(cluster_t *c, const char *fmt, ...) {
-  char json[1024], *body = NULL;
-  long st = 0;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(json, sizeof json, fmt, ap);
-  va_end(ap);
-  assert_int_equal(cluster_http(c, "POST", "/v1/jobs", json, &st, &body), 0);
-  if (st != 201)
-    fprintf(stderr, "submit %s -> %ld %s\n", json, st, body ? body : "");
-  free(body);
-  assert_int_equal(st, 201);
-}
+#define submit(c, ...) assert_int_equal(cluster_job_submit(c, __VA_ARGS__), 0)
 
-static void patch_workers(cluster_t *c, const char *job, int workers) {
-  char path[128], json[64], *body = NULL;
-  long st = 0;
-  snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  snprintf(json, sizeof json, "{\"workers\":%d}", workers);
-  assert_int_equal(cluster_http(c, "PATCH", path, json, &st, &body), 0);
-  if (st != 200)
-    fprintf(stderr, "PATCH %s -> %ld %s\n", json, st, body ? body : "");
-  free(body);
-  assert_int_equal(st, 200);
-}
+#define patch_workers(c, job, n) assert_int_equal(cluster_job_patch_workers(c, job, n), 0)
 
-static void delete_job(cluster_t *c, const char *job) {
-  char path[128], *body = NULL;
-  long st = 0;
-  job_view_t v;
-  snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  assert_int_equal(cluster_http(c, "DELETE", path, NULL, &st, &body), 0);
-  free(body);
-  assert_true(st == 200 || st == 202 || st == 204);
-  assert_int_equal(cluster_job_wait_state(c, job, "stopped", 30, &v), 0);
-}
+#define delete_job(c, job) assert_int_equal(cluster_job_stop(c, job, 30), 0)
 
 /* Waits until the job's status shows an epoch > after with exactly n members and every member
  * reported progress of that epoch beyond min_iter, with a training loss. */

@@ -47,20 +47,16 @@ static const char *agent_args[] = {"--device",
 
 static void converge_n(cluster_t *c, const char *job, const char *model, const char *algorithm,
                        int workers) {
-  char spec[640];
   job_view_t v;
-  long st = 0;
-  char *body = NULL;
-  snprintf(spec, sizeof spec,
-           "{\"name\":\"%s\",\"device\":\"cuda\",\"model\":\"%s\",\"dataset\":\"synthetic\","
-           "\"algorithm\":\"%s\",\"workers\":%d,\"group_size\":2,\"staleness_bound\":4,"
-           "\"batch_size\":32,\"iterations\":160,\"eval_every\":40,"
-           "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9}}",
-           job, model, algorithm, workers);
-  assert_int_equal(cluster_http(c, "POST", "/v1/jobs", spec, &st, &body), 0);
-  if (st != 201)
-    fail_msg("POST %s: %ld %s", job, st, body ? body : "");
-  free(body);
+  assert_int_equal(
+      cluster_job_submit(c,
+                         "{\"name\":\"%s\",\"device\":\"cuda\",\"model\":\"%s\","
+                         "\"dataset\":\"synthetic\",\"algorithm\":\"%s\",\"workers\":%d,"
+                         "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32,"
+                         "\"iterations\":160,\"eval_every\":40,"
+                         "\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,\"momentum\":0.9}}",
+                         job, model, algorithm, workers),
+      0);
   if (cluster_job_wait_state(c, job, "succeeded", 180, &v) != 0)
     cluster_dump_logs(c);
   assert_string_equal(v.state, "succeeded");

@@ -63,15 +63,7 @@ static const char *const port_agent_args[] = {"--lease-ttl",
                                               "6",
                                               NULL};
 
-static void submit(cluster_t *c, const char *json) {
-  long st = 0;
-  char *body = NULL;
-  assert_int_equal(cluster_http(c, "POST", "/v1/jobs", json, &st, &body), 0);
-  if (st != 201)
-    fprintf(stderr, "submit %s -> %ld %s\n", json, st, body ? body : "");
-  free(body);
-  assert_int_equal(st, 201);
-}
+#define submit(c, json) assert_int_equal(cluster_job_submit(c, "%s", json), 0)
 
 /* A listening socket on 127.0.0.1:port, or -1. */
 static int occupy(int port) {

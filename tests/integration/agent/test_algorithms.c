@@ -62,30 +62,9 @@ static int teardown(void **state) {
   return cluster_group_teardown(state);
 }
 
-static void submit(cluster_t *c, const char *fmt, ...) {
-  char json[1024], *body = NULL;
-  long st = 0;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(json, sizeof json, fmt, ap);
-  va_end(ap);
-  assert_int_equal(cluster_http(c, "POST", "/v1/jobs", json, &st, &body), 0);
-  if (st != 201)
-    fprintf(stderr, "submit %s -> %ld %s\n", json, st, body ? body : "");
-  free(body);
-  assert_int_equal(st, 201);
-}
+#define submit(c, ...) assert_int_equal(cluster_job_submit(c, __VA_ARGS__), 0)
 
-static void delete_job(cluster_t *c, const char *job) {
-  char path[128], *body = NULL;
-  long st = 0;
-  job_view_t v;
-  snprintf(path, sizeof path, "/v1/jobs/%s", job);
-  assert_int_equal(cluster_http(c, "DELETE", path, NULL, &st, &body), 0);
-  free(body);
-  assert_true(st == 200 || st == 202 || st == 204);
-  assert_int_equal(cluster_job_wait_state(c, job, "stopped", 30, &v), 0);
-}
+#define delete_job(c, job) assert_int_equal(cluster_job_stop(c, job, 30), 0)
 
 /* Runs a 4-worker softmax job on synthetic data to success; returns the fingerprint spread
  * and the members' mean training loss. */
