@@ -20,12 +20,6 @@
 #define NC_OPS_NAME wg_nccl_transport
 #endif
 
-static int match_ok(const wg_match_t *m, const wg_frame_header_t *h) {
-  return (m->src == WG_ANY || m->src == h->src) && (m->kinds == 0 || (m->kinds >> h->kind) & 1u) &&
-         (m->round == WG_ANY || m->round == h->round) &&
-         (m->group == WG_ANY || m->group == h->group) && (m->seq == WG_ANY || m->seq == h->seq);
-}
-
 void WG_NCCL(deliver)(nc_t *t, wg_message_t *m) {
   m->next = NULL;
   pthread_mutex_lock(&t->mu);
@@ -113,7 +107,7 @@ static int nc_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
   for (;;) {
     wg_message_t *prev = NULL;
     for (wg_message_t *m = t->box_head; m; prev = m, m = m->next)
-      if (match_ok(match, &m->header)) {
+      if (wg_match_frame(match, &m->header)) {
         if (prev)
           prev->next = m->next;
         else

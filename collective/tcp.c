@@ -170,13 +170,6 @@ static void reject(struct wg_transport *t, int rank, const char *why) {
   peer_kill(t, rank, WAGMA_LOG_WARN, why);
 }
 
-static int matches(const wg_match_t *mt, const wg_frame_header_t *h) {
-  return (mt->src == WG_ANY || mt->src == h->src) &&
-         (mt->kinds == 0 || (h->kind < 64 && (mt->kinds & ((uint64_t)1 << h->kind)))) &&
-         (mt->round == WG_ANY || mt->round == h->round) &&
-         (mt->group == WG_ANY || mt->group == h->group) && (mt->seq == WG_ANY || mt->seq == h->seq);
-}
-
 /* ------------------------------------------------------------------------------------------
  * Inbound: the reader of a socket (the progress thread, or a session) runs these.
  * ---------------------------------------------------------------------------------------- */
@@ -211,7 +204,7 @@ static void frame_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
     wg_message_free(m); /* the header only: its payload is in the sink */
     return;
   }
-  if (ctx->want != NULL && !ctx->found && matches(ctx->want, &m->header)) {
+  if (ctx->want != NULL && !ctx->found && wg_match_frame(ctx->want, &m->header)) {
     ctx->found = 1;
     ctx->msg = m;
     return;
@@ -238,7 +231,7 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
     return -1;
   }
   int sink = ctx->sink != NULL && !ctx->found && h.length > 0 && h.length == ctx->sink->length &&
-             matches(ctx->want, &h);
+             wg_match_frame(ctx->want, &h);
   wg_message_t *m = wg_message_new(&h, sink ? 0 : (size_t)h.length);
   if (m == NULL) {
     peer_kill(t, p->rank, WAGMA_LOG_ERROR, "out of memory for a frame payload");
@@ -1109,7 +1102,7 @@ static void cond_wait_until(struct wg_transport *t, const struct timespec *ts, d
 /* Takes the oldest mailbox message matching; called with mbox_lock held. */
 static wg_message_t *mailbox_take(struct wg_transport *t, const wg_match_t *match) {
   wg_message_t *prev = NULL, *m = t->mbox_head;
-  while (m != NULL && !matches(match, &m->header)) {
+  while (m != NULL && !wg_match_frame(match, &m->header)) {
     prev = m;
     m = m->next;
   }

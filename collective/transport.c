@@ -21,6 +21,13 @@ void wg_match_any(wg_match_t *match) {
   match->seq = WG_ANY;
 }
 
+int wg_match_frame(const wg_match_t *mt, const wg_frame_header_t *h) {
+  return (mt->src == WG_ANY || mt->src == h->src) &&
+         (mt->kinds == 0 || (h->kind < 64 && (mt->kinds & ((uint64_t)1 << h->kind)))) &&
+         (mt->round == WG_ANY || mt->round == h->round) &&
+         (mt->group == WG_ANY || mt->group == h->group) && (mt->seq == WG_ANY || mt->seq == h->seq);
+}
+
 wg_message_t *wg_message_new(const wg_frame_header_t *header, size_t payload_len) {
   wg_message_t *m = calloc(1, sizeof *m);
   if (m == NULL)

@@ -66,6 +66,8 @@ typedef struct wg_match {
 
 /* Fills every field with WG_ANY (kinds with 0). */
 void wg_match_any(wg_match_t *match);
+/* 1 when header h matches the pattern, else 0 (transport.c; every transport's mailbox). */
+int wg_match_frame(const wg_match_t *match, const wg_frame_header_t *h);
 
 /* The data-plane secret of an epoch (wagma_comm_options_t.secret): NULL/0 = unauthenticated,
  * else at least WAGMA_SECRET_MIN_LEN bytes. Only read during open; the transport keeps no
