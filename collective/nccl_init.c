@@ -158,6 +158,13 @@ static void shrink(nc_t *t, uint64_t epoch) {
     if (!kept)
       exclude[nex++] = o;
   }
+  if (nex == 0) { /* rank 0 asks for a shrink only when someone left: our kept one differs */
+    pthread_mutex_unlock(&slot_mu);
+    free(exclude);
+    free(old_of);
+    off(t, "asked to shrink a communicator that lost nobody here");
+    return;
+  }
   for (int r = 0; r < t->nranks; r++) {
     int o = slot_index(slot.nranks, slot.names, t->names[r]);
     int below = 0; /* new NCCL rank: the kept old ranks below o, in the old order */
@@ -204,7 +211,10 @@ void WG_NCCL(lane_init)(nc_t *t) {
   }
   if (t->rank == 0) {
     pthread_mutex_lock(&slot_mu);
-    int can = slot_can_shrink(t, UINT64_MAX);
+    /* shrink only when someone left: NCCL refuses a shrink that excludes nobody
+     * (ncclInvalidArgument, seen with 2.28.3 and 2.28.9), so the same members initialise
+     * afresh */
+    int can = slot_can_shrink(t, UINT64_MAX) && slot.nranks > t->nranks;
     uint64_t old = slot.epoch;
     pthread_mutex_unlock(&slot_mu);
     int all = 1;

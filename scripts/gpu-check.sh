@@ -4,7 +4,8 @@
 # labelled gpu and the GPU benchmark, runs the gpu tests (a skipped test is a FAILURE here: the
 # point is to run them on a GPU; among them test_nccl_gpu, single-rank NCCL: initialisation,
 # a self-transfer, shrink, revoke and abort, docs/design.md §6.4), then the benchmark: samples/s of the MLP and LeNet-5 at batch
-# 64, 512 and 4096 on the GPU against the CPU path in the same run, with the ratios.
+# 64, 512 and 4096 on the GPU against the CPU path in the same run, with the ratios; then
+# bench_nccl_gpu: the NCCL lane's data path per payload against a bare ncclAllReduce, by size.
 #
 # Environment (all optional):
 #   WAGMA_BUILD_DIR  build folder (default build-gpu)
@@ -13,6 +14,7 @@
 #   SECONDS_PER_POINT  minimum timed seconds per benchmark point (default 2)
 #   CPU_THREADS      BLAS threads of the CPU side (default: every online core)
 #   DATA             synthetic (default) or fashion
+#   NCCL_REPS        bench_nccl_gpu repetitions per size (default 200)
 # Exit status: 0 all gpu tests passed and the benchmark ran; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,8 +38,8 @@ if [ "${#tests[@]}" -eq 0 ]; then
   echo "no test is labelled gpu" >&2
   exit 1
 fi
-echo "== build: ${tests[*]} bench_train_gpu"
-cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" bench_train_gpu
+echo "== build: ${tests[*]} bench_train_gpu bench_nccl_gpu"
+cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" bench_train_gpu bench_nccl_gpu
 
 echo "== tests labelled gpu"
 log=$(mktemp)
@@ -62,4 +64,6 @@ extra=()
 [ -n "${CPU_THREADS:-}" ] && extra+=(--cpu-threads "$CPU_THREADS")
 "$build/bench/train/bench_train_gpu" "${margs[@]}" --batch "$batches" \
   --seconds "${SECONDS_PER_POINT:-2}" --data "${DATA:-synthetic}" "${extra[@]}"
+echo "== benchmark: the NCCL data path per payload vs a bare ncclAllReduce (one rank)"
+"$build/bench/nccl/bench_nccl_gpu" "${NCCL_REPS:-200}"
 echo "== gpu-check: all gpu tests passed"

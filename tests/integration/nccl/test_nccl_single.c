@@ -1,7 +1,8 @@
 /* One rank over NCCL: the lane comes up, a self-transfer (ncclSend + ncclRecv to myself in one
  * group) on the lane's communicator and stream, engine steps and a blocking allreduce, then the
- * epoch paths: the kept communicator shrunk (nothing left), revoked then shrunk with
- * NCCL_SHRINK_ABORT, aborted (forgotten) then initialised afresh.
+ * epoch paths one rank can take: NCCL refuses a shrink that excludes nobody, so the kept
+ * communicator is replaced by a fresh one; revoked, then replaced; aborted (forgotten), then
+ * initialised afresh. Shrinking to survivors needs two ranks (test_nccl_epochs, the fake).
  *
  * Built twice: test_nccl_gpu against NCCL and the CUDA runtime (label gpu: it exits 77, a
  * skip, with the reason when this machine has no usable GPU), and test_nccl_single against
@@ -23,6 +24,12 @@
 
 static int port;
 
+/* The transport's log on stderr: a lane that stays off says why. */
+static void log_stderr(void *user, int level, const char *msg) {
+  (void)user;
+  fprintf(stderr, "  [transport %d] %s\n", level, msg);
+}
+
 static int create(uint64_t epoch, wagma_comm_t **comm) {
   wagma_plan_t plan;
   if (wagma_plan_build(1, 2, NULL, &plan) != 0)
@@ -36,6 +43,7 @@ static int create(uint64_t epoch, wagma_comm_t **comm) {
   o.count = COUNT;
   o.transport = WAGMA_TRANSPORT_NCCL;
   o.connect_timeout_s = 20;
+  o.log = log_stderr;
 #ifdef WG_NCCL_FAKE
   int rc = wg_comm_create_with(&o, &wg_ncclfake_transport, comm);
 #else
@@ -105,25 +113,37 @@ static void test_single_rank(void **s) {
     assert_float_equal(model[0], (float)k, 0);
   }
   assert_int_equal(wagma_comm_allreduce(comm, model, COUNT, WAGMA_REDUCE_MEAN), 0);
+
+  /* NCCL refuses a shrink that excludes nobody (the fake does as NCCL 2.28.9 does) */
+  {
+    int none[1] = {0};
+    ncclComm_t child = NULL;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    assert_int_equal(ncclCommShrink(t->comm, none, 0, &child, &config, NCCL_SHRINK_DEFAULT),
+                     ncclInvalidArgument);
+    assert_null(child);
+  }
   wagma_comm_destroy(comm);
 
-  /* epoch 2: the same member: the kept communicator is shrunk (nobody excluded) */
+  /* epoch 2: the same member: nobody left, so the kept communicator is replaced by a fresh one
+   * (a shrink would exclude nobody) */
   assert_int_equal(create(2, &comm), 0);
   t = lane_of(comm);
   assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_true(t->shrunk);
+  assert_false(t->shrunk);
   self_transfer(t);
-  /* revoke: the lane goes down, the communicator is kept revoked */
+  /* revoke: the lane goes down, the communicator is kept revoked; steps go on (over TCP) */
   WG_NCCL(lane_down)(t, "test: revoke");
   assert_int_equal(atomic_load(&t->lane_state), NC_LANE_DOWN);
   assert_int_equal(wagma_comm_step(comm, model, NULL), 0);
   wagma_comm_destroy(comm);
 
-  /* epoch 3: shrunk from the revoked one (NCCL_SHRINK_ABORT) */
+  /* epoch 3: the revoked communicator is aborted and a fresh one initialised */
   assert_int_equal(create(3, &comm), 0);
   t = lane_of(comm);
   assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_true(t->shrunk);
+  assert_false(t->shrunk);
   self_transfer(t);
   wagma_comm_destroy(comm);
 
