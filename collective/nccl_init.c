@@ -274,6 +274,7 @@ void WG_NCCL(keep_or_abort)(nc_t *t) {
   if (t->comm)
     (void)ncclCommAbort(t->comm);
   t->comm = NULL;
+  WG_NCCL(lane_buffer_free)(t);
   if (t->stream)
     (void)cudaStreamDestroy(t->stream);
   t->stream = NULL;

@@ -125,10 +125,12 @@ typedef struct wg_transport {
   double backoff_until;
   double next_report; /* diagnostics: when to log transfers held too long */
   unsigned rng;
-  int lane_size; /* ranks of the communicator */
-  int shrunk;    /* it was shrunk from the previous epoch's */
-  int rr;        /* next sender to consider for a CTS */
-  int word;      /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
+  void *lane_buf;  /* device buffer of the posted transfer, kept and grown (lane thread) */
+  size_t lane_cap; /* its bytes */
+  int lane_size;   /* ranks of the communicator */
+  int shrunk;      /* it was shrunk from the previous epoch's */
+  int rr;          /* next sender to consider for a CTS */
+  int word;        /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
   uint64_t word_aux;
   ncclUniqueId word_id;
   uint64_t *last_done; /* per sender: highest transfer id delivered (a later RESEND of it is
@@ -164,6 +166,8 @@ void WG_NCCL(lane_down)(nc_t *t, const char *why);
 /* Sends every outbound transfer (sent on the lane and not acknowledged too) on TCP as
  * NC_RESEND and frees it; a receiver drops one it already has. */
 void WG_NCCL(resend_all)(nc_t *t);
+/* Frees the lane's device buffer (after the lane thread ended; nothing posted). */
+void WG_NCCL(lane_buffer_free)(nc_t *t);
 
 /* nccl_init.c */
 /* Checks that a CUDA device is usable: 0, or WAGMA_EUNAVAIL with a message in err. */

@@ -7,13 +7,15 @@
  *   allreduce  bare ncclAllReduce in place on a device buffer, then cudaStreamSynchronize;
  *   sendrecv   ncclSend + ncclRecv to myself in one group (the lane's NCCL operation; a real
  *              transfer posts each half on its own rank), then cudaStreamSynchronize;
- *   lane       the lane's whole data path for one payload from the collective's host buffer:
- *              cudaMalloc of the device buffers, cudaMemcpy host -> device, the send/recv
- *              group, completion polled as the lane polls it (ncclCommGetAsyncError +
- *              cudaStreamQuery), cudaMemcpy device -> host, cudaFree;
- *   pinned     the same with page-locked host buffers and device buffers allocated once, the
- *              copies async on the stream (what a device snapshot on a comm stream would cost).
- * Prints the median microseconds of each over the repetitions and lane / allreduce.
+ *   malloc     the lane's data path for one payload as it was first written: cudaMalloc of
+ *              the device buffer, cudaMemcpy host -> device from the collective's (pageable)
+ *              host buffer, the send/recv group, completion polled as the lane polls it
+ *              (ncclCommGetAsyncError + cudaStreamQuery), cudaMemcpy device -> host, cudaFree;
+ *   lane       the same with the lane's device buffer allocated once (as nccl_lane.c does now);
+ *   pinned     the same with page-locked host buffers, the copies async on the stream (the
+ *              bound for a lane that staged through pinned memory or a device snapshot).
+ * Prints the median microseconds of each over the repetitions, malloc / lane (what the kept
+ * buffer saves) and lane / allreduce.
  *
  * Usage: bench_nccl_gpu [repetitions per size (default 200)]
  * Exits 77 (skipped) without a usable GPU. */
@@ -123,8 +125,8 @@ int main(int argc, char **argv) {
   CK_CUDA(cudaMemset(d_a, 0, max));
 
   for (size_t len = 4096; len <= max; len *= 4) {
-    double med[4];
-    for (int kind = 0; kind < 4; kind++) {
+    double med[5];
+    for (int kind = 0; kind < 5; kind++) {
       for (int r = -3; r < reps; r++) { /* 3 warm-up repetitions */
         double t0 = now_us();
         if (kind == 0) {
@@ -143,6 +145,11 @@ int main(int argc, char **argv) {
           CK_CUDA(cudaMemcpy(h_b, dst, len, cudaMemcpyDeviceToHost));
           CK_CUDA(cudaFree(src));
           CK_CUDA(cudaFree(dst));
+        } else if (kind == 3) {
+          CK_CUDA(cudaMemcpy(d_a, h_a, len, cudaMemcpyHostToDevice));
+          self_pair(comm, s, d_a, d_b, len);
+          poll_done(comm, s);
+          CK_CUDA(cudaMemcpy(h_b, d_b, len, cudaMemcpyDeviceToHost));
         } else {
           CK_CUDA(cudaMemcpyAsync(d_a, h_pin_a, len, cudaMemcpyHostToDevice, s));
           self_pair(comm, s, d_a, d_b, len);
@@ -154,8 +161,8 @@ int main(int argc, char **argv) {
       }
       med[kind] = median(t, reps);
     }
-    printf("%10zu %11.1f %10.1f %10.1f %10.1f %14.2f %15.2f\n", len, med[0], med[1], med[2], med[3],
-           med[2] / med[0], med[3] / med[0]);
+    printf("%10zu %10.1f %9.1f %9.1f %9.1f %9.1f %12.2f %14.2f\n", len, med[0], med[1], med[2],
+           med[3], med[4], med[2] / med[3], med[3] / med[0]);
     fflush(stdout);
   }
   ncclCommDestroy(comm);
