@@ -107,8 +107,8 @@ int main(int argc, char **argv) {
   CK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("bench_nccl_gpu: %s, NCCL %d, one rank, median of %d repetitions, microseconds\n",
          prop.name, version, reps);
-  printf("%10s %11s %10s %10s %10s %14s %15s\n", "bytes", "allreduce", "sendrecv", "lane", "pinned",
-         "lane/allreduce", "pinned/allreduce");
+  printf("%10s %10s %9s %9s %9s %9s %12s %14s\n", "bytes", "allreduce", "sendrecv", "malloc",
+         "lane", "pinned", "malloc/lane", "lane/allreduce");
 
   const size_t max = (size_t)64 << 20;
   void *d_a, *d_b, *h_pin_a, *h_pin_b;
