@@ -12,10 +12,14 @@
  *              host buffer, the send/recv group, completion polled as the lane polls it
  *              (ncclCommGetAsyncError + cudaStreamQuery), cudaMemcpy device -> host, cudaFree;
  *   lane       the same with the lane's device buffer allocated once (as nccl_lane.c does now);
- *   pinned     the same with page-locked host buffers, the copies async on the stream (the
- *              bound for a lane that staged through pinned memory or a device snapshot).
+ *   bounce     the lane's path staged through one page-locked buffer: memcpy from the
+ *              collective's host buffer into it, async copy to the device, the group, async
+ *              copy back, memcpy out;
+ *   pinned     the same with the collective's buffers themselves page-locked (no memcpy): the
+ *              bound for a lane that staged through pinned memory or a device snapshot.
  * Prints the median microseconds of each over the repetitions, malloc / lane (what the kept
- * buffer saves) and lane / allreduce.
+ * buffer saves), lane / bounce (what staging through page-locked memory would save) and
+ * lane / allreduce.
  *
  * Usage: bench_nccl_gpu [repetitions per size (default 200)]
  * Exits 77 (skipped) without a usable GPU. */
@@ -107,8 +111,8 @@ int main(int argc, char **argv) {
   CK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   printf("bench_nccl_gpu: %s, NCCL %d, one rank, median of %d repetitions, microseconds\n",
          prop.name, version, reps);
-  printf("%10s %10s %9s %9s %9s %9s %12s %14s\n", "bytes", "allreduce", "sendrecv", "malloc",
-         "lane", "pinned", "malloc/lane", "lane/allreduce");
+  printf("%10s %10s %9s %9s %9s %9s %9s %12s %12s %14s\n", "bytes", "allreduce", "sendrecv",
+         "malloc", "lane", "bounce", "pinned", "malloc/lane", "lane/bounce", "lane/allreduce");
 
   const size_t max = (size_t)64 << 20;
   void *d_a, *d_b, *h_pin_a, *h_pin_b;
@@ -125,8 +129,8 @@ int main(int argc, char **argv) {
   CK_CUDA(cudaMemset(d_a, 0, max));
 
   for (size_t len = 4096; len <= max; len *= 4) {
-    double med[5];
-    for (int kind = 0; kind < 5; kind++) {
+    double med[6];
+    for (int kind = 0; kind < 6; kind++) {
       for (int r = -3; r < reps; r++) { /* 3 warm-up repetitions */
         double t0 = now_us();
         if (kind == 0) {
@@ -150,6 +154,13 @@ int main(int argc, char **argv) {
           self_pair(comm, s, d_a, d_b, len);
           poll_done(comm, s);
           CK_CUDA(cudaMemcpy(h_b, d_b, len, cudaMemcpyDeviceToHost));
+        } else if (kind == 4) {
+          memcpy(h_pin_a, h_a, len);
+          CK_CUDA(cudaMemcpyAsync(d_a, h_pin_a, len, cudaMemcpyHostToDevice, s));
+          self_pair(comm, s, d_a, d_b, len);
+          CK_CUDA(cudaMemcpyAsync(h_pin_b, d_b, len, cudaMemcpyDeviceToHost, s));
+          poll_done(comm, s);
+          memcpy(h_b, h_pin_b, len);
         } else {
           CK_CUDA(cudaMemcpyAsync(d_a, h_pin_a, len, cudaMemcpyHostToDevice, s));
           self_pair(comm, s, d_a, d_b, len);
@@ -161,8 +172,8 @@ int main(int argc, char **argv) {
       }
       med[kind] = median(t, reps);
     }
-    printf("%10zu %10.1f %9.1f %9.1f %9.1f %9.1f %12.2f %14.2f\n", len, med[0], med[1], med[2],
-           med[3], med[4], med[2] / med[3], med[3] / med[0]);
+    printf("%10zu %10.1f %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f %12.2f %14.2f\n", len, med[0], med[1],
+           med[2], med[3], med[4], med[5], med[2] / med[3], med[3] / med[4], med[3] / med[0]);
     fflush(stdout);
   }
   ncclCommDestroy(comm);

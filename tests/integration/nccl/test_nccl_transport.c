@@ -1,11 +1,16 @@
-/* The NCCL transport's frame contract between real processes over tests/fake_nccl: every
- * rank sends to every other at once (so each pair has transfers both ways and P = 3 and 4
- * make cycles of ranks each waiting for the next), small frames (on TCP) interleaved with
- * large ones (on the lane). Each receiver must get every frame of a sender intact and in the
- * order it was sent, the lane must carry the large ones, and no transfer may fail: a deadlock
- * of the agreement would show as a missed deadline (a revoked lane), not only as a hang.
- * With a fault injected mid-way (an operation that never completes, ncclRemoteError) the lane
- * is revoked and every frame still arrives, intact and in order, on TCP. */
+/* The NCCL transport's frame contract between real processes: every rank sends to every other
+ * at once (so each pair has transfers both ways and P = 3 and 4 make cycles of ranks each
+ * waiting for the next), small frames (on TCP) interleaved with large ones (on the lane). Each
+ * receiver must get every frame of a sender intact and in the order it was sent, the lane must
+ * carry the large ones, and no transfer may fail: a deadlock of the agreement would show as a
+ * missed deadline (a revoked lane), not only as a hang.
+ *
+ * Built twice. test_nccl_transport links tests/fake_nccl (every machine); there, with a fault
+ * injected mid-way (an operation that never completes, ncclRemoteError) the lane is revoked
+ * and every frame still arrives, intact and in order, on TCP. test_nccl_multi_gpu (label gpu)
+ * links NCCL and the CUDA runtime: rank r on GPU r, P = 2, 3, 4 as far as the machine has
+ * GPUs; below 2 GPUs it exits 77 (skipped) with the count, since NCCL refuses two ranks on one
+ * GPU. The fault cases need the fake. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -14,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -62,11 +68,18 @@ static void rank_main(int P, int me) {
   cfg.max_payload = 1 << 20;
   cfg.max_queued_bytes = 64 << 20;
   cfg.connect_timeout_s = 15;
+#ifndef WG_NCCL_FAKE
+  cfg.device = me; /* one GPU per rank (the fake has one device, which every rank shares) */
+#endif
   if (getenv("NW_DEBUG")) {
     cfg.log = log_stderr;
     cfg.log_user = &me;
   }
+#ifdef WG_NCCL_FAKE
   const wg_transport_ops_t *ops = &wg_ncclfake_transport;
+#else
+  const wg_transport_ops_t *ops = &wg_nccl_transport;
+#endif
   wg_transport_t *tp = NULL;
   if (ops->open(&cfg, &tp) != 0)
     exit(2);
@@ -198,6 +211,36 @@ static void run(int P) {
   run_with(P, 0);
 }
 
+#ifndef WG_NCCL_FAKE
+static int gpus; /* CUDA devices, counted in a child (no CUDA before the fork of the ranks) */
+#endif
+
+static void run_if_gpus(int P) {
+#ifndef WG_NCCL_FAKE
+  if (gpus < P) {
+    printf("  P = %d needs %d GPUs, %d here: skipped\n", P, P, gpus);
+    skip();
+  }
+#endif
+  run(P);
+}
+
+static void test_all_to_all_p2(void **s) {
+  (void)s;
+  run_if_gpus(2);
+}
+
+static void test_all_to_all_p3(void **s) {
+  (void)s;
+  run_if_gpus(3);
+}
+
+static void test_all_to_all_p4(void **s) {
+  (void)s;
+  run_if_gpus(4);
+}
+
+#ifdef WG_NCCL_FAKE
 static void test_op_never_completes_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_HANG_OP", "12", 1);
@@ -211,23 +254,23 @@ static void test_remote_error_mid_way(void **s) {
   run_with(3, 1);
   unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
 }
-
-static void test_all_to_all_p2(void **s) {
-  (void)s;
-  run(2);
+#else
+/* cudaGetDeviceCount in a child: a CUDA context in this process would not survive the fork of
+ * the ranks. The count, or 0 when CUDA is unusable. */
+static int count_gpus(void) {
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int n = 0;
+    _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? (n > 100 ? 100 : n) : 0);
+  }
+  int st = proc_wait(pid, 30);
+  return st > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
 }
-
-static void test_all_to_all_p3(void **s) {
-  (void)s;
-  run(3);
-}
-
-static void test_all_to_all_p4(void **s) {
-  (void)s;
-  run(4);
-}
+#endif
 
 int main(void) {
+#ifdef WG_NCCL_FAKE
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_to_all_p2),
       cmocka_unit_test(test_all_to_all_p3),
@@ -235,5 +278,19 @@ int main(void) {
       cmocka_unit_test(test_op_never_completes_mid_way),
       cmocka_unit_test(test_remote_error_mid_way),
   };
+#else
+  gpus = count_gpus();
+  if (gpus < 2) {
+    printf("SKIP: test_nccl_multi_gpu needs 2 or more CUDA GPUs (one NCCL rank per GPU); %d "
+           "here\n",
+           gpus);
+    return 77;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_all_to_all_p2),
+      cmocka_unit_test(test_all_to_all_p3),
+      cmocka_unit_test(test_all_to_all_p4),
+  };
+#endif
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
