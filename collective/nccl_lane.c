@@ -77,8 +77,8 @@ static void role_release(nc_t *t, nc_role_t *r, int quiet) {
 }
 
 /* The lane's device buffer, at least len bytes: allocated once and grown, so a transfer costs
- * no cudaMalloc / cudaFree (cudaFree waits for the whole device; bench_nccl_gpu measured the
- * pair at ~6x the transfer of 4 KiB to 1 MiB on an H100). NULL when the device is out of memory. */
+ * no cudaMalloc / cudaFree (cudaFree waits for the whole device; on an H100 the pair made a
+ * transfer 2.8-4.1x slower up to 64 KiB, bench_nccl_gpu). NULL when the device is out of memory. */
 static void *lane_buffer(nc_t *t, size_t len) {
   if (len == 0)
     len = 1;
