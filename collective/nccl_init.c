@@ -102,7 +102,10 @@ static void poll_up(nc_t *t, ncclResult_t started, ncclComm_t parent) {
   if (parent)
     (void)ncclCommAbort(parent);
   if (e != ncclSuccess) {
-    snprintf(why, sizeof why, "initialisation: %s", ncclGetErrorString(e));
+    /* seen on one H100 with two agents on it: NCCL refuses two ranks on one GPU */
+    snprintf(why, sizeof why, "initialisation: %s%s", ncclGetErrorString(e),
+             e == ncclInvalidUsage ? "; do two ranks share a GPU? NCCL needs one GPU per rank"
+                                   : "");
     off(t, why);
     return;
   }
