@@ -1,5 +1,6 @@
 /* nccl_world_hooks.c — see nccl_world_hooks.h. Single-threaded use per process: the rank's
- * compute thread creates and destroys its communicators. */
+ * compute thread creates and destroys its communicators. Built against the fake (WG_NCCL_FAKE)
+ * and, for test_nccl_engine_multi_gpu, against NCCL with rank r on GPU r. */
 #include "nccl_world_hooks.h"
 
 #include <stdlib.h>
@@ -30,8 +31,16 @@ int nw_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) {
   my_rank = options ? options->rank : 0;
   /* NW_TCP=1: the same scenarios over TCP, to tell the transport's failures from the engine's */
   const char *tcp = getenv("NW_TCP");
+#ifdef WG_NCCL_FAKE
   return wg_comm_create_with(options,
                              tcp && *tcp == '1' ? &wg_tcp_transport : &wg_ncclfake_transport, comm);
+#else
+  if (!options)
+    return WAGMA_EINVAL;
+  wagma_comm_options_t o = *options;
+  o.device = my_rank; /* one GPU per rank: rank r on GPU r */
+  return wg_comm_create_with(&o, tcp && *tcp == '1' ? &wg_tcp_transport : &wg_nccl_transport, comm);
+#endif
 }
 
 void nw_comm_destroy(wagma_comm_t *comm) {

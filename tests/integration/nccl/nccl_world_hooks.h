@@ -1,8 +1,8 @@
 /* nccl_world_hooks.h — the NCCL tests' hooks into the engine's process worlds
  * (tests/integration/engine/engine_world.c, compiled here with wagma_comm_create/destroy
  * routed to nw_comm_create/nw_comm_destroy): every communicator runs over the NCCL transport
- * linked against tests/fake_nccl, and what its lane did is recorded per rank in memory the
- * forked ranks share with the parent. */
+ * (linked against tests/fake_nccl, or against NCCL with rank r on GPU r), and what its lane did is
+ * recorded per rank in memory the forked ranks share with the parent. */
 #ifndef WAGMA_TEST_NCCL_WORLD_HOOKS_H
 #define WAGMA_TEST_NCCL_WORLD_HOOKS_H
 

@@ -1,26 +1,44 @@
-/* The engine over the NCCL transport between real processes (fork per rank on 127.0.0.1),
- * linked against tests/fake_nccl: groups of 2, 3 and 4 with changing contributors (the sum of
- * the models is conserved and every contribution's staleness is <= tau), the synchronous
- * allreduce baseline, a peer SIGKILLed or SIGSTOPped mid-run, and the fake's faults (an
- * operation that never completes, ncclRemoteError, an initialisation in progress for ever):
- * the lane is revoked and the rounds go on over TCP. Every scenario also checks what the lane
- * did, so a run that silently moved everything over TCP fails. */
+/* The engine over the NCCL transport between real processes (fork per rank on 127.0.0.1):
+ * groups of 2, 3 and 4 with changing contributors (the sum of the models is conserved and
+ * every contribution's staleness is <= tau), the synchronous allreduce baseline, a peer
+ * SIGKILLed or SIGSTOPped mid-run, and the fake's faults (an operation that never completes,
+ * ncclRemoteError, an initialisation in progress for ever): the lane is revoked and the rounds
+ * go on over TCP. Every scenario also checks what the lane did, so a run that silently moved
+ * everything over TCP fails.
+ *
+ * Built twice: test_nccl_engine against tests/fake_nccl (every machine), and
+ * test_nccl_engine_multi_gpu (label gpu) against NCCL with rank r on GPU r: the scenarios
+ * of P ranks run where the machine has P GPUs (skipped, with the count, where it has fewer;
+ * exit 77 below 2); the fault cases need the fake. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
 
 #include "engine_world.h"
+#include "gpu_count.h"
 #include "nccl_internal.h"
 #include "nccl_world_hooks.h"
 
 static ew_result_t res[EW_MAXP];
 
+static int gpus = 1 << 20; /* the real build: CUDA devices (gpu_count) */
+
+/* Skips the calling test when a scenario of P ranks has fewer GPUs than ranks (real NCCL). */
+static void need_gpus(int P) {
+  if (gpus < P) {
+    printf("  %d ranks need %d GPUs, %d here: skipped\n", P, P, gpus);
+    skip();
+  }
+}
+
 static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
+  need_gpus(P);
   ew_scenario_t sc;
   ew_scenario_init(&sc, P, S, tau, mode);
   sc.rounds = 40;
@@ -72,6 +90,7 @@ static void test_groups_p4(void **s) {
 /* The synchronous baseline: wagma_comm_allreduce(MEAN) every iteration on NCCL. */
 static void test_allreduce_mean(void **s) {
   (void)s;
+  need_gpus(3);
   ew_scenario_t sc;
   ew_scenario_init(&sc, 3, 2, 4, WAGMA_GLOBAL_BARRIER);
   sc.loop = EW_LOOP_SYNC;
@@ -97,6 +116,7 @@ static void test_allreduce_mean(void **s) {
  * eight busy loops on 2 cores. That is the engine's, not this transport's.) */
 static void test_sigkill_mid_run(void **s) {
   (void)s;
+  need_gpus(4);
   ew_scenario_t sc;
   ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
   sc.rounds = 60;
@@ -119,6 +139,7 @@ static void test_sigkill_mid_run(void **s) {
 
 static void test_sigstop_mid_run(void **s) {
   (void)s;
+  need_gpus(4);
   ew_scenario_t sc;
   ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
   sc.rounds = 200;
@@ -137,6 +158,7 @@ static void test_sigstop_mid_run(void **s) {
   }
 }
 
+#ifdef WG_NCCL_FAKE
 /* Faults from the fake, set in every rank: the lane goes down (or never up), nothing hangs,
  * the models are still conserved. */
 static void run_fault(const char *var, const char *value, int expect_up) {
@@ -193,7 +215,18 @@ static void test_fault_init_in_progress_for_ever(void **s) {
   run_fault("FAKE_NCCL_INIT_HANG", "1", 0);
 }
 
+#endif
+
 int main(void) {
+#ifndef WG_NCCL_FAKE
+  gpus = gpu_count();
+  if (gpus < 2) {
+    printf("SKIP: test_nccl_engine_multi_gpu needs 2 or more CUDA GPUs (one NCCL rank per "
+           "GPU); %d here\n",
+           gpus);
+    return 77;
+  }
+#endif
   nw_init();
   if (getenv("NW_ONLY")) /* one test by name, e.g. to repeat it */
     cmocka_set_test_filter(getenv("NW_ONLY"));
@@ -204,9 +237,11 @@ int main(void) {
       cmocka_unit_test(test_allreduce_mean),
       cmocka_unit_test(test_sigkill_mid_run),
       cmocka_unit_test(test_sigstop_mid_run),
+#ifdef WG_NCCL_FAKE
       cmocka_unit_test(test_fault_op_never_completes),
       cmocka_unit_test(test_fault_remote_error),
       cmocka_unit_test(test_fault_init_in_progress_for_ever),
+#endif
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

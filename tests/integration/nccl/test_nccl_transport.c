@@ -19,11 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "gpu_count.h"
 #include "nccl_internal.h"
 #include "process.h"
 
@@ -254,19 +254,6 @@ static void test_remote_error_mid_way(void **s) {
   run_with(3, 1);
   unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
 }
-#else
-/* cudaGetDeviceCount in a child: a CUDA context in this process would not survive the fork of
- * the ranks. The count, or 0 when CUDA is unusable. */
-static int count_gpus(void) {
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int n = 0;
-    _exit(cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? (n > 100 ? 100 : n) : 0);
-  }
-  int st = proc_wait(pid, 30);
-  return st > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-}
 #endif
 
 int main(void) {
@@ -279,7 +266,7 @@ int main(void) {
       cmocka_unit_test(test_remote_error_mid_way),
   };
 #else
-  gpus = count_gpus();
+  gpus = gpu_count();
   if (gpus < 2) {
     printf("SKIP: test_nccl_multi_gpu needs 2 or more CUDA GPUs (one NCCL rank per GPU); %d "
            "here\n",
