@@ -71,7 +71,8 @@ static const cmd_help_t helps[WG_CTL_CMD_COUNT] = {
                          "DELETE /v1/jobs/ID. Stops a pending or running job. With --purge,\n"
                          "removes every record of a finished job instead.\n"},
     [WG_CTL_CMD_AGENTS] = {"agents", "GET /v1/agents. One row per live agent: NAME ADDRESS DEVICE\n"
-                                     "CAPACITY VERSION JOB STARTED.\n"},
+                                     "CAPACITY VERSION JOB STARTED HEALTHY (yes, or no: and the\n"
+                                     "reason of its quarantine).\n"},
     [WG_CTL_CMD_PLAN] = {"plan ID",
                          "GET /v1/jobs/ID/plan. The plan's parameters, its members and each\n"
                          "phase's groups (by rank). Exit 4 when the job has no plan yet.\n"},

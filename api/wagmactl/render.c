@@ -281,27 +281,43 @@ int wg_ctl_render_plan(const json_t *root, FILE *out) {
   return 0;
 }
 
+/* "yes", "no: <the quarantine's reason>" (the scheduler skips it), or "-" from a coordinator
+ * that does not say. */
+static const char *health_at(const json_t *agent, char *buf) {
+  const json_t *healthy = json_object_get(agent, "healthy");
+  if (!json_is_boolean(healthy))
+    return "-";
+  if (json_is_true(healthy))
+    return "yes";
+  const char *reason =
+      json_string_value(json_object_get(json_object_get(agent, "quarantine"), "reason"));
+  snprintf(buf, CELL, "no: %s", reason ? reason : "quarantined");
+  return buf;
+}
+
 int wg_ctl_render_agents(const json_t *root, FILE *out) {
   const json_t *agents = json_object_get(root, "agents");
   if (!json_is_array(agents))
     return -1;
-  static const char *const headers[] = {"NAME",    "ADDRESS", "DEVICE", "CAPACITY",
-                                        "VERSION", "JOB",     "STARTED"};
-  wg_ctl_table_t *t = wg_ctl_table_new(7, headers);
+  static const char *const headers[] = {"NAME",    "ADDRESS", "DEVICE",  "CAPACITY",
+                                        "VERSION", "JOB",     "STARTED", "HEALTHY"};
+  wg_ctl_table_t *t = wg_ctl_table_new(8, headers);
   if (!t)
     return -1;
   int rc = 0;
   size_t i;
   json_t *ag;
   json_array_foreach(agents, i, ag) {
-    char name[CELL], addr[CELL], dev[CELL], cap[CELL], ver[CELL], job[CELL], started[CELL];
+    char name[CELL], addr[CELL], dev[CELL], cap[CELL], ver[CELL], job[CELL], started[CELL],
+        health[CELL];
     const char *row[] = {str_at(ag, "name", name),
                          str_at(ag, "address", addr),
                          str_at(ag, "device", dev),
                          int_at(ag, "capacity", cap),
                          str_at(ag, "version", ver),
                          str_at(ag, "job", job),
-                         wg_ctl_fmt_time(json_object_get(ag, "started"), started, CELL)};
+                         wg_ctl_fmt_time(json_object_get(ag, "started"), started, CELL),
+                         health_at(ag, health)};
     if ((rc = wg_ctl_table_add(t, row)) != 0)
       break;
   }

@@ -462,7 +462,11 @@ static void test_render_groups_plan_agents_health(void **state) {
   json_t *ag = load("{\"agents\":[{\"name\":\"a1\",\"address\":\"127.0.0.1:9\",\"device\":"
                     "\"cpu\",\"capacity\":1,\"version\":\"0.1.0\",\"started\":0,\"job\":null},"
                     "{\"name\":\"a2\",\"address\":\"127.0.0.1:10\",\"device\":\"cuda\","
-                    "\"capacity\":2,\"version\":\"0.1.0\",\"started\":0,\"job\":\"j\"}]}");
+                    "\"capacity\":2,\"version\":\"0.1.0\",\"started\":0,\"job\":\"j\","
+                    "\"healthy\":false,\"quarantine\":{\"reason\":\"bad data\",\"job\":\"j\"}},"
+                    "{\"name\":\"a3\",\"address\":\"127.0.0.1:11\",\"device\":\"cpu\","
+                    "\"capacity\":1,\"version\":\"0.1.0\",\"started\":0,\"job\":null,"
+                    "\"healthy\":true}]}");
   cap_open(&c);
   assert_int_equal(wg_ctl_render_agents(ag, c.f), 0);
   text = cap_text(&c);
@@ -470,6 +474,15 @@ static void test_render_groups_plan_agents_health(void **state) {
   line_of(text, 2, r, sizeof r);
   assert_int_equal(column_of(r, "cuda"), column_of(h, "DEVICE"));
   assert_int_equal(column_of(r, "j "), column_of(h, "JOB"));
+  /* HEALTHY (the last column): the quarantine's reason, "yes", or "-" when the coordinator
+   * does not say */
+  int healthy = column_of(h, "HEALTHY");
+  assert_true(healthy > 0);
+  assert_string_equal(r + healthy, "no: bad data");
+  line_of(text, 3, r, sizeof r);
+  assert_string_equal(r + healthy, "yes");
+  line_of(text, 1, r, sizeof r);
+  assert_string_equal(r + healthy, "-");
   cap_close(&c);
   json_decref(ag);
 
