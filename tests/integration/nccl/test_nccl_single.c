@@ -95,6 +95,17 @@ static void self_transfer(nc_t *t) {
   free(back);
 }
 
+/* Epoch `epoch` of the one member: its lane comes up on a fresh communicator (one rank never
+ * shrinks: NCCL refuses a shrink that excludes nobody) and carries a self-transfer. */
+static nc_t *fresh_epoch(uint64_t epoch, wagma_comm_t **comm) {
+  assert_int_equal(create(epoch, comm), 0);
+  nc_t *t = lane_of(*comm);
+  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
+  assert_false(t->shrunk);
+  self_transfer(t);
+  return t;
+}
+
 static void test_single_rank(void **s) {
   (void)s;
   wagma_comm_t *comm = NULL;
@@ -102,11 +113,7 @@ static void test_single_rank(void **s) {
   assert_int_equal(proc_free_ports(1, &port), 0);
 
   /* epoch 1: fresh */
-  assert_int_equal(create(1, &comm), 0);
-  nc_t *t = lane_of(comm);
-  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_false(t->shrunk);
-  self_transfer(t);
+  nc_t *t = fresh_epoch(1, &comm);
   for (int k = 0; k < 5; k++) {
     model[0] = (float)k;
     assert_int_equal(wagma_comm_step(comm, model, NULL), 0);
@@ -128,11 +135,7 @@ static void test_single_rank(void **s) {
 
   /* epoch 2: the same member: nobody left, so the kept communicator is replaced by a fresh one
    * (a shrink would exclude nobody) */
-  assert_int_equal(create(2, &comm), 0);
-  t = lane_of(comm);
-  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_false(t->shrunk);
-  self_transfer(t);
+  t = fresh_epoch(2, &comm);
   /* revoke: the lane goes down, the communicator is kept revoked; steps go on (over TCP) */
   WG_NCCL(lane_down)(t, "test: revoke");
   assert_int_equal(atomic_load(&t->lane_state), NC_LANE_DOWN);
@@ -140,20 +143,12 @@ static void test_single_rank(void **s) {
   wagma_comm_destroy(comm);
 
   /* epoch 3: the revoked communicator is aborted and a fresh one initialised */
-  assert_int_equal(create(3, &comm), 0);
-  t = lane_of(comm);
-  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_false(t->shrunk);
-  self_transfer(t);
+  fresh_epoch(3, &comm);
   wagma_comm_destroy(comm);
 
   /* abort the kept one: epoch 4 initialises afresh */
   WG_NCCL(forget)();
-  assert_int_equal(create(4, &comm), 0);
-  t = lane_of(comm);
-  assert_int_equal(atomic_load(&t->lane_state), NC_LANE_UP);
-  assert_false(t->shrunk);
-  self_transfer(t);
+  fresh_epoch(4, &comm);
   wagma_comm_destroy(comm);
   WG_NCCL(forget)();
   free(model);
