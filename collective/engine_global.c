@@ -31,6 +31,60 @@ static uint64_t ranks_hash40(const int *ranks, int n) {
   return h & ((1ull << 40) - 1);
 }
 
+/* A survivor that starts a global collective before it learned that a peer died runs it among
+ * a larger set (another seq) and would wait for the others until the global deadline, since
+ * the dead peer it would notice is not its first partner (seen: a barrier round 30 s flat after
+ * a SIGKILL under load). So a rank that starts with fewer live ranks than members sends, to
+ * every live peer, the failure notice (coll.h) of each operation a stale view would run: among
+ * the live ranks and one of the dead (one death not yet seen), and among all members. A peer
+ * running one of them gives up within a wait slice and retries without the rank named dead.
+ * Bounded: the first 4 such collectives of a communicator (the window is a rank's delay in
+ * seeing a death; notices nobody takes stay in mailboxes until the epoch ends). */
+static void notice_set(wagma_comm_t *c, uint64_t round, uint32_t group, const int *set, int nset,
+                       int dead, const int *live, int n) {
+  wg_frame_header_t h = {0};
+  h.kind = WG_FRAME_COLL;
+  h.round = round;
+  h.group = group;
+  h.seq = (ranks_hash40(set, nset) << 20) | WG_COLL_NOTICE_BIT; /* as ctx.seq below */
+  h.flags = WG_COLL_FAILED;
+  h.aux = (uint64_t)(int64_t)dead;
+  for (int k = 0; k < n; k++)
+    if (live[k] != c->rank)
+      (void)c->ops->send(c->tp, live[k], &h, NULL, 0);
+}
+
+static void tell_stale_views(wagma_comm_t *c, uint64_t round, uint32_t group, const int *live,
+                             int n) {
+  if (n >= c->nranks || c->stale_view_notices >= 4)
+    return;
+  c->stale_view_notices++;
+  int set[c->nranks];
+  int first_dead = -1, ndead = 0;
+  for (int d = 0, k = 0; d < c->nranks; d++) {
+    if (k < n && live[k] == d) {
+      k++;
+      continue;
+    }
+    if (first_dead < 0)
+      first_dead = d;
+    ndead++;
+    int m = 0, placed = 0; /* live with d, sorted */
+    for (int j = 0; j < n; j++) {
+      if (!placed && live[j] > d) {
+        set[m++] = d;
+        placed = 1;
+      }
+      set[m++] = live[j];
+    }
+    if (!placed)
+      set[m++] = d;
+    notice_set(c, round, group, set, m, d, live, n);
+  }
+  if (ndead > 1)
+    notice_set(c, round, group, c->all_ranks, c->nranks, first_dead, live, n);
+}
+
 int wg_global_coll_live(wagma_comm_t *c, enum wg_coll_op op, uint64_t round, uint32_t group,
                         float *buf, size_t count, size_t chunk, wagma_reduce_op_t rop, int root,
                         float weight, int *live_out, int *nlive_out) {
@@ -53,6 +107,8 @@ int wg_global_coll_live(wagma_comm_t *c, enum wg_coll_op op, uint64_t round, uin
     uint64_t h = ranks_hash40(live, n);
     if (h == prev)
       break; /* same set failed already */
+    if (prev == UINT64_MAX)
+      tell_stale_views(c, round, group, live, n);
     prev = h;
     if (op == WG_COLL_BROADCAST) {
       int found = 0;

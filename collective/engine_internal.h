@@ -137,6 +137,8 @@ struct wagma_comm {
   uint64_t tau;
   wagma_global_sync_t mode;
   double floor_s, factor, global_timeout_s, connect_timeout_s;
+  int stale_view_notices; /* compute thread: global collectives that told ranks with a stale
+                             view of the dead to give up (wg_global_coll_live), at most 4 */
   wagma_log_fn log;
   void *log_user;
   int *all_ranks; /* 0..P-1 */

@@ -110,15 +110,16 @@ static void test_allreduce_mean(void **s) {
   }
 }
 
-/* Wait-avoiding mode. (Barrier mode, whose global rounds are blocking allreduces, sometimes
- * times out a survivor's global round after the kill on a loaded machine over TCP as well:
- * NW_TCP=1 NW_ONLY=test_sigkill_mid_run with this scenario in barrier mode, two copies beside
- * eight busy loops on 2 cores. That is the engine's, not this transport's.) */
-static void test_sigkill_mid_run(void **s) {
-  (void)s;
+/* A peer SIGKILLed mid-run; the survivors' rounds go on within about a deadline. In both
+ * global modes: in barrier mode the next global round is a blocking allreduce, and a survivor
+ * that started it before seeing the death ran it among all four while the others ran it among
+ * three, until the 30 s global deadline (6 of 40 runs with two copies of this test beside eight
+ * busy loops on 2 cores, over TCP too: NW_TCP=1). Fixed by the stale-view notices of
+ * engine_global.c (0 of 60 such runs); on an idle machine this rarely races. */
+static void sigkill_mid_run(wagma_global_sync_t mode) {
   need_gpus(4);
   ew_scenario_t sc;
-  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  ew_scenario_init(&sc, 4, 2, 4, mode);
   sc.rounds = 60;
   sc.floor_s = 0.3;
   for (int r = 0; r < 4; r++)
@@ -135,6 +136,16 @@ static void test_sigkill_mid_run(void **s) {
     assert_true(nw_lanes[r].transfers > 0);
     assert_true(nw_lanes[r].dead_mask & (1u << 2)); /* the transport learned of the death */
   }
+}
+
+static void test_sigkill_mid_run_barrier(void **s) {
+  (void)s;
+  sigkill_mid_run(WAGMA_GLOBAL_BARRIER);
+}
+
+static void test_sigkill_mid_run(void **s) {
+  (void)s;
+  sigkill_mid_run(WAGMA_GLOBAL_WAIT_AVOIDING);
 }
 
 static void test_sigstop_mid_run(void **s) {
@@ -236,6 +247,7 @@ int main(void) {
       cmocka_unit_test(test_groups_p4),
       cmocka_unit_test(test_allreduce_mean),
       cmocka_unit_test(test_sigkill_mid_run),
+      cmocka_unit_test(test_sigkill_mid_run_barrier),
       cmocka_unit_test(test_sigstop_mid_run),
 #ifdef WG_NCCL_FAKE
       cmocka_unit_test(test_fault_op_never_completes),
