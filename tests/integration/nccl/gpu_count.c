@@ -21,3 +21,11 @@ int gpu_count(void) {
   int st = proc_wait(pid, 30);
   return st > 0 && WIFEXITED(st) ? WEXITSTATUS(st) : 0;
 }
+
+int gpu_count_for_ranks(const char *test) {
+  int n = gpu_count();
+  if (n >= 2)
+    return n;
+  printf("SKIP: %s needs 2 or more CUDA GPUs (one NCCL rank per GPU); %d here\n", test, n);
+  return -1;
+}

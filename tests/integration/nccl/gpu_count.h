@@ -8,4 +8,8 @@
  * or the child did not answer within 30 s. */
 int gpu_count(void);
 
+/* gpu_count, or -1 after printing "SKIP: <test> needs 2 or more CUDA GPUs ..." when there are
+ * fewer than 2 (the caller then exits 77, ctest's skip). */
+int gpu_count_for_ranks(const char *test);
+
 #endif

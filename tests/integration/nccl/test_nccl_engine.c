@@ -230,13 +230,8 @@ static void test_fault_init_in_progress_for_ever(void **s) {
 
 int main(void) {
 #ifndef WG_NCCL_FAKE
-  gpus = gpu_count();
-  if (gpus < 2) {
-    printf("SKIP: test_nccl_engine_multi_gpu needs 2 or more CUDA GPUs (one NCCL rank per "
-           "GPU); %d here\n",
-           gpus);
+  if ((gpus = gpu_count_for_ranks("test_nccl_engine_multi_gpu")) < 0)
     return 77;
-  }
 #endif
   nw_init();
   if (getenv("NW_ONLY")) /* one test by name, e.g. to repeat it */

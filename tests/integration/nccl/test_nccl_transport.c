@@ -266,13 +266,8 @@ int main(void) {
       cmocka_unit_test(test_remote_error_mid_way),
   };
 #else
-  gpus = gpu_count();
-  if (gpus < 2) {
-    printf("SKIP: test_nccl_multi_gpu needs 2 or more CUDA GPUs (one NCCL rank per GPU); %d "
-           "here\n",
-           gpus);
+  if ((gpus = gpu_count_for_ranks("test_nccl_multi_gpu")) < 0)
     return 77;
-  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_to_all_p2),
       cmocka_unit_test(test_all_to_all_p3),
