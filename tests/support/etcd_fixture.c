@@ -38,6 +38,8 @@ struct etcd_fixture {
   int client_cert_auth;
   char extra_args[8][128];
   char etcdctl_args[1024];
+  char extra_client_host[64];                          /* "" = 127.0.0.1 only */
+  char extra_endpoints[ETCD_FIXTURE_MAX_MEMBERS * 96]; /* on extra_client_host */
 };
 
 static long long now_ms(void) {
@@ -98,7 +100,7 @@ static void print_log_tail(const etcd_fixture_t *f, int member) {
 }
 
 static int spawn(etcd_fixture_t *f, int m) {
-  char name[16], data[300], log_path[320], client[64], peer[64], metrics[64];
+  char name[16], data[300], log_path[320], client[160], peer[64], metrics[64];
   char cert[300], key[300], ca[300];
   const char *argv[48];
   int argc = 0;
@@ -108,6 +110,12 @@ static int spawn(etcd_fixture_t *f, int m) {
   snprintf(log_path, sizeof log_path, "%s/m%d.log", f->dir, m);
   snprintf(client, sizeof client, "%s://127.0.0.1:%d", f->tls ? "https" : "http",
            f->client_port[m]);
+  char listen_client[340];
+  if (f->extra_client_host[0])
+    snprintf(listen_client, sizeof listen_client, "%s,%s://%s:%d", client,
+             f->tls ? "https" : "http", f->extra_client_host, f->client_port[m]);
+  else
+    snprintf(listen_client, sizeof listen_client, "%s", client);
   snprintf(peer, sizeof peer, "http://127.0.0.1:%d", f->peer_port[m]);
   snprintf(metrics, sizeof metrics, "http://127.0.0.1:%d", f->metrics_port[m]);
   snprintf(cert, sizeof cert, "--cert-file=%s", f->cert_file);
@@ -120,7 +128,7 @@ static int spawn(etcd_fixture_t *f, int m) {
                           "--data-dir",
                           data,
                           "--listen-client-urls",
-                          client,
+                          listen_client,
                           "--advertise-client-urls",
                           client,
                           "--listen-peer-urls",
@@ -276,6 +284,8 @@ int etcd_fixture_start_with(int members, const etcd_fixture_options_t *options,
     for (int i = 0; i < 8 && options->extra_args[i] != NULL; i++)
       snprintf(f->extra_args[i], sizeof f->extra_args[i], "%s", options->extra_args[i]);
     etcd_fixture_set_etcdctl_args(f, options->etcdctl_args);
+    snprintf(f->extra_client_host, sizeof f->extra_client_host, "%s",
+             options->extra_client_host ? options->extra_client_host : "");
   }
   snprintf(f->dir, sizeof f->dir, "%s/wagma-etcd-XXXXXX", tmp != NULL && tmp[0] ? tmp : "/tmp");
   if (mkdtemp(f->dir) == NULL) {
@@ -299,6 +309,11 @@ int etcd_fixture_start_with(int members, const etcd_fixture_options_t *options,
     used_cluster += (size_t)snprintf(f->initial_cluster + used_cluster,
                                      sizeof f->initial_cluster - used_cluster,
                                      "%sm%d=http://127.0.0.1:%d", m ? "," : "", m, f->peer_port[m]);
+    if (f->extra_client_host[0]) {
+      size_t len = strlen(f->extra_endpoints);
+      snprintf(f->extra_endpoints + len, sizeof f->extra_endpoints - len, "%s%s:%d", m ? "," : "",
+               f->extra_client_host, f->client_port[m]);
+    }
   }
   for (int m = 0; m < members; m++) {
     if (spawn(f, m) != 0) {
@@ -322,6 +337,10 @@ const char *etcd_fixture_endpoints(const etcd_fixture_t *f) {
 
 const char *etcd_fixture_endpoint(const etcd_fixture_t *f, int member) {
   return member >= 0 && member < f->members ? f->endpoint[member] : "";
+}
+
+const char *etcd_fixture_endpoints_on_extra_host(const etcd_fixture_t *f) {
+  return f->extra_client_host[0] ? f->extra_endpoints : NULL;
 }
 
 int etcd_fixture_members(const etcd_fixture_t *f) {

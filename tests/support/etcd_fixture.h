@@ -38,6 +38,9 @@ typedef struct etcd_fixture_options {
   int client_cert_auth;
   const char *extra_args[8]; /* more etcd flags, one per entry, e.g. "--auth-token-ttl=2" */
   const char *etcdctl_args;  /* added to every etcd_fixture_etcdctl command */
+  /* an IPv4 address of this host (a veth of a test's own network namespace) where the client
+   * port listens too, beside 127.0.0.1; its endpoint: etcd_fixture_endpoint_on */
+  const char *extra_client_host;
 } etcd_fixture_options_t;
 
 /* As etcd_fixture_start, with options (may be NULL). */
@@ -56,6 +59,9 @@ const char *etcd_fixture_endpoints(const etcd_fixture_t *fixture);
 
 /* "127.0.0.1:<client port>" of one member. */
 const char *etcd_fixture_endpoint(const etcd_fixture_t *fixture, int member);
+/* "<extra_client_host>:<client port>,..." of every member, or NULL without an extra host.
+ * Valid until stop. */
+const char *etcd_fixture_endpoints_on_extra_host(const etcd_fixture_t *fixture);
 
 int etcd_fixture_members(const etcd_fixture_t *fixture);
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 
@@ -27,27 +28,44 @@ static void stop_pid(pid_t pid) {
   proc_stop(pid, SIGTERM, 10.0);
 }
 
+/* The path of iproute2's ip, or NULL. */
+static const char *ip_binary(void) {
+  static const char *const paths[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
+  for (size_t k = 0; k < sizeof paths / sizeof paths[0]; k++)
+    if (access(paths[k], X_OK) == 0)
+      return paths[k];
+  return NULL;
+}
+
 static int start_agent(cluster_t *c, int i, const char *const *extra) {
-  char listen[64], log[320];
-  const char *argv[64];
+  char listen[96], log[320];
+  const char *argv[72];
   int n = 0, port = proc_free_port_low();
   const char *bin = getenv("WAGMA_AGENT_BIN");
+  const char *host = c->agent_host[i][0] ? c->agent_host[i] : c->listen_host;
   if (!bin || port < 0)
     return -1;
   snprintf(c->agent_name[i], sizeof c->agent_name[i], "agent-%d", i);
-  snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+  snprintf(listen, sizeof listen, "%s:%d", host, port);
   c->agent_port[i] = port;
   snprintf(log, sizeof log, "%s/agent-%d.log", c->dir, i);
+  if (c->agent_netns[i][0]) {
+    if (!(argv[n++] = ip_binary()))
+      return -1;
+    argv[n++] = "netns";
+    argv[n++] = "exec";
+    argv[n++] = c->agent_netns[i];
+  }
   argv[n++] = bin;
   argv[n++] = "--etcd";
-  argv[n++] = etcd_fixture_endpoints(c->etcd);
+  argv[n++] = c->agent_etcd[i][0] ? c->agent_etcd[i] : etcd_fixture_endpoints(c->etcd);
   argv[n++] = "--name";
   argv[n++] = c->agent_name[i];
   argv[n++] = "--listen";
   argv[n++] = listen;
-  for (int k = 0; c->agent_args && c->agent_args[k] && n < 50; k++)
+  for (int k = 0; c->agent_args && c->agent_args[k] && n < 56; k++)
     argv[n++] = c->agent_args[k];
-  for (int k = 0; extra && extra[k] && n < 62; k++)
+  for (int k = 0; extra && extra[k] && n < 70; k++)
     argv[n++] = extra[k];
   argv[n] = NULL;
   c->agent[i] = proc_spawn(argv, log, NULL);
@@ -60,9 +78,16 @@ int cluster_start(cluster_t *c, int nagents, const char *const *agent_args) {
 
 int cluster_start_with(cluster_t *c, int nagents, const char *const *agent_args,
                        const char *const *coordinator_args) {
+  return cluster_start_net(c, nagents, agent_args, coordinator_args, NULL);
+}
+
+int cluster_start_net(cluster_t *c, int nagents, const char *const *agent_args,
+                      const char *const *coordinator_args, const cluster_net_t *net) {
   char log[320];
   memset(c, 0, sizeof *c);
   c->agent_args = agent_args;
+  snprintf(c->listen_host, sizeof c->listen_host, "%s",
+           net && net->agent_host ? net->agent_host : "127.0.0.1");
   if (!getenv("WAGMA_COORDINATOR_BIN") || !getenv("WAGMA_AGENT_BIN")) {
     fprintf(stderr, "cluster: WAGMA_COORDINATOR_BIN / WAGMA_AGENT_BIN not set\n");
     return -1;
@@ -72,7 +97,8 @@ int cluster_start_with(cluster_t *c, int nagents, const char *const *agent_args,
   if (!mkdtemp(c->dir))
     return -1;
   curl_global_init(CURL_GLOBAL_DEFAULT);
-  if (etcd_fixture_start(1, &c->etcd) != 0)
+  etcd_fixture_options_t eo = {.extra_client_host = net ? net->etcd_extra_host : NULL};
+  if (etcd_fixture_start_with(1, &eo, &c->etcd) != 0)
     return -1;
   snprintf(log, sizeof log, "%s/coordinator.log", c->dir);
   coordinator_options_t o = {.endpoints = etcd_fixture_endpoints(c->etcd),
@@ -116,6 +142,17 @@ int cluster_add_agent(cluster_t *c, const char *const *extra) {
     return -1;
   c->nagents++;
   return i;
+}
+
+int cluster_place_agent(cluster_t *c, int i, const char *netns, const char *host,
+                        const char *etcd_endpoints) {
+  if (i < 0 || i >= CLUSTER_MAX_AGENTS || (netns && !ip_binary()))
+    return -1;
+  snprintf(c->agent_netns[i], sizeof c->agent_netns[i], "%s", netns ? netns : "");
+  snprintf(c->agent_host[i], sizeof c->agent_host[i], "%s", netns && host ? host : "");
+  snprintf(c->agent_etcd[i], sizeof c->agent_etcd[i], "%s",
+           netns && etcd_endpoints ? etcd_endpoints : "");
+  return 0;
 }
 
 int cluster_restart_agent(cluster_t *c, int i, const char *const *extra) {

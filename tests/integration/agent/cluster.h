@@ -1,6 +1,8 @@
 /* cluster.h — a real wagma cluster on 127.0.0.1 for the agent's integration tests: one etcd
  * (tests/support/etcd_fixture), one wagma-coordinator and N wagma-agent processes, all on free
- * ports, all stopped BY PID (children also get PR_SET_PDEATHSIG). Logs go to files in a temp
+ * ports, all stopped BY PID (children also get PR_SET_PDEATHSIG). The agents may listen on
+ * another address of this host and run in network namespaces the test made
+ * (cluster_start_net, cluster_place_agent: the soak's partitions). Logs go to files in a temp
  * dir, printed when a test fails (cluster_dump_logs). Binaries come from $WAGMA_AGENT_BIN and
  * $WAGMA_COORDINATOR_BIN (set by CMake). REST calls go through libcurl, JSON through jansson.
  * Test code: functions return 0 / -1 and print why on stderr. */
@@ -25,9 +27,21 @@ typedef struct cluster {
   int nagents;
   pid_t agent[CLUSTER_MAX_AGENTS];
   char agent_name[CLUSTER_MAX_AGENTS][32];
-  int agent_port[CLUSTER_MAX_AGENTS]; /* the port of its --listen 127.0.0.1:<port> */
+  int agent_port[CLUSTER_MAX_AGENTS]; /* the port of its --listen <host>:<port> */
   const char *const *agent_args;      /* extra flags of every agent (NULL-terminated) */
+  char listen_host[64];               /* the agents' --listen host: 127.0.0.1 by default */
+  /* where agent i runs (cluster_place_agent); "" = this namespace, listen_host, etcd's
+   * 127.0.0.1 endpoints */
+  char agent_netns[CLUSTER_MAX_AGENTS][32];
+  char agent_host[CLUSTER_MAX_AGENTS][64];
+  char agent_etcd[CLUSTER_MAX_AGENTS][256];
 } cluster_t;
+
+/* Addresses of a cluster whose agents are not all on loopback (cluster_start_net). */
+typedef struct cluster_net {
+  const char *agent_host;      /* every agent's --listen host (NULL: 127.0.0.1) */
+  const char *etcd_extra_host; /* etcd's client port listens here too (NULL: none) */
+} cluster_net_t;
 
 /* Starts etcd, the coordinator and nagents agents (agent-0 ...), each with agent_args (may be
  * NULL) plus its own extra[i] flags (extra may be NULL). Waits until all agents registered. */
@@ -35,6 +49,15 @@ int cluster_start(cluster_t *c, int nagents, const char *const *agent_args);
 /* cluster_start with extra flags of the coordinator (NULL-terminated, may be NULL). */
 int cluster_start_with(cluster_t *c, int nagents, const char *const *agent_args,
                        const char *const *coordinator_args);
+/* cluster_start_with on the addresses of net (may be NULL). */
+int cluster_start_net(cluster_t *c, int nagents, const char *const *agent_args,
+                      const char *const *coordinator_args, const cluster_net_t *net);
+/* From its next (re)start, agent i runs inside network namespace netns (through
+ * `ip netns exec`, which execs the agent: the pid is the agent's), listens on host and dials
+ * etcd at etcd_endpoints. NULL netns: back to this namespace and the cluster's addresses.
+ * 0, or -1 when i is not an agent or `ip` is missing. */
+int cluster_place_agent(cluster_t *c, int i, const char *netns, const char *host,
+                        const char *etcd_endpoints);
 /* cmocka group setup / teardown: one static cluster of nagents agents with agent_args (logs
  * dumped when it fails to start); *state becomes the cluster. */
 int cluster_group_setup(void **state, int nagents, const char *const *agent_args);

@@ -17,10 +17,21 @@
  * an agent for 0.5-4 s then SIGCONT, restart of an agent (SIGTERM and start again), an agent
  * leaving (SIGTERM), an agent joining (a down one starts again under its name), an etcd restart
  * (SIGKILL and start on the same data dir), a SIGKILL of the coordinator leader (restarted
- * 1-3 s later). Rates: one event every GAP_MIN_S..GAP_MAX_S, at most one etcd restart and one
- * leader kill per RARE_GAP_S; at least MIN_LIVE agents stay up and running. Network partitions
- * are not injected (an agent in its own network namespace needs root and veth plumbing that
- * this driver does not have).
+ * 1-3 s later), and a network partition of one agent (its link cut for 0.5-6 s, then restored).
+ * The first events take each kind once (as the state allows: a join needs an agent down, a
+ * partition the namespaced agent up), so a short run covers every kind; later ones are drawn
+ * by weight (pick_event). Rates: one event every GAP_MIN_S..GAP_MAX_S, at most one etcd restart and
+ * one leader kill per RARE_GAP_S; at least MIN_LIVE agents stay up and running.
+ *
+ * Partitions: the last agent runs in a network namespace of its own (wgsoak<pid>), joined to
+ * this one by a veth pair (10.213.K.1 here, 10.213.K.2 there, K from the pid). etcd listens on
+ * 10.213.K.1 as well as 127.0.0.1, and every other agent listens on 10.213.K.1, so the agent
+ * in the namespace reaches etcd and its peers only over the veth. A partition sets the link
+ * down inside the namespace: its packets go nowhere (its own calls fail, its peers' time out,
+ * as with a pulled cable), and its lease expires when the cut outlasts the TTL. The heal sets
+ * the link up; it counts as a membership change (the stall bound runs from it). This needs
+ * root and iproute2; without them the driver says why and runs without partitions. The
+ * namespace (and with it the veth pair) is deleted at exit.
  *
  *   wagma_soak [--events N] [--duration S] [--seed N] [--iterations N]
  * Runs jobs back to back until N events were injected (default 40) and, with --duration, at
@@ -31,6 +42,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <getopt.h>
+#include <stdint.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -76,25 +88,45 @@ static const char *const agent_args[] = {"--lease-ttl",
                                          NULL};
 static const char *const coordinator_args[] = {"--read-staleness-ms", "500", NULL};
 
-enum agent_state { UP = 0, STOPPED, DOWN };
+enum agent_state { UP = 0, STOPPED, DOWN, CUT };
+
+/* The network namespace of the partitionable agent (net_open). */
+typedef struct soak_net {
+  int on;
+  char why_off[160];
+  char ns[32], link[16]; /* the namespace and the veth end inside it */
+  char here[20], there[20];
+  int agent; /* the index of the agent inside, -1 before it is placed */
+} soak_net_t;
+
+static const char *const kind_names[] = {"kill", "stop",         "restart",     "leave",
+                                         "join", "etcd-restart", "leader-kill", "partition"};
+enum {
+  EV_KILL,
+  EV_STOP,
+  EV_RESTART,
+  EV_LEAVE,
+  EV_JOIN,
+  EV_ETCD,
+  EV_LEADER,
+  EV_PARTITION,
+  EV_KINDS
+};
 
 typedef struct soak {
   cluster_t c;
   coordinator_process_t coord[2]; /* [0] is c.coordinator's copy, kept in sync */
   double coord_restart_at[2];
   enum agent_state state[CLUSTER_MAX_AGENTS];
-  double cont_at[CLUSTER_MAX_AGENTS];
-  long events, by_kind[8];
+  double cont_at[CLUSTER_MAX_AGENTS]; /* STOPPED: SIGCONT then; CUT: the link restored then */
+  soak_net_t net;
+  long events, by_kind[EV_KINDS];
   double last_event, last_etcd, last_leader_kill;
   double next_event; /* when the next event is due (across jobs) */
   double worst_stall;
   int failures;
   unsigned seed;
 } soak_t;
-
-static const char *const kind_names[] = {"kill", "stop",         "restart",    "leave",
-                                         "join", "etcd-restart", "leader-kill"};
-enum { EV_KILL, EV_STOP, EV_RESTART, EV_LEAVE, EV_JOIN, EV_ETCD, EV_LEADER, EV_KINDS };
 
 static double uniform(soak_t *s, double lo, double hi) {
   return lo + (hi - lo) * ((double)rand_r(&s->seed) / RAND_MAX);
@@ -200,6 +232,90 @@ static int leader(soak_t *s) {
   return -1;
 }
 
+/* ---- the partitionable agent's network namespace -------------------------------------- */
+
+/* Runs the shell command that printf(fmt, ...) makes, its output discarded: 0 when it exited 0. */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...) {
+  char cmd[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof cmd - 16)
+    return -1;
+  strcat(cmd, " >/dev/null 2>&1");
+  int st = system(cmd);
+  return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static soak_net_t *net_to_delete; /* for atexit: the namespace outlives no run */
+
+static void net_close(void) {
+  if (net_to_delete && net_to_delete->ns[0]) {
+    if (sh("ip netns delete %s", net_to_delete->ns) != 0)
+      fprintf(stderr, "soak: cannot delete the network namespace %s\n", net_to_delete->ns);
+    net_to_delete->ns[0] = '\0';
+    net_to_delete->on = 0;
+  }
+}
+
+/* Makes the namespace and the veth pair, on a 10.213.K.0/30 no interface of this host uses
+ * yet. On failure n->on stays 0 and n->why_off says why. */
+static void net_open(soak_net_t *n) {
+  unsigned pid = (unsigned)getpid();
+  n->agent = -1;
+  if (geteuid() != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "not root (network namespaces need root)");
+    return;
+  }
+  if (sh("ip -V") != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "no ip command (iproute2)");
+    return;
+  }
+  snprintf(n->ns, sizeof n->ns, "wgsoak%u", pid);
+  snprintf(n->link, sizeof n->link, "wgs%un", pid % 10000000u);
+  char here_link[16];
+  snprintf(here_link, sizeof here_link, "wgs%uh", pid % 10000000u);
+  net_to_delete = n;
+  atexit(net_close);
+  if (sh("ip netns add %s", n->ns) != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "cannot create the network namespace %s", n->ns);
+    n->ns[0] = '\0';
+    return;
+  }
+  for (unsigned k = 0; k < 250 && !n->on; k++) {
+    unsigned third = (pid + k) % 250;
+    char probe[64];
+    snprintf(probe, sizeof probe, "10.213.%u.0/30", third);
+    if (sh("ip -4 addr show to %s | grep -q inet", probe) == 0)
+      continue; /* used here already (another run's veth) */
+    snprintf(n->here, sizeof n->here, "10.213.%u.1", third);
+    snprintf(n->there, sizeof n->there, "10.213.%u.2", third);
+    n->on = sh("ip link add %s type veth peer name %s", here_link, n->link) == 0 &&
+            sh("ip link set %s netns %s", n->link, n->ns) == 0 &&
+            sh("ip addr add %s/30 dev %s", n->here, here_link) == 0 &&
+            sh("ip link set %s up", here_link) == 0 &&
+            sh("ip -n %s addr add %s/30 dev %s", n->ns, n->there, n->link) == 0 &&
+            sh("ip -n %s link set %s up", n->ns, n->link) == 0 &&
+            sh("ip -n %s link set lo up", n->ns) == 0;
+    if (!n->on) {
+      snprintf(n->why_off, sizeof n->why_off, "cannot set up the veth pair %s/%s", here_link,
+               n->link);
+      break;
+    }
+  }
+  if (!n->on && !n->why_off[0])
+    snprintf(n->why_off, sizeof n->why_off, "no free 10.213.K.0/30");
+  if (!n->on)
+    net_close();
+}
+
+/* Cuts (up = 0) or restores (up = 1) the partitionable agent's link; 0 or -1. */
+static int net_link(soak_t *s, int up) {
+  return sh("ip -n %s link set %s %s", s->net.ns, s->net.link, up ? "up" : "down");
+}
+
 /* ---- events --------------------------------------------------------------------------- */
 
 static void note_event(soak_t *s, int kind, const char *what) {
@@ -279,6 +395,19 @@ static int inject(soak_t *s, int kind) {
     use_live_coordinator(s);
     break;
   }
+  case EV_PARTITION:
+    i = s->net.agent;
+    if (!s->net.on || i < 0 || s->state[i] != UP || live_agents(s) <= MIN_LIVE)
+      return 0;
+    if (net_link(s, 0) != 0) {
+      failure(s, "cannot cut the link of %s", s->c.agent_name[i]);
+      return 0;
+    }
+    s->state[i] = CUT;
+    s->cont_at[i] = now + uniform(s, 0.5, 6.0);
+    snprintf(what, sizeof what, "%s pid %d for %.1f s", s->c.agent_name[i], (int)s->c.agent[i],
+             s->cont_at[i] - now);
+    break;
   default: return 0;
   }
   note_event(s, kind, what);
@@ -286,7 +415,7 @@ static int inject(soak_t *s, int kind) {
 }
 
 static int pick_event(soak_t *s) {
-  static const int weights[EV_KINDS] = {3, 3, 2, 1, 3, 1, 1};
+  static const int weights[EV_KINDS] = {3, 3, 2, 1, 3, 1, 1, 2};
   int total = 0, r;
   for (int k = 0; k < EV_KINDS; k++)
     total += weights[k];
@@ -304,6 +433,13 @@ static void housekeeping(soak_t *s) {
     if (s->state[i] == STOPPED && now >= s->cont_at[i]) {
       kill(s->c.agent[i], SIGCONT);
       s->state[i] = UP;
+    } else if (s->state[i] == CUT && now >= s->cont_at[i]) {
+      if (net_link(s, 1) != 0)
+        failure(s, "cannot restore the link of %s", s->c.agent_name[i]);
+      s->state[i] = UP;
+      s->last_event = now; /* it rejoins: a membership change like a join */
+      printf("%8.2f heal %s\n", now, s->c.agent_name[i]);
+      fflush(stdout);
     }
   for (int k = 0; k < 2; k++)
     if (s->coord[k].pid <= 0 && s->coord_restart_at[k] > 0 && now >= s->coord_restart_at[k]) {
@@ -403,6 +539,9 @@ static double run_job(soak_t *s, const char *name, long iterations, int faults, 
     if (faults && injected < events_left && now < faults_until && now >= s->next_event &&
         training) {
       int done = 0;
+      /* every kind once first (a short run covers each), then drawn by weight */
+      for (int k = 0; k < EV_KINDS && !done; k++)
+        done = !s->by_kind[k] && inject(s, k);
       for (int tries = 0; tries < 8 && !done; tries++)
         done = inject(s, pick_event(s));
       injected += done;
@@ -456,9 +595,27 @@ int main(int argc, char **argv) {
          "iterations\n",
          s.seed, target, duration, iterations);
   signal(SIGPIPE, SIG_IGN);
-  if (cluster_start_with(&s.c, NAGENTS, agent_args, coordinator_args) != 0) {
+  net_open(&s.net);
+  if (s.net.on)
+    printf("soak: partitions on: agent-%d in network namespace %s (%s), the others on %s\n",
+           NAGENTS - 1, s.net.ns, s.net.there, s.net.here);
+  else
+    printf("soak: partitions off: %s\n", s.net.why_off);
+  cluster_net_t net = {.agent_host = s.net.on ? s.net.here : NULL,
+                       .etcd_extra_host = s.net.on ? s.net.here : NULL};
+  int started = cluster_start_net(&s.c, s.net.on ? NAGENTS - 1 : NAGENTS, agent_args,
+                                  coordinator_args, &net) == 0;
+  if (started && s.net.on) { /* the last agent, inside the namespace */
+    started = cluster_place_agent(&s.c, NAGENTS - 1, s.net.ns, s.net.there,
+                                  etcd_fixture_endpoints_on_extra_host(s.c.etcd)) == 0 &&
+              cluster_add_agent(&s.c, NULL) == NAGENTS - 1 &&
+              cluster_wait_agents(&s.c, NAGENTS, 30) == 0;
+    s.net.agent = NAGENTS - 1;
+  }
+  if (!started) {
     cluster_dump_logs(&s.c);
     cluster_stop(&s.c);
+    net_close();
     return 1;
   }
   s.coord[0] = s.c.coordinator;
@@ -497,8 +654,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < s.c.nagents; i++)
     if (s.state[i] == STOPPED)
       kill(s.c.agent[i], SIGCONT);
+    else if (s.state[i] == CUT)
+      net_link(&s, 1);
   coordinator_process_stop(&s.coord[1], SIGTERM);
   s.c.coordinator = s.coord[0];
   cluster_stop(&s.c);
+  net_close();
   return s.failures || clean < 0 ? 1 : 0;
 }
