@@ -2,8 +2,9 @@
  * with deadline and failover, the stream helper used by watch, status mapping and the
  * per-thread detail messages.
  *
- * Owns: one grpc_channel per endpoint (thread-safe in gRPC), the errslot list; holds the
- * list of running keepalives (owned by lease.c) under `lock`.
+ * Owns: the current grpc_channel of each endpoint (thread-safe in gRPC; refcounted here, see
+ * wg_etcd_channel_t: a call holds the channel it was created on), the errslot list; holds
+ * the list of running keepalives (owned by lease.c) under `lock`.
  * Threads: none of its own; any number of caller threads run calls concurrently. Each call
  * uses its own pluck completion queue, drained with grpc_completion_queue_pluck before it is
  * destroyed, with exactly one batch in flight.
@@ -33,7 +34,10 @@
  * Security (security.c): channels use SSL credentials when TLS is configured; every call and
  * stream sends the handle's token, and wg_etcd_unary authenticates again once when etcd
  * rejects it. A round in which every endpoint failed its TLS handshake ends the call at once
- * with WAGMA_EPERM: a wrong CA is a misconfiguration, not an outage. */
+ * with WAGMA_EPERM: a wrong CA is a misconfiguration, not an outage. When the TLS files
+ * change (looked at, at most once a second, by calls and stream opens), every endpoint gets
+ * a new channel on the new credentials (rotate_tls); calls and streams in flight keep theirs
+ * until they end, so an established watch is not cut by a rotation. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
@@ -371,13 +375,103 @@ int wagma_etcd_options_check(const wagma_etcd_options_t *options, char *err, siz
   return check_options(options, &tls, err, err_len);
 }
 
+/* ---- channels ------------------------------------------------------------------------ */
+
+/* The channel arguments of every channel (6 entries in args). */
+static void channel_args_fill(grpc_arg args[6], grpc_channel_args *channel_args) {
+  /* Reconnect quickly after an etcd restart; fail calls fast while it is down (see the
+   * reconnect policy above). */
+  args[0] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 100}};
+  /* Despite its name, gRPC core uses this only as the minimum connect timeout (an attempt
+   * gets max(its backoff, this) to finish TCP + HTTP/2 SETTINGS): keep it generous. */
+  args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 5000}};
+  args[2] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}};
+  args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};
+  args[4] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}};
+  args[5] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_ENABLE_RETRIES, {.integer = 0}};
+  *channel_args = (grpc_channel_args){.num_args = 6, .args = args};
+}
+
+/* A channel to endpoint on creds, with the handle's ref only; NULL when gRPC refuses. */
+static wg_etcd_channel_t *channel_new(wagma_etcd_t *etcd, size_t endpoint,
+                                      grpc_channel_credentials *creds) {
+  grpc_arg args[6];
+  grpc_channel_args channel_args;
+  wg_etcd_channel_t *ch = calloc(1, sizeof *ch);
+  if (ch == NULL)
+    return NULL;
+  channel_args_fill(args, &channel_args);
+  ch->channel = grpc_channel_create(etcd->endpoints[endpoint], creds, &channel_args);
+  if (ch->channel == NULL) {
+    free(ch);
+    return NULL;
+  }
+  ch->refs = 1;
+  return ch;
+}
+
+/* The current channel of endpoint, held for one call or stream (channel_release). */
+static wg_etcd_channel_t *channel_hold(wagma_etcd_t *etcd, size_t endpoint) {
+  pthread_mutex_lock(&etcd->lock);
+  wg_etcd_channel_t *ch = etcd->channels[endpoint];
+  ch->refs++;
+  pthread_mutex_unlock(&etcd->lock);
+  return ch;
+}
+
+/* Drops one ref; the last one destroys the channel. NULL is a no-op. */
+static void channel_release(wagma_etcd_t *etcd, wg_etcd_channel_t *ch) {
+  if (ch == NULL)
+    return;
+  pthread_mutex_lock(&etcd->lock);
+  int last = --ch->refs == 0;
+  pthread_mutex_unlock(&etcd->lock);
+  if (last) {
+    grpc_channel_destroy(ch->channel);
+    free(ch);
+  }
+}
+
+/* When the TLS files changed: a new channel for every endpoint on the new credentials. The
+ * old ones stay with the calls and streams that hold them. */
+static void rotate_tls(wagma_etcd_t *etcd) {
+  grpc_channel_credentials *creds = wg_etcd_tls_changed(etcd);
+  if (creds == NULL)
+    return;
+  wg_etcd_channel_t **fresh = calloc(etcd->n_endpoints, sizeof *fresh);
+  size_t made = 0;
+  while (fresh != NULL && made < etcd->n_endpoints &&
+         (fresh[made] = channel_new(etcd, made, creds)) != NULL)
+    made++;
+  grpc_channel_credentials_release(creds);
+  if (made < etcd->n_endpoints) {
+    wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_WARN,
+            "etcd: the TLS files changed but new channels could not be made: keeping the old");
+    for (size_t i = 0; fresh != NULL && i < made; i++)
+      channel_release(etcd, fresh[i]);
+    free(fresh);
+    return;
+  }
+  pthread_mutex_lock(&etcd->lock);
+  for (size_t i = 0; i < etcd->n_endpoints; i++) {
+    wg_etcd_channel_t *old = etcd->channels[i];
+    etcd->channels[i] = fresh[i];
+    fresh[i] = old;
+  }
+  pthread_mutex_unlock(&etcd->lock);
+  for (size_t i = 0; i < etcd->n_endpoints; i++)
+    channel_release(etcd, fresh[i]);
+  free(fresh);
+  wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_INFO,
+          "etcd: the TLS files changed: new connections use the new certificates (calls and "
+          "watches already open keep theirs)");
+}
+
 int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
   wagma_etcd_t *etcd = NULL;
   grpc_channel_credentials *creds = NULL;
   int rc = 0, key_made = 0, lock_made = 0, grpc_started = 0, auth_made = 0, tls = 0;
   char why[256];
-  grpc_arg args[6];
-  grpc_channel_args channel_args = {.num_args = 6, .args = args};
 
   if (out == NULL || options == NULL || options->endpoints == NULL)
     return WAGMA_EINVAL;
@@ -407,8 +501,13 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
     rc = WAGMA_ENOMEM;
     goto out;
   }
+  if (pthread_mutex_init(&etcd->tls_lock, NULL) != 0) {
+    pthread_mutex_destroy(&etcd->auth_lock);
+    rc = WAGMA_ENOMEM;
+    goto out;
+  }
   auth_made = 1;
-  if ((rc = wg_etcd_auth_init(etcd, options)) != 0)
+  if ((rc = wg_etcd_auth_init(etcd, options)) != 0 || (rc = wg_etcd_tls_init(etcd, options)) != 0)
     goto out;
   etcd->tls = tls;
   if (options->ping_key != NULL && (etcd->ping_key = strdup(options->ping_key)) == NULL) {
@@ -426,16 +525,6 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
 
   grpc_init();
   grpc_started = 1;
-  /* Reconnect quickly after an etcd restart; fail calls fast while it is down (see the
-   * reconnect policy above). */
-  args[0] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = 100}};
-  /* Despite its name, gRPC core uses this only as the minimum connect timeout (an attempt
-   * gets max(its backoff, this) to finish TCP + HTTP/2 SETTINGS): keep it generous. */
-  args[1] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, {.integer = 5000}};
-  args[2] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, {.integer = 1000}};
-  args[3] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = -1}};
-  args[4] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 30000}};
-  args[5] = (grpc_arg){GRPC_ARG_INTEGER, GRPC_ARG_ENABLE_RETRIES, {.integer = 0}};
   creds = wg_etcd_credentials(options, tls, why, sizeof why);
   if (creds == NULL) {
     wg_logf(options->log_fn, options->log_user, WAGMA_LOG_ERROR, "etcd: %s", why);
@@ -443,7 +532,7 @@ int wagma_etcd_open(const wagma_etcd_options_t *options, wagma_etcd_t **out) {
     goto out;
   }
   for (size_t i = 0; i < etcd->n_endpoints; i++) {
-    etcd->channels[i] = grpc_channel_create(etcd->endpoints[i], creds, &channel_args);
+    etcd->channels[i] = channel_new(etcd, i, creds);
     if (etcd->channels[i] == NULL) {
       rc = WAGMA_EINVAL;
       goto out;
@@ -456,8 +545,7 @@ out:
     grpc_channel_credentials_release(creds);
   if (etcd != NULL) {
     for (size_t i = 0; etcd->channels != NULL && i < etcd->n_endpoints; i++)
-      if (etcd->channels[i] != NULL)
-        grpc_channel_destroy(etcd->channels[i]);
+      channel_release(etcd, etcd->channels[i]);
     for (size_t i = 0; i < etcd->n_endpoints; i++)
       free(etcd->endpoints[i]);
     free(etcd->endpoints);
@@ -480,7 +568,7 @@ void wagma_etcd_close(wagma_etcd_t *etcd) {
   if (etcd == NULL)
     return;
   for (size_t i = 0; i < etcd->n_endpoints; i++) {
-    grpc_channel_destroy(etcd->channels[i]);
+    channel_release(etcd, etcd->channels[i]); /* every call has ended: the last ref */
     free(etcd->endpoints[i]);
   }
   free(etcd->channels);
@@ -633,9 +721,10 @@ static int unary_attempt(wagma_etcd_t *etcd, size_t endpoint, const char *method
   char *details_text = NULL;
   int rc = 0;
 
+  wg_etcd_channel_t *channel = channel_hold(etcd, endpoint);
   grpc_metadata_array_init(&initial_md);
   grpc_metadata_array_init(&trailing_md);
-  call = grpc_channel_create_call(etcd->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+  call = grpc_channel_create_call(channel->channel, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
                                   grpc_slice_from_static_string(method), NULL,
                                   deadline_from_ms(deadline_ms), NULL);
   if (call == NULL) {
@@ -706,6 +795,7 @@ out:
   grpc_metadata_array_destroy(&trailing_md);
   if (call != NULL)
     grpc_call_unref(call);
+  channel_release(etcd, channel);
   destroy_cq(cq);
   if (n_md)
     grpc_slice_unref(token_md.value);
@@ -728,6 +818,7 @@ int wg_etcd_unary_token(wagma_etcd_t *etcd, const char *method, const ProtobufCM
   if (deadline_ms <= 0)
     deadline_ms = wg_etcd_now_ms() + etcd->call_timeout_ms;
   clear_error(etcd);
+  rotate_tls(etcd);
   for (;;) {
     /* gRPC consumes a sent byte buffer even when the attempt fails (and a copy shares its
      * slices): pack a fresh one for each attempt. */
@@ -844,7 +935,9 @@ int wg_etcd_stream_open(wg_etcd_stream_t *stream, wagma_etcd_t *etcd, size_t end
   stream->cq = grpc_completion_queue_create_for_pluck(NULL);
   if (rc != 0)
     goto out; /* no call: close() keeps the authentication's message */
-  stream->call = grpc_channel_create_call(etcd->channels[endpoint], NULL, GRPC_PROPAGATE_DEFAULTS,
+  rotate_tls(etcd);
+  stream->channel = channel_hold(etcd, endpoint);
+  stream->call = grpc_channel_create_call(stream->channel->channel, NULL, GRPC_PROPAGATE_DEFAULTS,
                                           stream->cq, grpc_slice_from_static_string(method), NULL,
                                           gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
   if (stream->call == NULL) {
@@ -958,6 +1051,8 @@ int wg_etcd_stream_close(wg_etcd_stream_t *stream, const char *method, wg_etcd_c
     grpc_call_unref(stream->call);
     stream->call = NULL;
   }
+  channel_release(stream->etcd, stream->channel);
+  stream->channel = NULL;
   gpr_free(details_text);
   grpc_slice_unref(details);
   grpc_metadata_array_destroy(&trailing_md);

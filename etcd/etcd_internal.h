@@ -20,14 +20,31 @@ struct wg_etcd_errslot {
   char msg[WG_ETCD_ERRMSG_MAX];
 };
 
+/* A channel of one endpoint, shared by the calls created on it. refs (under etcd->lock):
+ * one for the handle while it is the endpoint's current channel, one per call or stream
+ * created on it; the last release destroys it. TLS rotation replaces the current channel and
+ * drops the handle's ref, so calls in flight finish on the channel they started on. */
+typedef struct wg_etcd_channel {
+  grpc_channel *channel;
+  int refs;
+} wg_etcd_channel_t;
+
+/* What identifies a TLS file's content without reading it (stat of the file a path names,
+ * symbolic links followed: Kubernetes swaps a Secret volume's ..data link). */
+typedef struct wg_etcd_file_sig {
+  unsigned long long dev, ino, size;
+  long long mtime_ns;
+  int missing;
+} wg_etcd_file_sig_t;
+
 struct wagma_etcd {
-  char **endpoints; /* host:port, n_endpoints of them */
-  grpc_channel **channels;
+  char **endpoints;             /* host:port, n_endpoints of them */
+  wg_etcd_channel_t **channels; /* the current channel of each endpoint, under lock */
   size_t n_endpoints;
   int call_timeout_ms;
   wagma_log_fn log_fn;
   void *log_user;
-  pthread_mutex_t lock; /* guards preferred, slots, failing and keepalives */
+  pthread_mutex_t lock; /* guards preferred, slots, failing, keepalives and channels */
   size_t preferred;     /* index of the endpoint that last worked */
   pthread_key_t errkey;
   struct wg_etcd_errslot *slots;
@@ -42,6 +59,12 @@ struct wagma_etcd {
   pthread_mutex_t auth_lock; /* serializes Authenticate; guards token and token_gen */
   char *token;               /* NULL = none yet (or rejected); "" = etcd auth is off */
   uint64_t token_gen;        /* bumped by each authentication */
+  /* security.c: the TLS files, re-read when they change (wg_etcd_tls_changed) */
+  char *tls_paths[3];             /* CA, client certificate, key; NULL = not given */
+  wg_etcd_file_sig_t tls_sigs[3]; /* as of the credentials in use */
+  int64_t tls_checked_ms;         /* last look (monotonic ms) */
+  int tls_unreadable;             /* the last change did not read: said once */
+  pthread_mutex_t tls_lock;       /* guards the three above; never held with lock */
 };
 
 /* Lets another thread cancel a call in flight (election campaign, watch stream). */
@@ -77,9 +100,19 @@ int wg_etcd_security_check(const wagma_etcd_options_t *options, int *tls, char *
 grpc_channel_credentials *wg_etcd_credentials(const wagma_etcd_options_t *options, int tls,
                                               char *err, size_t err_len);
 /* Copies the user options into the handle (auth_lock already initialized); 0 or
- * WAGMA_ENOMEM. wg_etcd_auth_destroy frees what it copied (also after a failure) and
- * destroys auth_lock. */
+ * WAGMA_ENOMEM. wg_etcd_auth_destroy frees what it and wg_etcd_tls_init copied (also after a
+ * failure) and destroys auth_lock and tls_lock. */
 int wg_etcd_auth_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *options);
+/* Remembers the TLS files of options and their signatures (tls_lock already initialized);
+ * 0 or WAGMA_ENOMEM. Freed by wg_etcd_auth_destroy. */
+int wg_etcd_tls_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *options);
+/* TLS rotation: at most once a second (WG_ETCD_TLS_CHECK_MS), looks whether a TLS file
+ * changed (a renewed certificate, a new CA bundle, a Secret updated in place) and, when one
+ * did, reads them all again: new credentials (caller releases), or NULL when nothing changed,
+ * another thread is looking, or the files do not read as PEM yet (logged; tried again at the
+ * next look, so a file caught half-written is read again once complete). Any thread. */
+#define WG_ETCD_TLS_CHECK_MS 1000
+grpc_channel_credentials *wg_etcd_tls_changed(wagma_etcd_t *etcd);
 void wg_etcd_auth_destroy(wagma_etcd_t *etcd);
 /* The token to send on a call: *token NULL when the handle has no user or etcd's auth is
  * off (send none), else a copy (caller frees); *gen its generation. Authenticates first
@@ -117,7 +150,8 @@ typedef struct wg_etcd_stream {
   grpc_call *call;
   grpc_metadata_array initial_md;
   int initial_md_pending;
-  uint64_t token_gen; /* generation of the token the stream was opened with */
+  uint64_t token_gen;         /* generation of the token the stream was opened with */
+  wg_etcd_channel_t *channel; /* held while the stream lives */
 } wg_etcd_stream_t;
 
 /* Opens the stream on endpoint index and sends first (initial metadata with the token +

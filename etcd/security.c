@@ -1,8 +1,12 @@
 /* security.c — TLS credentials and etcd authentication of a handle.
  *
- * TLS: the CA bundle and the client certificate + key are read from their PEM files once, at
- * open, into SSL channel credentials (gRPC's own TLS; the server name checked is the
- * endpoint's host, so etcd's certificate must name it, as a DNS name or an IP address).
+ * TLS: the CA bundle and the client certificate + key are read from their PEM files at open
+ * into SSL channel credentials (gRPC's own TLS; the server name checked is the endpoint's
+ * host, so etcd's certificate must name it, as a DNS name or an IP address). The files are
+ * looked at again at most once a second, from calls (stat: device, inode, size, mtime); when
+ * one changed they are read again and client.c gives every endpoint a new channel on the new
+ * credentials, so a renewed client certificate or a rotated CA takes effect on the next
+ * connection, without a restart (wg_etcd_tls_changed).
  * Authentication: a handle with a username calls /etcdserverpb.Auth/Authenticate (through the
  * unary engine, without a token) and sends the token it gets as the "token" metadata of every
  * call and stream. etcd forgets or refuses a token when it expires (--auth-token-ttl of a
@@ -12,13 +16,15 @@
  * again with a new one. The password is re-read from password_file at each authentication,
  * so a rotated secret works without a restart.
  *
- * Owns: the handle's username, password, password_file and token (under auth_lock).
+ * Owns: the handle's username, password, password_file and token (under auth_lock), and the
+ * TLS paths and their signatures (under tls_lock).
  * Threads: none; callers of any thread. Authenticate runs under auth_lock, so only one
  * caller authenticates at a time and the others wait for its token (bounded by that call's
  * deadline). Lock order: auth_lock, then etcd->lock (taken by the unary engine). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <grpc/grpc_security.h>
 
@@ -144,6 +150,78 @@ out:
   return creds;
 }
 
+/* ---- TLS rotation ------------------------------------------------------------------- */
+
+static wg_etcd_file_sig_t file_sig(const char *path) {
+  wg_etcd_file_sig_t sig;
+  struct stat st;
+  memset(&sig, 0, sizeof sig);
+  if (path == NULL || stat(path, &st) != 0) {
+    sig.missing = 1;
+    return sig;
+  }
+  sig.dev = (unsigned long long)st.st_dev;
+  sig.ino = (unsigned long long)st.st_ino;
+  sig.size = (unsigned long long)st.st_size;
+  sig.mtime_ns = (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+  return sig;
+}
+
+static int same_sig(const wg_etcd_file_sig_t *a, const wg_etcd_file_sig_t *b) {
+  return a->dev == b->dev && a->ino == b->ino && a->size == b->size && a->mtime_ns == b->mtime_ns &&
+         a->missing == b->missing;
+}
+
+int wg_etcd_tls_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *o) {
+  const char *paths[3] = {o->ca_file, o->cert_file, o->key_file};
+  for (int i = 0; i < 3; i++) {
+    if (paths[i] != NULL && (etcd->tls_paths[i] = strdup(paths[i])) == NULL)
+      return WAGMA_ENOMEM;
+    etcd->tls_sigs[i] = file_sig(paths[i]);
+  }
+  etcd->tls_checked_ms = wg_etcd_now_ms();
+  return 0;
+}
+
+grpc_channel_credentials *wg_etcd_tls_changed(wagma_etcd_t *etcd) {
+  wg_etcd_file_sig_t now[3];
+  grpc_channel_credentials *creds = NULL;
+  int changed = 0;
+  char err[256] = "";
+  if (!etcd->tls || pthread_mutex_trylock(&etcd->tls_lock) != 0)
+    return NULL; /* another caller is looking */
+  int64_t t = wg_etcd_now_ms();
+  if (t - etcd->tls_checked_ms < WG_ETCD_TLS_CHECK_MS)
+    goto out;
+  etcd->tls_checked_ms = t;
+  for (int i = 0; i < 3; i++) {
+    now[i] = file_sig(etcd->tls_paths[i]);
+    changed |= etcd->tls_paths[i] != NULL && !same_sig(&now[i], &etcd->tls_sigs[i]);
+  }
+  if (!changed)
+    goto out;
+  wagma_etcd_options_t o = {.ca_file = etcd->tls_paths[0],
+                            .cert_file = etcd->tls_paths[1],
+                            .key_file = etcd->tls_paths[2]};
+  creds = wg_etcd_credentials(&o, 1, err, sizeof err);
+  if (creds == NULL) {
+    if (!etcd->tls_unreadable) /* once per failing spell */
+      wg_logf(etcd->log_fn, etcd->log_user, WAGMA_LOG_WARN,
+              "etcd: the TLS files changed but do not read yet (%s): keeping the credentials in "
+              "use, looking again in %d ms",
+              err, WG_ETCD_TLS_CHECK_MS);
+    etcd->tls_unreadable = 1;
+    goto out;
+  }
+  etcd->tls_unreadable = 0;
+  memcpy(etcd->tls_sigs, now, sizeof now);
+out:
+  pthread_mutex_unlock(&etcd->tls_lock);
+  return creds;
+}
+
+/* ---- authentication ----------------------------------------------------------------- */
+
 int wg_etcd_auth_init(wagma_etcd_t *etcd, const wagma_etcd_options_t *o) {
   if ((o->username != NULL && (etcd->username = strdup(o->username)) == NULL) ||
       (o->password != NULL && (etcd->password = strdup(o->password)) == NULL) ||
@@ -165,6 +243,11 @@ void wg_etcd_auth_destroy(wagma_etcd_t *etcd) {
   free(etcd->password_file);
   free_secret(etcd->token);
   etcd->username = etcd->password = etcd->password_file = etcd->token = NULL;
+  for (int i = 0; i < 3; i++) {
+    free(etcd->tls_paths[i]);
+    etcd->tls_paths[i] = NULL;
+  }
+  pthread_mutex_destroy(&etcd->tls_lock);
   pthread_mutex_destroy(&etcd->auth_lock);
 }
 

@@ -8,7 +8,8 @@
  * role is enforced; a wrong CA, a missing client certificate and a wrong password fail with a
  * clear message well within the call deadline; an expired token and an etcd restart (simple
  * tokens live in memory) are each renewed transparently, a running watch included; a password
- * rotated in etcd and in the password file is picked up. */
+ * rotated in etcd and in the password file is picked up; so are a new CA and client pair
+ * written over the handle's TLS files (etcd moved to a new CA), a running watch included. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -286,6 +287,111 @@ static void rotated_password_is_read_again(void **state) {
   wagma_etcd_close(etcd);
 }
 
+static int g_tls_reloads; /* "TLS files changed: new connections" log lines */
+
+static void rotation_log(void *user, int level, const char *message) {
+  if (strstr(message, "TLS files changed: new connections") != NULL) {
+    pthread_mutex_lock(&g_log_lock);
+    g_tls_reloads++;
+    pthread_mutex_unlock(&g_log_lock);
+  }
+  test_log(user, level, message);
+}
+
+/* Replaces dir/name with the content of dir/from the way Kubernetes updates a mounted
+ * Secret: written beside it, then renamed over it (one atomic step for a reader). */
+static void replace_file(const char *name, const char *from) {
+  assert_int_equal(tls_etcd_sh("cd '%s' && cp %s .%s.new && mv -f .%s.new %s", g_tls.dir, from,
+                               name, name, name),
+                   0);
+}
+
+/* Certificate rotation without a restart. The handle reads its CA and client pair from
+ * files of its own. etcd then moves to a new CA (its server certificate and the client CAs
+ * it trusts), and restarts, so the open connections go: the handle, still on the old CA,
+ * cannot connect (the handshake fails). Once the files hold the new CA and a client pair it
+ * signed, the same handle, and the watch it had open, work again within a few seconds. Runs
+ * last: etcd keeps the new certificates. */
+static void rotated_certificates_are_read_again(void **state) {
+  (void)state;
+  assert_int_equal(tls_etcd_sh("cd '%s' && cp ca.crt my-ca.crt && cp client.crt my-client.crt && "
+                               "cp client.key my-client.key",
+                               g_tls.dir),
+                   0);
+  wagma_etcd_options_t o = good_options();
+  o.ca_file = path("my-ca.crt");
+  o.cert_file = path("my-client.crt");
+  o.key_file = path("my-client.key");
+  o.log_fn = rotation_log;
+  wagma_etcd_t *etcd = NULL;
+  assert_int_equal(wagma_etcd_open(&o, &etcd), 0);
+  put_ok(etcd, "/wagma/rot/before", "1");
+  recorder_t rec;
+  recorder_init(&rec);
+  wagma_etcd_watch_t *watch = NULL;
+  assert_int_equal(wagma_etcd_watch_start(etcd, "/wagma/rot/",
+                                          &(wagma_etcd_watch_options_t){.prefix = 1},
+                                          recorder_watch_fn, &rec, &watch),
+                   0);
+
+  /* A second CA, etcd's certificate and a client pair signed by it. */
+  const char *ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  assert_int_equal(
+      tls_etcd_sh("cd '%s' && openssl req -x509 %s -keyout ca2.key -out ca2.crt -days 2"
+                  " -subj /CN=wagma-test-ca-2 2>/dev/null"
+                  " && openssl req %s -keyout server2.key -out server2.csr -subj /CN=etcd"
+                  " 2>/dev/null && openssl x509 -req -in server2.csr -CA ca2.crt -CAkey ca2.key"
+                  " -CAcreateserial -out server2.crt -days 2 -extfile server.ext 2>/dev/null"
+                  " && openssl req %s -keyout client2.key -out client2.csr -subj /CN=wagma"
+                  " 2>/dev/null && openssl x509 -req -in client2.csr -CA ca2.crt -CAkey ca2.key"
+                  " -CAcreateserial -out client2.crt -days 2 -extfile client.ext 2>/dev/null"
+                  " && cat ca.crt ca2.crt > both-cas.crt",
+                  g_tls.dir, ec, ec, ec),
+      0);
+  /* etcd moves to the new CA (it trusts both for clients: etcdctl keeps the old pair). */
+  replace_file("server.crt", "server2.crt");
+  replace_file("server.key", "server2.key");
+  replace_file("ca.crt", "both-cas.crt");
+  assert_int_equal(etcd_fixture_kill(g_etcd, 0), 0);
+  assert_int_equal(etcd_fixture_restart(g_etcd, 0), 0);
+
+  /* Still on the old CA: etcd's new certificate does not verify. */
+  int rc = wagma_etcd_put(etcd, "/wagma/rot/stale", "x", 1, 0, NULL);
+  fprintf(stderr, "on the old CA: %s: %s\n", wagma_strerror(rc), wagma_etcd_errmsg(etcd));
+  assert_int_not_equal(rc, 0);
+
+  /* The Secret is updated: the same handle picks the new files up. */
+  replace_file("my-ca.crt", "ca2.crt");
+  replace_file("my-client.key", "client2.key");
+  replace_file("my-client.crt", "client2.crt");
+  int64_t t0 = test_now_ms();
+  while ((rc = wagma_etcd_put(etcd, "/wagma/rot/after", "2", 1, 0, NULL)) != 0 &&
+         test_now_ms() - t0 < 10000)
+    usleep(200000);
+  int64_t took = test_now_ms() - t0;
+  fprintf(stderr, "on the new files: %s after %lld ms (%s)\n", wagma_strerror(rc), (long long)took,
+          rc ? wagma_etcd_errmsg(etcd) : "");
+  assert_int_equal(rc, 0);
+  assert_true(took <= 5000); /* the files are looked at once a second */
+  pthread_mutex_lock(&g_log_lock);
+  int reloads = g_tls_reloads;
+  pthread_mutex_unlock(&g_log_lock);
+  assert_true(reloads >= 1);
+  /* The watch that was open before the rotation delivers events again. */
+  int seen_after = 0;
+  for (int64_t w0 = test_now_ms(); !seen_after && test_now_ms() - w0 < 10000;) {
+    recorder_wait_events(&rec, rec.n + 1, 500);
+    pthread_mutex_lock(&rec.lock);
+    for (size_t i = 0; i < rec.n; i++)
+      seen_after |= strcmp(rec.events[i].key, "/wagma/rot/after") == 0;
+    pthread_mutex_unlock(&rec.lock);
+  }
+  assert_true(seen_after);
+  wagma_etcd_watch_stop(watch);
+  recorder_destroy(&rec);
+  wagma_etcd_close(etcd);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(bad_options_are_refused_at_open),
@@ -297,6 +403,7 @@ int main(void) {
       cmocka_unit_test(certificate_cn_is_the_user),
       cmocka_unit_test(rejected_tokens_are_renewed),
       cmocka_unit_test(rotated_password_is_read_again),
+      cmocka_unit_test(rotated_certificates_are_read_again), /* last: new certificates */
   };
   if (getenv("TEST_FILTER") != NULL)
     cmocka_set_test_filter(getenv("TEST_FILTER"));
