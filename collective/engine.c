@@ -203,7 +203,8 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   cfg.max_payload = frame;
   cfg.max_queued_bytes = 64 * frame + (64u << 20);
   cfg.connect_timeout_s = c->connect_timeout_s;
-  cfg.auth = (wg_transport_auth_t){.secret = o->secret, .secret_len = o->secret_len};
+  cfg.auth =
+      (wg_transport_auth_t){.secret = o->secret, .secret_len = o->secret_len, .seal = o->encrypt};
   cfg.device = o->device;
   cfg.cancelled = o->cancelled;
   cfg.cancel_user = o->cancel_user;
@@ -235,6 +236,13 @@ int wagma_comm_create(const wagma_comm_options_t *options, wagma_comm_t **comm) 
     *comm = NULL;
   if (!options || !comm)
     return WAGMA_EINVAL;
+  if (options->encrypt && (options->secret == NULL || options->transport != WAGMA_TRANSPORT_TCP)) {
+    wg_logf(options->log, options->log_user, WAGMA_LOG_ERROR,
+            "rank %d: data-plane encryption needs %s", options->rank,
+            options->secret == NULL ? "the epoch's secret (its keys come from it)"
+                                    : "the tcp transport (NCCL moves payloads unencrypted)");
+    return WAGMA_EINVAL;
+  }
   if (options->transport == WAGMA_TRANSPORT_NCCL) {
 #ifdef WAGMA_HAVE_NCCL
     return wg_comm_create_with(options, &wg_nccl_transport, comm);

@@ -193,7 +193,9 @@ static void frame_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
   p->in_msg = NULL;
   p->in_sink = NULL;
   p->in_payload_got = 0;
-  atomic_fetch_add(&t->bytes_received, WG_FRAME_HEADER_SIZE + m->header.length);
+  p->in_tag_phase = 0;
+  atomic_fetch_add(&t->bytes_received,
+                   WG_FRAME_HEADER_SIZE + m->header.length + (t->sealed ? WG_SEAL_TAG_LEN : 0));
   if (m->header.kind == WG_FRAME_BYE) {
     wg_message_free(m);
     peer_kill(t, p->rank, WAGMA_LOG_INFO, "closed (BYE)");
@@ -210,6 +212,34 @@ static void frame_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
     return;
   }
   mailbox_put(t, m);
+}
+
+/* p's current frame has its whole payload: complete, or, sealed, its tag comes next. */
+static void payload_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
+  if (!t->sealed) {
+    frame_complete(t, p, ctx);
+    return;
+  }
+  p->in_tag_phase = 1;
+  p->in_tag_got = 0;
+}
+
+/* Sealed: the tag of p's current frame is complete: opens the payload in place (decrypts,
+ * and checks header and payload) and completes the frame. Returns 0 or -1 (peer killed: an
+ * altered, forged, replayed or reordered frame). */
+static int tag_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
+  uint8_t *payload = p->in_sink != NULL ? p->in_sink : p->in_msg->payload;
+  int rc =
+      wg_seal_open_frame(&p->seal, p->in_hdr, payload, (size_t)p->in_msg->header.length, p->in_tag);
+  if (rc != 0) {
+    reject(t, p->rank,
+           rc == WAGMA_EPROTO ? "sealed frame failed authentication (altered, forged or "
+                                "replayed on the way)"
+                              : "cannot open a sealed frame (libcrypto)");
+    return -1;
+  }
+  frame_complete(t, p, ctx);
+  return 0;
 }
 
 /* Validates a complete header and starts its frame. Returns 0 or -1 (peer killed). */
@@ -240,8 +270,9 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
   p->in_msg = m;
   p->in_payload_got = 0;
   p->in_sink = sink ? ctx->sink->dst : NULL;
+  p->in_tag_phase = 0;
   if (h.length == 0)
-    frame_complete(t, p, ctx);
+    payload_complete(t, p, ctx);
   return 0;
 }
 
@@ -259,6 +290,16 @@ static int consume(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx, cons
       n -= take;
       if (p->in_hdr_got == WG_FRAME_HEADER_SIZE && header_complete(t, p, ctx) != 0)
         return -1;
+    } else if (p->in_tag_phase) {
+      size_t take = WG_SEAL_TAG_LEN - p->in_tag_got;
+      if (take > n)
+        take = n;
+      memcpy(p->in_tag + p->in_tag_got, data, take);
+      p->in_tag_got += take;
+      data += take;
+      n -= take;
+      if (p->in_tag_got == WG_SEAL_TAG_LEN && tag_complete(t, p, ctx) != 0)
+        return -1;
     } else {
       size_t len = (size_t)p->in_msg->header.length, take = len - p->in_payload_got;
       if (take > n)
@@ -269,7 +310,7 @@ static int consume(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx, cons
       data += take;
       n -= take;
       if (p->in_payload_got == len)
-        frame_complete(t, p, ctx);
+        payload_complete(t, p, ctx);
     }
   }
   return 0;
@@ -291,7 +332,7 @@ static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
        * than half through the scratch buffer and copied. */
       dst = ctx->scratch;
       want = WG_FRAME_HEADER_SIZE - p->in_hdr_got;
-    } else if (p->in_msg != NULL) {
+    } else if (p->in_msg != NULL && !p->in_tag_phase) {
       size_t rest = (size_t)p->in_msg->header.length - p->in_payload_got;
       if (rest >= DIRECT_MIN) { /* a large remainder: read it in place, no copy */
         dst = (p->in_sink != NULL ? p->in_sink : p->in_msg->payload) + p->in_payload_got;
@@ -321,7 +362,7 @@ static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
     if (direct) {
       p->in_payload_got += (size_t)n;
       if (p->in_payload_got == p->in_msg->header.length)
-        frame_complete(t, p, ctx);
+        payload_complete(t, p, ctx);
     } else if (consume(t, p, ctx, dst, (size_t)n) != 0) {
       return 0;
     }
@@ -605,6 +646,7 @@ static void tcp_free(struct wg_transport *t) {
     }
     free_queue(p);
     wg_message_free(p->in_msg);
+    wg_seal_free(&p->seal);
     pthread_mutex_destroy(&p->out_lock);
     pthread_mutex_destroy(&p->ev_lock);
   }
@@ -641,8 +683,8 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   const wg_transport_auth_t *auth = &cfg->auth;
   if ((auth->secret == NULL) != (auth->secret_len == 0) ||
       (auth->secret != NULL && auth->secret_len < WAGMA_SECRET_MIN_LEN) ||
-      auth->secret_len > (size_t)INT_MAX)
-    return WAGMA_EINVAL;
+      auth->secret_len > (size_t)INT_MAX || (auth->seal && auth->secret == NULL))
+    return WAGMA_EINVAL; /* sealing keys come from the secret */
   *out = NULL;
   t = calloc(1, sizeof *t);
   if (t == NULL)
@@ -658,6 +700,7 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
       cfg->connect_timeout_s > 0 ? cfg->connect_timeout_s : WG_TCP_DEFAULT_CONNECT_S;
   t->log = cfg->log;
   t->log_user = cfg->log_user;
+  t->sealed = auth->seal != 0;
   pthread_mutex_init(&t->mbox_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -804,10 +847,27 @@ static int tcp_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const
   wg_tcp_peer_t *p = &t->peers[dst];
   int rc = 0, kick = 0;
   size_t written = 0;
+  uint8_t *sealed = NULL; /* sealed: the encrypted payload and its tag, sent in its place */
+  int nonce_used = 0;     /* a frame was sealed: it must go out, or the stream is broken */
   pthread_mutex_lock(&p->out_lock);
   if (atomic_load(&p->dead)) {
     rc = WAGMA_EPEER;
     goto unlock;
+  }
+  if (t->sealed) {
+    /* Under out_lock: frames are sealed in the order they go out (the nonce counts them). */
+    sealed = wg_buf_alloc(length + WG_SEAL_TAG_LEN);
+    if (sealed == NULL) {
+      rc = WAGMA_ENOMEM;
+      goto unlock;
+    }
+    if (wg_seal_frame(&p->seal, hdr, payload, length, sealed, sealed + length) != 0) {
+      rc = WAGMA_EIO;
+      goto unlock;
+    }
+    nonce_used = 1;
+    payload = sealed;
+    length += WG_SEAL_TAG_LEN; /* what follows the header on the wire */
   }
   if (p->out_head == NULL) {
     /* Nothing queued: try the socket now, so most frames never wait for the progress thread
@@ -828,11 +888,14 @@ static int tcp_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const
   }
 unlock:
   pthread_mutex_unlock(&p->out_lock);
+  wg_buf_free(sealed);
   if (rc == WAGMA_EPEER && !atomic_load(&p->dead))
     peer_kill(t, dst, WAGMA_LOG_WARN,
               written > 0 ? "outbound queue overflow" : "send failed or queue overflow");
-  else if (rc != 0 && written > 0)
-    peer_kill(t, dst, WAGMA_LOG_ERROR, "out of memory with a frame half written");
+  else if (rc != 0 && (written > 0 || nonce_used))
+    peer_kill(t, dst, WAGMA_LOG_ERROR,
+              written > 0 ? "out of memory with a frame half written"
+                          : "out of memory with a sealed frame (its nonce is spent)");
   /* A reader session of this thread writes the rest itself while it waits (or hands it to
    * the progress thread when it ends): no wake-up of the progress thread for it. */
   if (rc == 0 && kick && !note_flush(t, dst))

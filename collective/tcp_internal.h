@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <openssl/evp.h>
+
 #include "transport.h"
 
 #define WG_TCP_DEFAULT_MAX_PAYLOAD ((size_t)256 << 20) /* max_payload 0 means this */
@@ -25,12 +27,37 @@
 #define WG_HELLO_NONCE_LEN 32
 #define WG_HELLO_PROOF_LEN 32 /* HMAC-SHA256 */
 #define WG_HELLO_F_AUTH 1u
+#define WG_HELLO_F_SEAL 2u /* the sender seals its frames after the handshake (tcp_seal.c) */
 #define WG_HELLO_STEP1_LEN WG_HELLO_NONCE_LEN
 #define WG_HELLO_STEP2_LEN (WG_HELLO_NONCE_LEN + WG_HELLO_PROOF_LEN)
 #define WG_HELLO_STEP3_LEN WG_HELLO_PROOF_LEN
 #define WG_HELLO_MAX_LEN WG_HELLO_STEP2_LEN
 
 typedef enum wg_hello_side { WG_HELLO_DIALER = 'D', WG_HELLO_ACCEPTOR = 'A' } wg_hello_side_t;
+
+/* Sealed frames (tcp_seal.c): AES-256-GCM, a key per direction of a connection. */
+#define WG_SEAL_KEY_LEN 32
+#define WG_SEAL_TAG_LEN 16
+typedef struct wg_seal {
+  EVP_CIPHER_CTX *tx, *rx; /* NULL: not sealed */
+  uint64_t tx_count;       /* frames sealed: the next one's nonce */
+  uint64_t rx_count;       /* frames opened */
+} wg_seal_t;
+
+/* Keys both contexts (a previous pair is freed first); counts from 0. 0 or WAGMA_EIO. */
+int wg_seal_init(wg_seal_t *seal, const uint8_t tx_key[WG_SEAL_KEY_LEN],
+                 const uint8_t rx_key[WG_SEAL_KEY_LEN]);
+void wg_seal_free(wg_seal_t *seal);
+/* Encrypts length bytes of payload into out (length bytes; may not overlap) under the next
+ * nonce, with header (encoded, as sent) authenticated too; the tag into tag. 0 or WAGMA_EIO. */
+int wg_seal_frame(wg_seal_t *seal, const uint8_t header[WG_FRAME_HEADER_SIZE],
+                  const uint8_t *payload, size_t length, uint8_t *out,
+                  uint8_t tag[WG_SEAL_TAG_LEN]);
+/* Decrypts payload in place and checks the tag over header and payload under the next
+ * nonce: 0, or WAGMA_EPROTO (forged, altered, replayed or reordered: payload wiped), or
+ * WAGMA_EIO (libcrypto failed). */
+int wg_seal_open_frame(wg_seal_t *seal, const uint8_t header[WG_FRAME_HEADER_SIZE],
+                       uint8_t *payload, size_t length, const uint8_t tag[WG_SEAL_TAG_LEN]);
 
 /* One queued outbound frame: the bytes still to write (header and payload, contiguous). */
 typedef struct wg_out_frame {
@@ -86,6 +113,13 @@ typedef struct wg_tcp_peer {
                        in_msg->payload is NULL */
   int in_big;       /* the last frame was large: read the next header alone, then its payload
                        in place (tcp.c) */
+  int in_tag_phase; /* sealed: in_msg's payload is complete, its tag is being read */
+  size_t in_tag_got;
+  uint8_t in_tag[WG_SEAL_TAG_LEN];
+
+  /* Sealed transport: this connection's keys (set by tcp_mesh.c with fd; tx under out_lock,
+   * rx by the reader holder). */
+  wg_seal_t seal;
 } wg_tcp_peer_t;
 
 struct wg_transport {
@@ -95,6 +129,7 @@ struct wg_transport {
   size_t max_payload;
   size_t max_queued;
   double connect_timeout_s;
+  int sealed; /* every frame after the handshake is sealed (tcp_seal.c) */
   wagma_log_fn log;
   void *log_user;
 
@@ -142,6 +177,12 @@ int wg_tcp_hello_proof(const wg_transport_auth_t *auth, wg_hello_side_t side, ui
                        int dialer, int acceptor, int nranks,
                        const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
                        const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]);
+/* The same MAC under another label: the proof is label "wagma-hello-v1"; the key of the
+ * frames one side seals is label "wagma-seal-v1" (never sent). */
+int wg_tcp_hello_mac(const wg_transport_auth_t *auth, const char *label, wg_hello_side_t side,
+                     uint64_t epoch, int dialer, int acceptor, int nranks,
+                     const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
+                     const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]);
 
 /* Parses "host:port" or "[v6]:port" into host (NUL-terminated) and port. */
 int wg_tcp_parse_address(const char *address, char *host, size_t host_len, char *port,

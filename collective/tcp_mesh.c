@@ -22,10 +22,12 @@
  *
  * Runs on the thread that calls open, before the progress thread exists, with its own epoll
  * set; no locks. Reads the secret from the caller's auth only during wg_tcp_mesh_connect and
- * keeps no copy. Invariant: only the handshake's own bytes are read from a connection here
- * (a header, then exactly the payload length of its step, checked before it is read), so
- * frames a faster peer sends right after its handshake stay in the socket for the progress
- * thread. */
+ * keeps no copy. In a sealed mesh (auth->seal, HELLO flag WG_HELLO_F_SEAL on both sides, or
+ * the pair is refused) each completed connection is keyed here, from the secret and its two
+ * nonces (seal_connection, tcp_seal.c). Invariant: only the handshake's own bytes are read from a
+ * connection here (a header, then exactly the payload length of its step, checked before it is
+ * read), so frames a faster peer sends right after its handshake stay in the socket for the
+ * progress thread. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -83,6 +85,7 @@ typedef struct mesh {
   const wagma_plan_t *plan;
   const wg_transport_auth_t *auth;
   int authed; /* 1: this rank holds a secret and requires peers to prove theirs */
+  int sealed; /* 1: frames after the handshake are sealed, and peers must seal theirs */
   int epfd;
   int listen_fd;
   mesh_slot_t *dials;   /* nranks entries, used for ranks below mine */
@@ -123,12 +126,21 @@ int wg_tcp_hello_proof(const wg_transport_auth_t *auth, wg_hello_side_t side, ui
                        int dialer, int acceptor, int nranks,
                        const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
                        const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]) {
-  static const char label[] = "wagma-hello-v1";
+  return wg_tcp_hello_mac(auth, "wagma-hello-v1", side, epoch, dialer, acceptor, nranks, nonce_d,
+                          nonce_a, out);
+}
+
+int wg_tcp_hello_mac(const wg_transport_auth_t *auth, const char *label, wg_hello_side_t side,
+                     uint64_t epoch, int dialer, int acceptor, int nranks,
+                     const uint8_t nonce_d[WG_HELLO_NONCE_LEN],
+                     const uint8_t nonce_a[WG_HELLO_NONCE_LEN], uint8_t out[WG_HELLO_PROOF_LEN]) {
   static const uint8_t no_key[1];
-  uint8_t msg[sizeof label - 1 + 1 + 8 + 3 * 4 + 2 * WG_HELLO_NONCE_LEN];
-  size_t n = 0;
-  memcpy(msg, label, sizeof label - 1);
-  n += sizeof label - 1;
+  uint8_t msg[32 + 1 + 8 + 3 * 4 + 2 * WG_HELLO_NONCE_LEN];
+  size_t n = 0, label_len = strlen(label);
+  if (label_len > 32)
+    return WAGMA_EINVAL;
+  memcpy(msg, label, label_len);
+  n += label_len;
   msg[n++] = (uint8_t)side;
   wg_le_put_u64(msg + n, epoch);
   n += 8;
@@ -188,7 +200,7 @@ static int send_hello(mesh_t *m, int fd, int step, const uint8_t *payload, size_
   h.seq = (uint64_t)step;
   h.length = len;
   h.aux = (uint64_t)t->nranks;
-  h.flags = m->authed ? WG_HELLO_F_AUTH : 0;
+  h.flags = (m->authed ? WG_HELLO_F_AUTH : 0) | (m->sealed ? WG_HELLO_F_SEAL : 0);
   wg_frame_encode(&h, out);
   memcpy(out + WG_FRAME_HEADER_SIZE, payload, len);
   size_t total = WG_FRAME_HEADER_SIZE + len;
@@ -212,13 +224,20 @@ static int check_header(mesh_t *m, mesh_slot_t *s, int step) {
     return -1;
   }
   int peer_authed = (h->flags & WG_HELLO_F_AUTH) != 0;
+  int peer_sealed = (h->flags & WG_HELLO_F_SEAL) != 0;
   if (h->aux != (uint64_t)t->nranks) {
     refuse(m, s, "HELLO for %llu ranks, not %d", (unsigned long long)h->aux, t->nranks);
   } else if (h->seq != (uint64_t)step || h->length != hello_len(step)) {
     refuse(m, s, "HELLO step %llu of %llu bytes where step %d was due (another version?)",
            (unsigned long long)h->seq, (unsigned long long)h->length, step);
-  } else if (h->flags & ~WG_HELLO_F_AUTH) {
+  } else if (h->flags & ~(WG_HELLO_F_AUTH | WG_HELLO_F_SEAL)) {
     refuse(m, s, "unknown HELLO flags 0x%x", (unsigned)h->flags);
+  } else if (m->sealed != peer_sealed) {
+    refuse(m, s,
+           "rank %u %s its frames and this rank %s (every member must use the same "
+           "data-plane encryption setting)",
+           (unsigned)h->src, peer_sealed ? "encrypts" : "does not encrypt",
+           m->sealed ? "does" : "does not");
   } else if (m->authed && !peer_authed) {
     refuse(m, s, "rank %u sent an unauthenticated HELLO (it holds no secret)", (unsigned)h->src);
   } else if (!m->authed && peer_authed) {
@@ -426,6 +445,8 @@ static void dial_start(mesh_t *m, mesh_slot_t *s) {
 }
 
 /* Dialer: step 2 arrived. Checks the acceptor's proof, answers with ours (step 3). */
+static int seal_connection(mesh_t *m, mesh_slot_t *s, int dialer, int acceptor);
+
 static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
   struct wg_transport *t = m->t;
   if (s->state == SLOT_CONNECTING) {
@@ -457,7 +478,8 @@ static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
   uint8_t proof[WG_HELLO_PROOF_LEN];
   if (wg_tcp_hello_proof(m->auth, WG_HELLO_DIALER, t->epoch, t->rank, s->rank, t->nranks,
                          s->nonce_d, s->nonce_a, proof) != 0 ||
-      send_hello(m, s->fd, 3, proof, sizeof proof) != 0) {
+      send_hello(m, s->fd, 3, proof, sizeof proof) != 0 ||
+      seal_connection(m, s, t->rank, s->rank) != 0) {
     dial_failed(m, s);
     return;
   }
@@ -466,6 +488,34 @@ static void on_dial_event(mesh_t *m, mesh_slot_t *s) {
   s->fd = -1;
   s->state = SLOT_DONE;
   m->missing--;
+}
+
+/* A sealed mesh: keys this connection's frames with rank `peer`, from the secret and the
+ * handshake's nonces (tcp_seal.c). 0 or -1 (logged; the connection is then not used). */
+static int seal_connection(mesh_t *m, mesh_slot_t *s, int dialer, int acceptor) {
+  struct wg_transport *t = m->t;
+  if (!m->sealed)
+    return 0;
+  uint8_t from_dialer[WG_SEAL_KEY_LEN], from_acceptor[WG_SEAL_KEY_LEN];
+  _Static_assert(WG_SEAL_KEY_LEN == WG_HELLO_PROOF_LEN, "one HMAC-SHA256 per key");
+  int rc = wg_tcp_hello_mac(m->auth, "wagma-seal-v1", WG_HELLO_DIALER, t->epoch, dialer, acceptor,
+                            t->nranks, s->nonce_d, s->nonce_a, from_dialer);
+  if (rc == 0)
+    rc = wg_tcp_hello_mac(m->auth, "wagma-seal-v1", WG_HELLO_ACCEPTOR, t->epoch, dialer, acceptor,
+                          t->nranks, s->nonce_d, s->nonce_a, from_acceptor);
+  int i_dialed = dialer == t->rank;
+  if (rc == 0)
+    rc = wg_seal_init(&t->peers[i_dialed ? acceptor : dialer].seal,
+                      i_dialed ? from_dialer : from_acceptor,
+                      i_dialed ? from_acceptor : from_dialer);
+  OPENSSL_cleanse(from_dialer, sizeof from_dialer);
+  OPENSSL_cleanse(from_acceptor, sizeof from_acceptor);
+  if (rc != 0) {
+    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: cannot key the connection with %d: %s",
+            t->rank, i_dialed ? acceptor : dialer, wagma_strerror(rc));
+    return -1;
+  }
+  return 0;
 }
 
 static void on_listen_event(mesh_t *m) {
@@ -526,6 +576,10 @@ static void accept_step3(mesh_t *m, mesh_slot_t *s) {
   if (verify_proof(m, WG_HELLO_DIALER, s->rank, t->rank, s->nonce_d, s->nonce_a,
                    s->buf + WG_FRAME_HEADER_SIZE) != 0) {
     refuse(m, s, "it claims rank %d and failed authentication (no or another secret)", s->rank);
+    accept_free(m, s);
+    return;
+  }
+  if (seal_connection(m, s, s->rank, t->rank) != 0) {
     accept_free(m, s);
     return;
   }
@@ -652,6 +706,7 @@ int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
               .plan = plan,
               .auth = auth,
               .authed = auth != NULL && auth->secret_len > 0,
+              .sealed = auth != NULL && auth->seal,
               .epfd = -1,
               .listen_fd = -1,
               .missing = t->nranks - 1};

@@ -75,6 +75,8 @@ int wg_match_frame(const wg_match_t *match, const wg_frame_header_t *h);
 typedef struct wg_transport_auth {
   const uint8_t *secret;
   size_t secret_len;
+  int seal; /* TCP: encrypt and authenticate every frame after the handshake (needs a secret;
+               every member the same, or the handshake refuses the pair) */
 } wg_transport_auth_t;
 
 typedef struct wg_transport_config {

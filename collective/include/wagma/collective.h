@@ -148,13 +148,19 @@ typedef struct wagma_comm_options {
    * plan, which is public). Every connection of the mesh proves knowledge of it both ways
    * (HMAC-SHA256 challenge-response, docs/collective.md "Peer authentication"), so only
    * members join the data plane. It authenticates the handshake only: frames are neither
-   * encrypted nor MACed. secret_len >= WAGMA_SECRET_MIN_LEN (32 random bytes recommended);
-   * read only during wagma_comm_create, not kept. secret NULL with secret_len 0 is the
-   * unauthenticated mode (tests, benchmarks; logged as a warning): anyone who can reach the
+   * encrypted nor MACed unless encrypt is set. secret_len >= WAGMA_SECRET_MIN_LEN (32 random bytes
+   * recommended); read only during wagma_comm_create, not kept. secret NULL with secret_len 0 is
+   * the unauthenticated mode (tests, benchmarks; logged as a warning): anyone who can reach the
    * port and knows the public plan can join. Any other combination is WAGMA_EINVAL. All
    * members of an epoch must use the same secret, or the same absence of one. */
   const uint8_t *secret;
   size_t secret_len;
+  /* 1: encrypt and authenticate every frame after the handshake (AES-256-GCM, a key per
+   * direction of each connection derived from the secret and that handshake's nonces;
+   * docs/collective.md "Encryption"). Needs a secret and the TCP transport (else
+   * WAGMA_EINVAL); every member of an epoch must use the same setting, or the handshake
+   * refuses the pair. 0 (default): frames travel in clear after the authenticated handshake. */
+  int encrypt;
   /* May be NULL. Polled (at least every 50 ms) while wagma_comm_create sets up the mesh; when
    * it returns non-zero, create gives up at once with WAGMA_ECANCELED (e.g. the agent learned
    * of a newer plan: no point in waiting connect_timeout_s for members of an old epoch).

@@ -160,6 +160,7 @@ int world_open(world_t *w, int rank, size_t max_payload, double connect_timeout_
   cfg.connect_timeout_s = connect_timeout_s;
   cfg.auth.secret = w->secret_len > 0 ? w->secret : NULL;
   cfg.auth.secret_len = w->secret_len;
+  cfg.auth.seal = w->seal;
   cfg.log = world_log;
   return wg_tcp_transport.open(&cfg, t);
 }

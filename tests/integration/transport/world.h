@@ -18,6 +18,7 @@ typedef struct world {
   size_t shared_len;
   uint8_t secret[32]; /* the epoch's data-plane secret, random per world */
   size_t secret_len;  /* 32; set it to 0 for an unauthenticated world */
+  int seal;           /* world_open seals frames (data-plane encryption); 0 by default */
 } world_t;
 
 /* Picks nranks free loopback ports and a random secret. Returns 0 or -1. */
