@@ -69,8 +69,9 @@ typedef struct wg_agent_options {
   char advertise[WAGMA_ADDRESS_MAX]; /* "host:port" peers dial (registered, in plans); default
                                         listen */
   char prefix[128];
-  int device_cuda;    /* 0 = cpu */
-  int transport_nccl; /* --transport nccl (needs --device cuda): averaging over NCCL */
+  int device_cuda;        /* 0 = cpu */
+  int transport_nccl;     /* --transport nccl (needs --device cuda): averaging over NCCL */
+  int encrypt_data_plane; /* --encrypt-data-plane: TCP frames sealed (AES-256-GCM) */
   int capacity;
   int lease_ttl_s;
   int etcd_timeout_ms;

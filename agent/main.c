@@ -113,6 +113,9 @@ static void usage(FILE *f) {
           "  --transport tcp|nccl    how models are averaged (default tcp). nccl needs\n"
           "                          --device cuda and a build with NCCL (else exit 3);\n"
           "                          every agent of a job must use the same transport\n"
+          "  --encrypt-data-plane    encrypt and authenticate every frame between agents\n"
+          "                          (AES-256-GCM, keys from the epoch's secret; tcp only);\n"
+          "                          every agent of a job must use the same setting\n"
           "  --capacity N            workers this agent can host (default 1)\n"
           "  --lease-ttl SECONDS     TTL of the agent's lease (default 5)\n"
           "  --etcd-timeout-ms MS    deadline of each etcd call (default 3000)\n"
@@ -218,6 +221,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"prefix", required_argument, 0, 'p'},
                                         {"device", required_argument, 0, 'D'},
                                         {"transport", required_argument, 0, 'X'},
+                                        {"encrypt-data-plane", no_argument, 0, 1006},
                                         {"capacity", required_argument, 0, 'c'},
                                         {"lease-ttl", required_argument, 0, 'L'},
                                         {"etcd-timeout-ms", required_argument, 0, 'E'},
@@ -313,6 +317,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       else
         FAIL("--transport must be tcp or nccl");
       break;
+    case 1006: o->encrypt_data_plane = 1; break;
     case 'c':
       if (parse_double(optarg, 1, 1024, &v))
         FAIL("--capacity must be 1..1024");
@@ -431,6 +436,8 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   }
   if (o->transport_nccl && !o->device_cuda)
     FAIL("--transport nccl needs --device cuda (NCCL averages GPU buffers)");
+  if (o->transport_nccl && o->encrypt_data_plane)
+    FAIL("--encrypt-data-plane needs --transport tcp (NCCL moves payloads unencrypted)");
   if (o->etcd_user && !o->etcd_password_file)
     o->etcd_password = getenv("WAGMA_ETCD_PASSWORD");
   {

@@ -463,6 +463,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
    * authentication"); none: unauthenticated, which the collective logs as a warning */
   co.secret = j->secret_len ? j->secret : NULL;
   co.secret_len = j->secret_len;
+  co.encrypt = r->opt->encrypt_data_plane; /* sealed frames (docs/collective.md "Encryption") */
   /* --transport nccl: large payloads over NCCL on the backend's device ("cuda" = device 0) */
   co.transport = r->opt->transport_nccl ? WAGMA_TRANSPORT_NCCL : WAGMA_TRANSPORT_TCP;
   co.device = 0;
@@ -590,7 +591,10 @@ static void connect_epoch(wg_runner_ctx_t *r) {
        : seeded ? "survivor without a model"
                 : "survivor",
        weight, (unsigned long long)j->iteration, (unsigned long long)j->total_iterations,
-       wg_mono() - t0, j->authenticated ? "authenticated" : "UNAUTHENTICATED");
+       wg_mono() - t0,
+       !j->authenticated            ? "UNAUTHENTICATED"
+       : r->opt->encrypt_data_plane ? "authenticated and encrypted"
+                                    : "authenticated");
   share_progress(r, WG_STATE_RUNNING, NULL, 1);
   if (j->iteration >= j->total_iterations && fresh && j->iteration > 0) {
     /* A fresh start (no member had a model, no checkpoint loaded) at the job's last

@@ -72,6 +72,7 @@ int wg_match_frame(const wg_match_t *match, const wg_frame_header_t *h);
 /* The data-plane secret of an epoch (wagma_comm_options_t.secret): NULL/0 = unauthenticated,
  * else at least WAGMA_SECRET_MIN_LEN bytes. Only read during open; the transport keeps no
  * copy. */
+#define WG_TRANSPORT_HAS_SEAL 1 /* wg_transport_auth_t.seal exists (benchmarks build old trees) */
 typedef struct wg_transport_auth {
   const uint8_t *secret;
   size_t secret_len;

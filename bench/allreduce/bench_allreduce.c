@@ -22,7 +22,9 @@
  * usage: bench_allreduce [-P 4] [-S 2] [--min 4096] [--max 67108864] [--seconds 0.5]
  *        [--alg auto|doubling|rabenseifner|ring] [--coll 0|1] [--group 0|1] [--engine 0|1]
  *        [--lat N]
- *        [--lat-bytes B]
+ *        [--lat-bytes B] [--seal 0|1]
+ * --seal 1: every frame encrypted and authenticated (wagma_comm_options_t.encrypt; the
+ * transport with a secret), to measure what data-plane encryption costs against --seal 0.
  * Builds against older trees of coll.h too (without --alg), so a "before" build can run the
  * same program (docs/benchmarks.md). */
 #define _GNU_SOURCE
@@ -53,6 +55,8 @@ typedef struct results {
 } results_t;
 
 static int P = 4, S = 2, group = 0, engine = 0, nlat = 0, coll = 1;
+static int seal = 0; /* --seal 1: encrypted frames (where the tree has them) */
+static const uint8_t bench_secret[32] = "wagma-bench-secret-32-bytes-long";
 static int alg __attribute__((unused)) = 0; /* --alg, where coll.h has WG_COLL_ALGORITHMS */
 static size_t min_bytes = 4096, max_bytes = 64u << 20, lat_bytes = 4096;
 static double seconds = 0.5;
@@ -131,6 +135,13 @@ static int time_engine(int rank, size_t count, int iters, double *dt, double *cp
   o.connect_timeout_s = 30;
   o.global_timeout_s = 120;
   o.log = bench_log;
+#ifdef WG_TRANSPORT_HAS_SEAL
+  if (seal) {
+    o.secret = bench_secret;
+    o.secret_len = sizeof bench_secret;
+    o.encrypt = 1;
+  }
+#endif
   wagma_comm_t *comm = NULL;
   int rc = wagma_comm_create(&o, &comm);
   wagma_plan_free(&ep);
@@ -166,6 +177,11 @@ static int run_rank(int rank, results_t *res) {
                                .max_payload = 0,
                                .connect_timeout_s = 30,
                                .log = bench_log};
+#ifdef WG_TRANSPORT_HAS_SEAL
+  if (seal)
+    cfg.auth =
+        (wg_transport_auth_t){.secret = bench_secret, .secret_len = sizeof bench_secret, .seal = 1};
+#endif
   if (wg_tcp_transport.open(&cfg, &t) != 0)
     return 2;
   int all[MAX_P], mine[MAX_P];
@@ -286,6 +302,8 @@ int main(int argc, char **argv) {
       nlat = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--lat-bytes"))
       lat_bytes = strtoull(argv[i + 1], NULL, 0);
+    else if (!strcmp(argv[i], "--seal"))
+      seal = atoi(argv[i + 1]);
 #ifdef WG_COLL_ALGORITHMS
     else if (!strcmp(argv[i], "--alg"))
       alg = !strcmp(argv[i + 1], "doubling")       ? WG_COLL_DOUBLING
@@ -296,7 +314,7 @@ int main(int argc, char **argv) {
     else {
       fprintf(stderr,
               "usage: %s [-P 4] [-S 2] [--min B] [--max B] [--seconds s] [--alg A] [--coll 0|1] "
-              "[--group 0|1] [--engine 0|1] [--lat N] [--lat-bytes B]\n",
+              "[--group 0|1] [--engine 0|1] [--lat N] [--lat-bytes B] [--seal 0|1]\n",
               argv[0]);
       return 2;
     }
