@@ -25,6 +25,9 @@
  *   - a current member reported progress state "failed" -> failed.
  *   - refused as above by too many agents and run by none -> failed.
  *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded;
+ *     so does a running job whose members all did except some whose agent key is gone (they
+ *     died before the end), when a finished one is still registered (it holds the final
+ *     model: no plan is made past the last iteration);
  *     so does a pending job whose last plan's members all did in that plan's epoch (they
  *     finished while their agent keys were gone, e.g. an etcd outage at the job's end).
  *   - nobody survived, no checkpoint, and an agent reported the last iteration: no new plan
@@ -506,9 +509,11 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       finish_job(p, j, WAGMA_JOB_FAILED, reason);
     goto out;
   }
-  int done = 0;
+  int done = 0, gone = 0, done_alive = 0;
   for (int r = 0; r < nplan; r++) {
     const wagma_progress_t *pr = find_progress(j, names[r]);
+    agent_rec_t *a = wg_snapshot_agent(s, names[r]);
+    int alive = a && strcmp(a->info.address, addrs[r]) == 0;
     /* (a pending job: only reports of its last plan's epoch) */
     if (pr && !running && pr->epoch < j->status.epoch)
       continue;
@@ -520,8 +525,28 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       goto out;
     }
     if (pr && (pr->state == WAGMA_PROGRESS_DONE ||
-               (j->spec.iterations && pr->iteration >= j->spec.iterations)))
+               (j->spec.iterations && pr->iteration >= j->spec.iterations))) {
       done++;
+      done_alive += alive;
+    } else if (!alive) {
+      gone++;
+    }
+  }
+  /* Finished: every member of the plan reported the last iteration, or every one that did
+   * not is gone (its agent key expired: it died before the end, its model with it) while one
+   * that finished is still here. Those that finished hold the job's final model; planning
+   * again would only put a joiner at the last iteration next to them (or alone, once they
+   * left: "the job's model is lost"). When every key is gone (an etcd outage outlived the
+   * leases), the final reports may still come: the wait below. */
+  if (running && done_alive > 0 && gone > 0 && done + gone == nplan && j->spec.iterations &&
+      wg_job_record_iteration(j) >= j->spec.iterations) {
+    snprintf(reason, sizeof reason,
+             "%d of %d members finished at iteration %llu (%d died before the end)", done, nplan,
+             (unsigned long long)wg_job_record_iteration(j), gone);
+    append_refusal(s, j, reason, sizeof reason);
+    if (p->leader)
+      finish_job(p, j, WAGMA_JOB_SUCCEEDED, reason);
+    goto out;
   }
   if (nplan > 0 && done == nplan) {
     snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", nplan,

@@ -14,6 +14,8 @@
  *      it keeps epoch 1 and waits for the final reports;
  *   5. fake-0 and fake-1 report "done" in epoch 1: the job succeeds, still in epoch 1.
  * test_done_while_pending: the same when the job went pending before the reports came.
+ * test_done_while_a_member_died: one member finished, the other died before the end: the job
+ * is complete (no plan past its last iteration with a joiner beside the finished member).
  * test_diverged_model_fails (2 real agents): a model that became NaN fails the job loudly. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -172,6 +174,34 @@ static void test_done_while_pending(void **state) {
   assert_int_equal(v.epoch, 1);
 }
 
+/* One member finished (and is still registered), the other died one round before the end
+ * (its key expired): the job is complete in epoch 1. Planning again would put a joiner
+ * (fake-2, free) at the last iteration beside the finished member, and once that one left,
+ * alone: the soak's job soak-102, which then failed with "the job's model is lost". */
+static void test_done_while_a_member_died(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  const char *job = "finish-died";
+  start_job(c, job, &v);
+  report(c, job, "fake-0", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
+  report(c, job, "fake-1", WAGMA_PROGRESS_RUNNING, 1, ITERATIONS - 1);
+  etcdctl(c, "del /wagma/agents/fake-1"); /* its lease expired: SIGKILLed before the end */
+  if (wait_job(c, job, "succeeded", 1, 10, &v) != 0) {
+    fprintf(stderr, "  job %s, epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
+    cluster_dump_logs(c);
+  }
+  fprintf(stderr, "  %s in epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
+  assert_string_equal(v.state, "succeeded");
+  assert_int_equal(v.epoch, 1);
+  assert_non_null(strstr(v.reason, "1 of 2 members finished"));
+  /* and it stays so: no plan of it for the free agents */
+  cluster_sleep(1.5);
+  assert_int_equal(cluster_job_get(c, job, &v), 0);
+  assert_string_equal(v.state, "succeeded");
+  assert_int_equal(v.epoch, 1);
+  register_fake(c, "fake-1"); /* back for the next test */
+}
+
 /* A model that diverged to NaN or Inf is not reported as the job's result: 2 real agents train
  * an MLP at the largest learning rate with momentum 0.99 (diverges within a few iterations);
  * the members report "failed" with the reason and the job fails, instead of "succeeded". */
@@ -224,6 +254,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_done_while_away),
       cmocka_unit_test(test_done_while_pending),
+      cmocka_unit_test(test_done_while_a_member_died),
       cmocka_unit_test(test_diverged_model_fails),
   };
   return cmocka_run_group_tests(tests, setup, cluster_group_teardown);
