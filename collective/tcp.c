@@ -276,29 +276,30 @@ static int header_complete(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *c
   return 0;
 }
 
+/* Moves what *data holds of the want - *got bytes part still lacks into part, advancing *data
+ * and *n. Returns 1 when part is complete. */
+static int fill_part(uint8_t *part, size_t *got, size_t want, const uint8_t **data, size_t *n) {
+  size_t take = want - *got;
+  if (take > *n)
+    take = *n;
+  memcpy(part + *got, *data, take);
+  *got += take;
+  *data += take;
+  *n -= take;
+  return *got == want;
+}
+
 /* Feeds n bytes read from p's socket through the state machine. Returns 0 or -1 (killed). */
 static int consume(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx, const uint8_t *data,
                    size_t n) {
   while (n > 0) {
     if (p->in_msg == NULL) {
-      size_t take = WG_FRAME_HEADER_SIZE - p->in_hdr_got;
-      if (take > n)
-        take = n;
-      memcpy(p->in_hdr + p->in_hdr_got, data, take);
-      p->in_hdr_got += take;
-      data += take;
-      n -= take;
-      if (p->in_hdr_got == WG_FRAME_HEADER_SIZE && header_complete(t, p, ctx) != 0)
+      if (fill_part(p->in_hdr, &p->in_hdr_got, WG_FRAME_HEADER_SIZE, &data, &n) &&
+          header_complete(t, p, ctx) != 0)
         return -1;
     } else if (p->in_tag_phase) {
-      size_t take = WG_SEAL_TAG_LEN - p->in_tag_got;
-      if (take > n)
-        take = n;
-      memcpy(p->in_tag + p->in_tag_got, data, take);
-      p->in_tag_got += take;
-      data += take;
-      n -= take;
-      if (p->in_tag_got == WG_SEAL_TAG_LEN && tag_complete(t, p, ctx) != 0)
+      if (fill_part(p->in_tag, &p->in_tag_got, WG_SEAL_TAG_LEN, &data, &n) &&
+          tag_complete(t, p, ctx) != 0)
         return -1;
     } else {
       size_t len = (size_t)p->in_msg->header.length, take = len - p->in_payload_got;

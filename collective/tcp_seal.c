@@ -14,7 +14,6 @@
  * Owns: the two EVP_CIPHER_CTX of a peer, keyed once at open; per frame only the IV changes.
  * Threads: none. The sending context is used under the peer's out_lock (tcp.c), the receiving
  * one by the holder of its reader role, so neither is ever used by two threads at once. */
-#include <limits.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
@@ -52,29 +51,33 @@ void wg_seal_free(wg_seal_t *seal) {
   seal->tx = seal->rx = NULL;
 }
 
-static void nonce_of(uint64_t count, uint8_t iv[12]) {
-  memset(iv, 0, 4);
+/* Runs frame number count through ctx (keyed for encrypt or decrypt): the header as
+ * additional data, then length bytes of in into out (may be the same buffer). EVP takes int
+ * lengths: long payloads go through in pieces. 0 or WAGMA_EIO. */
+static int run_cipher(EVP_CIPHER_CTX *ctx, int encrypt, uint64_t count,
+                      const uint8_t header[WG_FRAME_HEADER_SIZE], const uint8_t *in, uint8_t *out,
+                      size_t length) {
+  const size_t piece_max = (size_t)1 << 30;
+  uint8_t iv[12] = {0}; /* 4 zero bytes, then the frame counter */
+  int n = 0;
   wg_le_put_u64(iv + 4, count);
+  if (EVP_CipherInit_ex(ctx, NULL, NULL, NULL, iv, encrypt) != 1 ||
+      EVP_CipherUpdate(ctx, NULL, &n, header, WG_FRAME_HEADER_SIZE) != 1)
+    return WAGMA_EIO;
+  for (size_t off = 0; off < length; off += piece_max) {
+    size_t piece = length - off < piece_max ? length - off : piece_max;
+    if (EVP_CipherUpdate(ctx, out + off, &n, in + off, (int)piece) != 1)
+      return WAGMA_EIO;
+  }
+  return 0;
 }
-
-/* EVP takes int lengths: long payloads go through in pieces. */
-#define PIECE ((size_t)1 << 30)
 
 int wg_seal_frame(wg_seal_t *seal, const uint8_t header[WG_FRAME_HEADER_SIZE],
                   const uint8_t *payload, size_t length, uint8_t *out,
                   uint8_t tag[WG_SEAL_TAG_LEN]) {
-  uint8_t iv[12];
   int n = 0;
-  nonce_of(seal->tx_count, iv);
-  if (EVP_CipherInit_ex(seal->tx, NULL, NULL, NULL, iv, 1) != 1 ||
-      EVP_CipherUpdate(seal->tx, NULL, &n, header, WG_FRAME_HEADER_SIZE) != 1)
-    return WAGMA_EIO;
-  for (size_t off = 0; off < length; off += PIECE) {
-    size_t piece = length - off < PIECE ? length - off : PIECE;
-    if (EVP_CipherUpdate(seal->tx, out + off, &n, payload + off, (int)piece) != 1)
-      return WAGMA_EIO;
-  }
-  if (EVP_CipherFinal_ex(seal->tx, out + length, &n) != 1 ||
+  if (run_cipher(seal->tx, 1, seal->tx_count, header, payload, out, length) != 0 ||
+      EVP_CipherFinal_ex(seal->tx, out + length, &n) != 1 ||
       EVP_CIPHER_CTX_ctrl(seal->tx, EVP_CTRL_GCM_GET_TAG, WG_SEAL_TAG_LEN, tag) != 1)
     return WAGMA_EIO;
   seal->tx_count++;
@@ -83,21 +86,12 @@ int wg_seal_frame(wg_seal_t *seal, const uint8_t header[WG_FRAME_HEADER_SIZE],
 
 int wg_seal_open_frame(wg_seal_t *seal, const uint8_t header[WG_FRAME_HEADER_SIZE],
                        uint8_t *payload, size_t length, const uint8_t tag[WG_SEAL_TAG_LEN]) {
-  uint8_t iv[12], tag_copy[WG_SEAL_TAG_LEN];
+  uint8_t tag_copy[WG_SEAL_TAG_LEN], final[16];
   int n = 0;
-  nonce_of(seal->rx_count, iv);
   memcpy(tag_copy, tag, sizeof tag_copy);
-  if (EVP_CipherInit_ex(seal->rx, NULL, NULL, NULL, iv, 0) != 1 ||
-      EVP_CipherUpdate(seal->rx, NULL, &n, header, WG_FRAME_HEADER_SIZE) != 1)
+  if (run_cipher(seal->rx, 0, seal->rx_count, header, payload, payload, length) != 0 ||
+      EVP_CIPHER_CTX_ctrl(seal->rx, EVP_CTRL_GCM_SET_TAG, WG_SEAL_TAG_LEN, tag_copy) != 1)
     return WAGMA_EIO;
-  for (size_t off = 0; off < length; off += PIECE) {
-    size_t piece = length - off < PIECE ? length - off : PIECE;
-    if (EVP_CipherUpdate(seal->rx, payload + off, &n, payload + off, (int)piece) != 1)
-      return WAGMA_EIO;
-  }
-  if (EVP_CIPHER_CTX_ctrl(seal->rx, EVP_CTRL_GCM_SET_TAG, WG_SEAL_TAG_LEN, tag_copy) != 1)
-    return WAGMA_EIO;
-  uint8_t final[16];
   if (EVP_CipherFinal_ex(seal->rx, final, &n) != 1) {
     OPENSSL_cleanse(payload, length); /* what did not authenticate is not handed on */
     return WAGMA_EPROTO;

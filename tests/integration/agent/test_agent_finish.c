@@ -105,18 +105,22 @@ static void start_job(cluster_t *c, const char *job, job_view_t *v) {
   assert_non_null(job_member(v, "fake-1"));
 }
 
+/* The job succeeds in epoch 1 within 10 s, with a reason that says `finished` (printed). */
+static void expect_succeeded_in_epoch_1(cluster_t *c, const char *job, const char *finished,
+                                        job_view_t *v) {
+  if (wait_job(c, job, "succeeded", 1, 10, v) != 0)
+    cluster_dump_logs(c);
+  fprintf(stderr, "  job %s, epoch %llu: %s\n", v->state, (unsigned long long)v->epoch, v->reason);
+  assert_string_equal(v->state, "succeeded");
+  assert_int_equal(v->epoch, 1);
+  assert_non_null(strstr(v->reason, finished));
+}
+
 /* The final reports arrive after the members were seen leaving: the job succeeds in epoch 1. */
 static void final_reports(cluster_t *c, const char *job, job_view_t *v) {
   report(c, job, "fake-0", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
   report(c, job, "fake-1", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
-  if (wait_job(c, job, "succeeded", 1, 10, v) != 0) {
-    fprintf(stderr, "  job %s, epoch %llu: %s\n", v->state, (unsigned long long)v->epoch,
-            v->reason);
-    cluster_dump_logs(c);
-  }
-  assert_string_equal(v->state, "succeeded");
-  assert_int_equal(v->epoch, 1);
-  assert_non_null(strstr(v->reason, "finished"));
+  expect_succeeded_in_epoch_1(c, job, "finished", v);
 }
 
 /* One member reported the last iteration, then every agent key went: the job keeps its plan
@@ -186,14 +190,7 @@ static void test_done_while_a_member_died(void **state) {
   report(c, job, "fake-0", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
   report(c, job, "fake-1", WAGMA_PROGRESS_RUNNING, 1, ITERATIONS - 1);
   etcdctl(c, "del /wagma/agents/fake-1"); /* its lease expired: SIGKILLed before the end */
-  if (wait_job(c, job, "succeeded", 1, 10, &v) != 0) {
-    fprintf(stderr, "  job %s, epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
-    cluster_dump_logs(c);
-  }
-  fprintf(stderr, "  %s in epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
-  assert_string_equal(v.state, "succeeded");
-  assert_int_equal(v.epoch, 1);
-  assert_non_null(strstr(v.reason, "1 of 2 members finished"));
+  expect_succeeded_in_epoch_1(c, job, "1 of 2 members finished", &v);
   /* and it stays so: no plan of it for the free agents */
   cluster_sleep(1.5);
   assert_int_equal(cluster_job_get(c, job, &v), 0);
