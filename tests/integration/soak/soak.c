@@ -7,11 +7,13 @@
  *     coordinators' REST every POLL_S) advances within the bound after the later of its last
  *     advance and the last event: max(agent lease TTL, coordinator lease TTL) + 1 s + SLACK_S;
  *   - each job succeeds with a final accuracy (mean over its members) within 1 point of the
- *     same job run on the calm cluster before the faults start (the "clean" run).
+ *     same job run on the calm cluster before the faults start (the "clean" run); a job
+ *     that succeeds without any member reporting a finished model is a failure.
  * The engine's sum-of-models invariant is internal to the agents and not observable from
- * outside; what is checked instead at each job's end is that the members' final models agree
- * (their fingerprint spread, docs/agent.md) within SPREAD_BOUND, when every member reported a
- * fingerprint (a member that joined at the last round trained none and reports none).
+ * outside; what is checked instead at each job's end is that the final models of the members
+ * that finished agree (their fingerprint spread, docs/agent.md) within SPREAD_BOUND, when at
+ * least two finished with one (a member that died before the end, or joined at the last
+ * round, reports none).
  *
  * Events (weights in pick_event): SIGKILL of an agent (it stays down until a join), SIGSTOP of
  * an agent for 0.5-4 s then SIGCONT, restart of an agent (SIGTERM and start again), an agent
@@ -486,6 +488,18 @@ static double final_accuracy(const job_view_t *v) {
   return n ? sum / n : -1;
 }
 
+/* How far apart the final models of the members that finished are (job_fingerprint_spread
+ * over them: a member that died before the end reports none); -1 when fewer than 2 finished
+ * with a fingerprint (one that joined at the last round trained none and reports none). */
+static double finished_spread(const job_view_t *v) {
+  static job_view_t done; /* (large: not on the stack) */
+  done.nmembers = 0;
+  for (int m = 0; m < v->nmembers; m++)
+    if (strcmp(v->members[m].state, "done") == 0 && v->members[m].nfingerprint == 5)
+      done.members[done.nmembers++] = v->members[m];
+  return done.nmembers >= 2 ? job_fingerprint_spread(&done) : -1;
+}
+
 static uint64_t max_iteration(const job_view_t *v) {
   uint64_t it = v->iteration;
   for (int m = 0; m < v->nmembers; m++)
@@ -551,15 +565,19 @@ static double run_job(soak_t *s, const char *name, long iterations, int faults, 
   }
   *seconds = cluster_now() - t0;
   double accuracy = final_accuracy(&v);
-  double spread = job_fingerprint_spread(&v);
-  printf("%8.2f job %s %s in %.1f s, iteration %llu, accuracy %.4f, model spread %.4f\n",
+  double spread = finished_spread(&v);
+  printf("%8.2f job %s %s in %.1f s, iteration %llu, accuracy %.4f, model spread %.4f (%s)\n",
          cluster_now(), name, v.state, *seconds, (unsigned long long)max_iteration(&v), accuracy,
-         spread);
+         spread, v.reason);
   if (strcmp(v.state, "succeeded") != 0) {
     failure(s, "job %s ended %s: %s", name, v.state, v.reason);
     return -1;
   }
-  /* -1: a member reported no fingerprint (one that joined at the last round trained none) */
+  if (accuracy < 0) {
+    failure(s, "job %s succeeded at iteration %llu but no member reported a finished model (%s)",
+            name, (unsigned long long)max_iteration(&v), v.reason);
+    return -1;
+  }
   if (spread > SPREAD_BOUND)
     failure(s, "job %s: the members' final models differ (spread %.4f > %.2f)", name, spread,
             SPREAD_BOUND);
