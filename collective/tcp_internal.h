@@ -15,7 +15,8 @@
 #define WG_TCP_DEFAULT_MAX_PAYLOAD ((size_t)256 << 20) /* max_payload 0 means this */
 #define WG_TCP_DEFAULT_MAX_QUEUED ((size_t)1 << 30)    /* max_queued_bytes 0 means this */
 #define WG_TCP_DEFAULT_CONNECT_S 10.0                  /* connect_timeout_s <= 0 means this */
-#define WG_TCP_CLOSE_LINGER_S 2.0 /* close flushes queued frames for at most this long */
+#define WG_TCP_CLOSE_LINGER_S 2.0     /* close flushes queued frames for at most this long */
+#define WG_TCP_RCVBUF_BYTES (4 << 20) /* SO_RCVBUF of every data-plane socket (tcp_mesh.c) */
 /* A dialer drops a handshake that takes longer than this; an acceptor allows 1 s more. */
 #define WG_TCP_HELLO_TIMEOUT_S 3.0
 
