@@ -1,17 +1,25 @@
-/* buf_pool.c — a process-wide cache of large buffers for frame payloads and outbound queue
- * entries (transport.h: wg_buf_alloc / wg_buf_free), shared by every transport.
+/* buf_pool.c — process-wide caches of large buffers for frame payloads and outbound queue
+ * entries (transport.h: wg_buf_alloc / wg_buf_free), shared by every transport, and the
+ * sources they come from: the default one (aligned_alloc / free) and those a transport makes
+ * for memory of its own kind (the NCCL transport's page-locked host memory, whose copies to
+ * and from a GPU run at DMA speed; allocating it costs far more than malloc, so it is cached
+ * the same way).
  *
  * Why: a large collective moves one 1 MiB segment per frame; allocating and freeing each from
  * malloc means mmap/munmap or arena trimming and a page fault per 4 KiB, which cost more than
  * the copy itself. Buffers of 64 KiB .. 64 MiB are kept in power-of-two classes, at most
- * POOL_PER_CLASS per class and POOL_MAX_BYTES in all; smaller and larger ones go to malloc.
+ * POOL_PER_CLASS per class and POOL_MAX_BYTES in all per source; larger ones go straight to
+ * the source. Smaller ones go to malloc from the default source, and are rounded up to the
+ * smallest class from any other (so they are cached too).
  *
- * Layout: every buffer has a 64-byte prefix holding its class, so the pointer handed out is
- * 64-byte aligned and the free needs no size. Threads: any; one mutex. The cache is released
- * at process exit (destructor), so leak checkers see nothing. */
+ * Layout: every buffer has a 64-byte prefix holding its class and its source, so the pointer
+ * handed out is 64-byte aligned and the free needs neither size nor source. Threads: any; one
+ * mutex per source. The default source's cache is released at process exit (destructor), so
+ * leak checkers see nothing; other sources live (with their caches) until the process ends. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "transport.h"
 
@@ -23,13 +31,41 @@
 #define POOL_MAX_BYTES ((size_t)256 << 20)
 #define CLASS_NONE 0xffu
 
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *pool[NCLASSES][POOL_PER_CLASS];
-static int pool_count[NCLASSES];
-static size_t pool_bytes;
+struct wg_buf_source {
+  void *(*alloc)(size_t bytes);
+  void (*release)(void *base);
+  pthread_mutex_t lock;
+  void *cache[NCLASSES][POOL_PER_CLASS];
+  int count[NCLASSES];
+  size_t bytes;
+};
 
-static unsigned class_of(size_t size) {
-  if (size + PREFIX <= ((size_t)1 << MIN_CLASS) / 2)
+static void *default_alloc(size_t bytes) {
+  return aligned_alloc(64, bytes);
+}
+
+static wg_buf_source_t default_source = {
+    .alloc = default_alloc, .release = free, .lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* What sits in front of every buffer (within PREFIX bytes). */
+typedef struct prefix {
+  wg_buf_source_t *source;
+  uint8_t cls;
+} prefix_t;
+_Static_assert(sizeof(prefix_t) <= PREFIX, "the prefix fits");
+
+wg_buf_source_t *wg_buf_source_new(void *(*alloc)(size_t bytes), void (*release)(void *base)) {
+  wg_buf_source_t *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return NULL;
+  s->alloc = alloc;
+  s->release = release;
+  pthread_mutex_init(&s->lock, NULL);
+  return s;
+}
+
+static unsigned class_of(const wg_buf_source_t *s, size_t size) {
+  if (s == &default_source && size + PREFIX <= ((size_t)1 << MIN_CLASS) / 2)
     return CLASS_NONE; /* small: malloc is fast enough */
   for (unsigned c = MIN_CLASS; c <= MAX_CLASS; c++)
     if (size + PREFIX <= ((size_t)1 << c))
@@ -37,55 +73,75 @@ static unsigned class_of(size_t size) {
   return CLASS_NONE;
 }
 
-void *wg_buf_alloc(size_t size) {
-  unsigned c = class_of(size);
+void *wg_buf_alloc_from(wg_buf_source_t *s, size_t size) {
+  if (s == NULL)
+    s = &default_source;
+  unsigned c = class_of(s, size);
   uint8_t *base = NULL;
   if (c != CLASS_NONE) {
-    pthread_mutex_lock(&pool_lock);
+    pthread_mutex_lock(&s->lock);
     int i = c - MIN_CLASS;
-    if (pool_count[i] > 0) {
-      base = pool[i][--pool_count[i]];
-      pool_bytes -= (size_t)1 << c;
+    if (s->count[i] > 0) {
+      base = s->cache[i][--s->count[i]];
+      s->bytes -= (size_t)1 << c;
     }
-    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&s->lock);
     if (base == NULL)
-      base = aligned_alloc(64, (size_t)1 << c);
+      base = s->alloc((size_t)1 << c);
   } else {
     size_t total = (size + PREFIX + 63u) & ~(size_t)63u;
     if (total < size)
       return NULL;
-    base = aligned_alloc(64, total);
+    base = s->alloc(total);
   }
   if (base == NULL)
     return NULL;
-  base[0] = (uint8_t)c;
+  prefix_t p = {.source = s, .cls = (uint8_t)c};
+  memcpy(base, &p, sizeof p);
   return base + PREFIX;
+}
+
+void *wg_buf_alloc(size_t size) {
+  return wg_buf_alloc_from(&default_source, size);
+}
+
+int wg_buf_is_from(const void *ptr, const wg_buf_source_t *s) {
+  prefix_t p;
+  if (ptr == NULL)
+    return 0;
+  memcpy(&p, (const uint8_t *)ptr - PREFIX, sizeof p);
+  return p.source == (s ? s : &default_source);
 }
 
 void wg_buf_free(void *ptr) {
   if (ptr == NULL)
     return;
   uint8_t *base = (uint8_t *)ptr - PREFIX;
-  unsigned c = base[0];
+  prefix_t p;
+  memcpy(&p, base, sizeof p);
+  wg_buf_source_t *s = p.source;
+  unsigned c = p.cls;
   if (c != CLASS_NONE) {
-    pthread_mutex_lock(&pool_lock);
+    pthread_mutex_lock(&s->lock);
     int i = c - MIN_CLASS;
-    if (pool_count[i] < POOL_PER_CLASS && pool_bytes + ((size_t)1 << c) <= POOL_MAX_BYTES) {
-      pool[i][pool_count[i]++] = base;
-      pool_bytes += (size_t)1 << c;
+    if (s->count[i] < POOL_PER_CLASS && s->bytes + ((size_t)1 << c) <= POOL_MAX_BYTES) {
+      s->cache[i][s->count[i]++] = base;
+      s->bytes += (size_t)1 << c;
       base = NULL;
     }
-    pthread_mutex_unlock(&pool_lock);
+    pthread_mutex_unlock(&s->lock);
   }
-  free(base);
+  if (base)
+    s->release(base);
 }
 
 __attribute__((destructor)) static void pool_release(void) {
-  pthread_mutex_lock(&pool_lock);
+  wg_buf_source_t *s = &default_source;
+  pthread_mutex_lock(&s->lock);
   for (int i = 0; i < NCLASSES; i++) {
-    while (pool_count[i] > 0)
-      free(pool[i][--pool_count[i]]);
+    while (s->count[i] > 0)
+      s->release(s->cache[i][--s->count[i]]);
   }
-  pool_bytes = 0;
-  pthread_mutex_unlock(&pool_lock);
+  s->bytes = 0;
+  pthread_mutex_unlock(&s->lock);
 }

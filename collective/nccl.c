@@ -5,8 +5,10 @@
  *
  * Owns the mailbox and the outbound transfer list, both under t->mu, which engine threads and
  * the lane thread share. Threads: send, recv, peer_alive, interrupt, stats from any thread;
- * open and close from one. No NCCL or CUDA call runs here but the device check in open and
- * what close does after the lane thread ended. */
+ * open and close from one. No NCCL or CUDA call runs here but the device check in open,
+ * the page-locked payload copies of send (cudaHostAlloc / cudaFreeHost, through buf_pool.c)
+ * and what close does after the lane thread ended. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -39,6 +41,37 @@ void WG_NCCL(mark_dead_done)(nc_t *t, int rank) {
   pthread_mutex_unlock(&t->mu);
 }
 
+static wg_buf_source_t *locked_source;
+static pthread_once_t locked_once = PTHREAD_ONCE_INIT;
+
+static void *locked_alloc(size_t bytes) {
+  void *p = NULL;
+  /* portable: page-locked for every context, whichever device the allocating thread had */
+  return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : NULL;
+}
+
+static void locked_release(void *p) {
+  (void)cudaFreeHost(p);
+}
+
+static void make_locked_source(void) {
+  locked_source = wg_buf_source_new(locked_alloc, locked_release);
+}
+
+wg_buf_source_t *WG_NCCL(locked_source)(void) {
+  pthread_once(&locked_once, make_locked_source);
+  return locked_source;
+}
+
+void *WG_NCCL(host_buffer)(nc_t *t, size_t len) {
+  void *p = NULL;
+  wg_buf_source_t *src = WG_NCCL(locked_source)();
+  /* a thread's first CUDA call makes a context on its current device: make it t's */
+  if (src && cudaSetDevice(t->device) == cudaSuccess)
+    p = wg_buf_alloc_from(src, len);
+  return p ? p : wg_buf_alloc(len);
+}
+
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload,
                      size_t len) {
   wg_frame_header_t h = {0};
@@ -64,10 +97,10 @@ static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const 
   if (!t->tcp_ops->peer_alive(t->tcp, dst))
     return WAGMA_EPEER;
   nc_xfer_t *x = calloc(1, sizeof *x);
-  uint8_t *host = malloc(length);
+  uint8_t *host = x ? WG_NCCL(host_buffer)(t, length) : NULL;
   if (!x || !host) {
     free(x);
-    free(host);
+    wg_buf_free(host);
     return WAGMA_ENOMEM;
   }
   memcpy(host, payload, length);
@@ -94,7 +127,7 @@ static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const 
   }
   pthread_mutex_unlock(&t->mu);
   if (rc != 0) {
-    free(host);
+    wg_buf_free(host);
     free(x);
   }
   return rc;
@@ -172,7 +205,7 @@ static void nc_free(nc_t *t) {
   while (t->out) {
     nc_xfer_t *x = t->out;
     t->out = x->next;
-    free(x->host);
+    wg_buf_free(x->host);
     free(x);
   }
   while (t->box_head) {

@@ -61,7 +61,7 @@ typedef struct nc_xfer {
   int sent;                             /* the lane send completed; waiting for NC_DONE */
   int acked;                            /* NC_DONE came while the send was still posted here */
   uint8_t header[WG_FRAME_HEADER_SIZE]; /* encoded, complete */
-  uint8_t *host;
+  uint8_t *host;                        /* page-locked where it could be (lane_host_buffer) */
   size_t len;
   struct nc_xfer *next;
 } nc_xfer_t;
@@ -85,8 +85,9 @@ typedef struct nc_role {
   void *dev;
   size_t len;
   double deadline;
-  nc_item_t *item; /* recv: the item it fills */
-  nc_xfer_t *xfer; /* send */
+  nc_item_t *item;   /* recv: the item it fills */
+  wg_message_t *msg; /* recv, posted: the message its payload is copied into (page-locked) */
+  nc_xfer_t *xfer;   /* send */
 } nc_role_t;
 
 typedef struct wg_transport {
@@ -154,6 +155,13 @@ void WG_NCCL(deliver)(nc_t *t, wg_message_t *m); /* into the mailbox, wakes recv
 void WG_NCCL(mark_dead_done)(nc_t *t, int rank);
 /* Sends a lane control frame on TCP. */
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload, size_t len);
+/* The process's source of page-locked host buffers (cudaHostAlloc, cached by buf_pool.c):
+ * the lane's copies to and from the device run from them at DMA speed, asynchronously on
+ * the lane's stream. NULL when it cannot be made. */
+wg_buf_source_t *WG_NCCL(locked_source)(void);
+/* A host buffer of len bytes for a payload on the lane: page-locked (the calling thread's
+ * device set to t's), or pageable when page-locked memory is short. Freed with wg_buf_free. */
+void *WG_NCCL(host_buffer)(nc_t *t, size_t len);
 
 /* nccl_lane.c */
 void *WG_NCCL(lane_main)(void *arg);

@@ -1,7 +1,8 @@
 /* nccl_lane.c — the NCCL transport's lane thread (docs/design.md §6.4): the only reader of the
  * TCP control channel, it moves frames into the mailbox in each sender's order, runs the
  * per-transfer agreement (ANNOUNCE, CTS, GO / NACK), posts at most one ncclSend or ncclRecv
- * (each in its own ncclGroupStart/ncclGroupEnd) and polls it under a deadline, and on any
+ * (each in its own ncclGroupStart/ncclGroupEnd, with the payload's copy between the device and
+ * page-locked host memory queued on the same stream) and polls it under a deadline, and on any
  * failure revokes the communicator and falls back to TCP payloads for the rest of the epoch.
  *
  * State: everything here but the mailbox and the outbound list (t->mu, nccl.c) belongs to the
@@ -55,13 +56,15 @@ static nc_item_t *find_item(nc_t *t, int src, uint64_t id) {
   return NULL;
 }
 
-/* Waits (at most 1 s) for a revoked communicator to become quiescent, so the buffers of
- * what was posted can be freed. 1 when it did. */
+/* Waits (at most 1 s) for a revoked communicator to become quiescent and the lane's stream
+ * idle (a copy queued behind a dropped receive runs then), so the buffers of what was posted
+ * can be freed. 1 when they are. */
 static int quiesce(nc_t *t) {
   double until = wg_now() + 1.0;
   while (wg_now() < until) {
     ncclResult_t e = ncclSuccess;
-    if (ncclCommGetAsyncError(t->comm, &e) != ncclSuccess || e != ncclInProgress)
+    if ((ncclCommGetAsyncError(t->comm, &e) != ncclSuccess || e != ncclInProgress) &&
+        cudaStreamQuery(t->stream) != cudaErrorNotReady)
       return 1;
     nap_us(200);
   }
@@ -73,6 +76,9 @@ static void role_release(nc_t *t, nc_role_t *r, int quiet) {
     t->lane_buf = NULL; /* leaked: the device may still write it; the next transfer allocates */
     t->lane_cap = 0;
   }
+  if (quiet)
+    wg_message_free(r->msg);
+  /* else leaked: a copy into its payload may still be queued on the stream */
   memset(r, 0, sizeof *r);
 }
 
@@ -118,7 +124,7 @@ void WG_NCCL(resend_all)(nc_t *t) {
       (void)WG_NCCL(control)(t, x->dst, NC_RESEND, x->id, buf, WG_FRAME_HEADER_SIZE + x->len);
       free(buf);
     }
-    free(x->host);
+    wg_buf_free(x->host);
     free(x);
   }
   pthread_mutex_unlock(&t->mu);
@@ -184,8 +190,11 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
     (void)WG_NCCL(control)(t, src, NC_NACK, id, NULL, 0);
     return;
   }
+  /* the copy and the send are ordered on the lane's stream: no wait here, and none for the
+   * compute stream (the lane's is non-blocking) */
   void *dev = lane_buffer(t, x->len);
-  if (!dev || cudaMemcpy(dev, x->host, x->len, cudaMemcpyHostToDevice) != cudaSuccess) {
+  if (!dev ||
+      cudaMemcpyAsync(dev, x->host, x->len, cudaMemcpyHostToDevice, t->stream) != cudaSuccess) {
     (void)WG_NCCL(control)(t, src, NC_NACK, id, NULL, 0);
     WG_NCCL(lane_down)(t, "device buffer");
     return;
@@ -209,8 +218,15 @@ static void on_go(nc_t *t, int src, uint64_t id) {
   size_t len = (size_t)r.item->header.length;
   memset(&t->reserved, 0, sizeof t->reserved);
   void *dev = lane_buffer(t, len);
-  if (!dev) {
-    WG_NCCL(lane_down)(t, "device buffer");
+  /* the payload's home, page-locked: the copy out of the device is queued behind the
+   * receive on the lane's stream, so the completion check_posted polls covers both */
+  wg_message_t *msg =
+      dev ? wg_message_new_from(WG_NCCL(locked_source)(), &r.item->header, len) : NULL;
+  if (dev && !msg)
+    msg = wg_message_new(&r.item->header, len);
+  if (!dev || !msg) {
+    wg_message_free(msg);
+    WG_NCCL(lane_down)(t, dev ? "host buffer" : "device buffer");
     return;
   }
   t->posted = (nc_role_t){.active = 1,
@@ -220,8 +236,11 @@ static void on_go(nc_t *t, int src, uint64_t id) {
                           .dev = dev,
                           .len = len,
                           .deadline = wg_now() + xfer_deadline_s(len),
-                          .item = r.item};
-  (void)post(t, 0, src, dev, len);
+                          .item = r.item,
+                          .msg = msg};
+  if (post(t, 0, src, dev, len) == 0 &&
+      cudaMemcpyAsync(msg->payload, dev, len, cudaMemcpyDeviceToHost, t->stream) != cudaSuccess)
+    WG_NCCL(lane_down)(t, "queueing the copy of a received payload to the host");
 }
 
 static void on_control(nc_t *t, wg_message_t *m) {
@@ -281,7 +300,7 @@ static void on_control(nc_t *t, wg_message_t *m) {
       atomic_fetch_add(&t->lane_transfers, 1);
     pthread_mutex_unlock(&t->mu);
     if (done) {
-      free(done->host);
+      wg_buf_free(done->host);
       free(done);
     }
     return;
@@ -435,20 +454,14 @@ static void check_posted(nc_t *t) {
     }
     pthread_mutex_unlock(&t->mu);
     if (acked) {
-      free(x->host);
+      wg_buf_free(x->host);
       free(x);
     }
     atomic_fetch_add(&t->lane_bytes_sent, p->len);
   } else {
     nc_item_t *it = p->item;
-    wg_message_t *msg = wg_message_new(&it->header, p->len);
-    if (!msg || (p->len &&
-                 cudaMemcpy(msg->payload, p->dev, p->len, cudaMemcpyDeviceToHost) != cudaSuccess)) {
-      wg_message_free(msg);
-      WG_NCCL(lane_down)(t, "copying a received payload to the host");
-      return;
-    }
-    it->msg = msg;
+    it->msg = p->msg; /* its payload is in: the copy was behind the receive on the stream */
+    p->msg = NULL;
     if (t->last_done[p->peer] < p->id)
       t->last_done[p->peer] = p->id;
     atomic_fetch_add(&t->lane_bytes_received, p->len);

@@ -23,6 +23,9 @@
 
 typedef struct wg_transport wg_transport_t;
 
+/* A source of payload buffers (buf_pool.c; wg_buf_source_new below). */
+typedef struct wg_buf_source wg_buf_source_t;
+
 /* A caller's reader session (transport-private; see reader_begin). */
 typedef struct wg_reader wg_reader_t;
 
@@ -44,15 +47,28 @@ typedef struct wg_message {
  * payload of payload_len bytes from wg_buf_alloc (NULL when 0), next NULL. Returns NULL when
  * out of memory. Ownership: the caller's, released with wg_message_free. Any thread. */
 wg_message_t *wg_message_new(const wg_frame_header_t *header, size_t payload_len);
+/* The same with the payload from src (wg_buf_alloc_from; NULL src: the default source). */
+wg_message_t *wg_message_new_from(wg_buf_source_t *src, const wg_frame_header_t *header,
+                                  size_t payload_len);
 
 /* Frees the payload (wg_buf_free) and the message. NULL is a no-op. Any thread. */
 void wg_message_free(wg_message_t *message);
 
 /* Buffers for payloads and queued frames (buf_pool.c), for every transport: 64-byte aligned,
  * large ones cached process-wide so a stream of big frames does not fault pages in and out.
- * Any thread. A payload of a wg_message_t must come from wg_buf_alloc. */
+ * Any thread. A payload of a wg_message_t must come from wg_buf_alloc or wg_buf_alloc_from. */
 void *wg_buf_alloc(size_t size);
-void wg_buf_free(void *ptr); /* NULL is a no-op */
+void wg_buf_free(void *ptr); /* NULL is a no-op; any source's buffer */
+
+/* A source of buffers of a special kind (e.g. page-locked host memory for a GPU's DMA), with
+ * the same caching: alloc returns `bytes` bytes aligned to 64 or better (NULL on failure),
+ * release frees what alloc returned. Ownership: the source and what it caches live until the
+ * process exits; make one per kind, once. NULL when out of memory. Any thread. */
+wg_buf_source_t *wg_buf_source_new(void *(*alloc)(size_t bytes), void (*release)(void *base));
+/* A buffer of src (NULL: the default source, as wg_buf_alloc), freed with wg_buf_free. */
+void *wg_buf_alloc_from(wg_buf_source_t *src, size_t size);
+/* 1 when ptr (from wg_buf_alloc*) came from src (NULL: the default source), else 0. */
+int wg_buf_is_from(const void *ptr, const wg_buf_source_t *src);
 
 /* Matching rule for recv: a field equal to WG_ANY matches everything. */
 #define WG_ANY UINT64_MAX

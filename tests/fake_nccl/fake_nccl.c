@@ -39,9 +39,28 @@
 #define FAKE_INIT_TIMEOUT_S 60.0
 #define FAKE_MAX_RANKS 1024
 
+/* A copy queued on a stream behind the groups posted before it. */
+typedef struct fcopy {
+  void *dst;
+  const void *src;
+  size_t bytes;
+  long after; /* runs once this many groups of the stream ended */
+  struct fcopy *next;
+} fcopy_t;
+
 struct fakecuda_stream {
-  atomic_int pending; /* groups posted and not completed or dropped */
+  atomic_int pending;        /* groups posted and not completed or dropped */
+  atomic_long posted, ended; /* groups posted, and ended (completed or dropped) */
+  pthread_mutex_t mu;
+  fcopy_t *copies, *copies_tail; /* (mu) in order */
 };
+
+/* A group on s completed or was dropped (ended counts before pending drops: a query that
+ * sees nothing pending sees every group ended). */
+static void stream_group_ended(struct fakecuda_stream *s) {
+  atomic_fetch_add(&s->ended, 1);
+  atomic_fetch_sub(&s->pending, 1);
+}
 
 typedef struct fop {
   int send;
@@ -473,6 +492,7 @@ static ncclResult_t submit(struct fakenccl_comm *c, struct fakecuda_stream *s, f
   memcpy(g->ops, ops, (size_t)n * sizeof(fop_t));
   g->nops = n;
   g->stream = s;
+  atomic_fetch_add(&s->posted, 1);
   atomic_fetch_add(&s->pending, 1);
   pthread_mutex_lock(&c->mu);
   if (c->tail)
@@ -663,7 +683,7 @@ static void *worker_main(void *arg) {
       while (c->head) {
         fgroup_t *g = c->head;
         c->head = g->next;
-        atomic_fetch_sub(&g->stream->pending, 1);
+        stream_group_ended(g->stream);
         free(g->ops);
         free(g);
       }
@@ -689,7 +709,7 @@ static void *worker_main(void *arg) {
       c->head = g->next;
       if (!c->head)
         c->tail = NULL;
-      atomic_fetch_sub(&g->stream->pending, 1);
+      stream_group_ended(g->stream);
       free(g->ops);
       free(g);
     }
@@ -697,7 +717,7 @@ static void *worker_main(void *arg) {
   while (c->head) {
     fgroup_t *g = c->head;
     c->head = g->next;
-    atomic_fetch_sub(&g->stream->pending, 1);
+    stream_group_ended(g->stream);
     free(g->ops);
     free(g);
   }
@@ -783,10 +803,21 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) 
   if (!stream)
     return cudaErrorInvalidValue;
   *stream = calloc(1, sizeof(struct fakecuda_stream));
-  return *stream ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*stream)
+    return cudaErrorMemoryAllocation;
+  pthread_mutex_init(&(*stream)->mu, NULL);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!stream)
+    return cudaSuccess;
+  while (stream->copies) { /* never run: as the real call, which does not wait for them */
+    fcopy_t *c = stream->copies;
+    stream->copies = c->next;
+    free(c);
+  }
+  pthread_mutex_destroy(&stream->mu);
   free(stream);
   return cudaSuccess;
 }
@@ -794,7 +825,20 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   if (!stream)
     return cudaErrorInvalidValue;
-  return atomic_load(&stream->pending) > 0 ? cudaErrorNotReady : cudaSuccess;
+  int pending = atomic_load(&stream->pending);
+  pthread_mutex_lock(&stream->mu);
+  long ended = atomic_load(&stream->ended);
+  while (stream->copies && stream->copies->after <= ended) {
+    fcopy_t *c = stream->copies;
+    memcpy(c->dst, c->src, c->bytes);
+    stream->copies = c->next;
+    free(c);
+  }
+  if (!stream->copies)
+    stream->copies_tail = NULL;
+  int queued = stream->copies != NULL;
+  pthread_mutex_unlock(&stream->mu);
+  return pending > 0 || queued ? cudaErrorNotReady : cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **ptr, size_t size) {
@@ -816,6 +860,111 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
   if (count > 0)
     memcpy(dst, src, count);
   return cudaSuccess;
+}
+
+/* Page-locked host memory: the ranges cudaHostAlloc handed out and not yet freed. */
+typedef struct flocked {
+  const uint8_t *base;
+  size_t bytes;
+} flocked_t;
+static pthread_mutex_t locked_mu = PTHREAD_MUTEX_INITIALIZER;
+static flocked_t *locked;
+static size_t nlocked, locked_cap;
+static atomic_long pageable_copies, locked_copies;
+
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
+  (void)flags;
+  if (!ptr)
+    return cudaErrorInvalidValue;
+  *ptr = NULL;
+  if (env_long("FAKE_CUDA_NO_HOST_ALLOC"))
+    return cudaErrorMemoryAllocation; /* page-locked memory is short */
+  void *p = aligned_alloc(4096, (size ? size + 4095 : 4096) & ~(size_t)4095);
+  if (!p)
+    return cudaErrorMemoryAllocation;
+  pthread_mutex_lock(&locked_mu);
+  if (nlocked == locked_cap) {
+    size_t cap = locked_cap ? 2 * locked_cap : 64;
+    flocked_t *n = realloc(locked, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&locked_mu);
+      free(p);
+      return cudaErrorMemoryAllocation;
+    }
+    locked = n;
+    locked_cap = cap;
+  }
+  locked[nlocked++] = (flocked_t){.base = p, .bytes = size};
+  pthread_mutex_unlock(&locked_mu);
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+  if (!ptr)
+    return cudaSuccess;
+  pthread_mutex_lock(&locked_mu);
+  size_t i = 0;
+  while (i < nlocked && locked[i].base != ptr)
+    i++;
+  int found = i < nlocked;
+  if (found)
+    locked[i] = locked[--nlocked];
+  pthread_mutex_unlock(&locked_mu);
+  if (!found)
+    return cudaErrorInvalidValue;
+  free(ptr);
+  return cudaSuccess;
+}
+
+static int is_locked(const void *p, size_t bytes) {
+  const uint8_t *b = p;
+  int yes = 0;
+  pthread_mutex_lock(&locked_mu);
+  for (size_t i = 0; i < nlocked && !yes; i++)
+    yes = b >= locked[i].base && b + bytes <= locked[i].base + locked[i].bytes;
+  pthread_mutex_unlock(&locked_mu);
+  return yes;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (!stream || (count > 0 && (!dst || !src)))
+    return cudaErrorInvalidValue;
+  if (count == 0)
+    return cudaSuccess;
+  const void *host = kind == cudaMemcpyHostToDevice   ? src
+                     : kind == cudaMemcpyDeviceToHost ? dst
+                                                      : NULL;
+  if (host)
+    atomic_fetch_add(is_locked(host, count) ? &locked_copies : &pageable_copies, 1);
+  pthread_mutex_lock(&stream->mu);
+  if (!stream->copies && atomic_load(&stream->pending) == 0) {
+    memcpy(dst, src, count);
+    pthread_mutex_unlock(&stream->mu);
+    return cudaSuccess;
+  }
+  fcopy_t *c = calloc(1, sizeof *c);
+  if (!c) {
+    pthread_mutex_unlock(&stream->mu);
+    return cudaErrorMemoryAllocation;
+  }
+  *c = (fcopy_t){.dst = dst, .src = src, .bytes = count, .after = atomic_load(&stream->posted)};
+  if (stream->copies_tail)
+    stream->copies_tail->next = c;
+  else
+    stream->copies = c;
+  stream->copies_tail = c;
+  pthread_mutex_unlock(&stream->mu);
+  return cudaSuccess;
+}
+
+long fakecuda_pageable_copies(void) {
+  return atomic_load(&pageable_copies);
+}
+
+long fakecuda_locked_copies(void) {
+  return atomic_load(&locked_copies);
 }
 
 const char *cudaGetErrorString(cudaError_t e) {

@@ -1,6 +1,7 @@
 /* cuda_runtime_api.h (fake) — the subset of the CUDA runtime API the NCCL transport
  * (collective/nccl*.c) calls, for its test build against tests/fake_nccl. Device memory is
- * host memory; a stream is a counter of NCCL groups not yet completed on it.
+ * host memory; a stream is a counter of NCCL groups not yet completed on it, and a queue of
+ * the copies posted behind them.
  *
  * Every name is mapped to a fakecuda_ symbol, so a process can hold the fake and the real
  * CUDA runtime side by side (the tests link the product library too). Values of the enums
@@ -31,6 +32,8 @@ enum cudaMemcpyKind {
 };
 
 #define cudaStreamNonBlocking 0x01
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
 
 typedef struct fakecuda_stream *cudaStream_t;
 
@@ -42,6 +45,9 @@ typedef struct fakecuda_stream *cudaStream_t;
 #define cudaMalloc fakecuda_cudaMalloc
 #define cudaFree fakecuda_cudaFree
 #define cudaMemcpy fakecuda_cudaMemcpy
+#define cudaMemcpyAsync fakecuda_cudaMemcpyAsync
+#define cudaHostAlloc fakecuda_cudaHostAlloc
+#define cudaFreeHost fakecuda_cudaFreeHost
 #define cudaGetErrorString fakecuda_cudaGetErrorString
 
 /* FAKE_NCCL_DEVICES (default 1) devices. */
@@ -49,11 +55,24 @@ cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
-/* cudaErrorNotReady while an NCCL group posted on the stream has not completed. */
+/* cudaErrorNotReady while an NCCL group or a copy queued on the stream has not completed.
+ * Runs the queued copies whose groups ahead of them completed (or were dropped). */
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
+/* Ordered on the stream: done at once when nothing is pending on it, else queued behind the
+ * groups posted so far (cudaStreamQuery runs it). A copy whose host side is not page-locked
+ * (from cudaHostAlloc) is counted (fakecuda_pageable_copies): the real call then stages. */
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
+cudaError_t cudaFreeHost(void *ptr);
+
+/* Fake only: asynchronous copies made so far whose host side was not page-locked memory, and
+ * those whose host side was. */
+long fakecuda_pageable_copies(void);
+long fakecuda_locked_copies(void);
 const char *cudaGetErrorString(cudaError_t error);
 
 #ifdef __cplusplus

@@ -13,6 +13,8 @@
  *                                (and that operation never completes)
  *   FAKE_NCCL_INIT_HANG=1        initialisation stays ncclInProgress for ever
  *   FAKE_NCCL_DEVICES=N          devices cudaGetDeviceCount reports (default 1)
+ *   FAKE_CUDA_NO_HOST_ALLOC=1    cudaHostAlloc fails (page-locked memory is short; read at
+ *                                each call)
  * A peer that dies (SIGKILL) or freezes (SIGSTOP) makes operations with it never complete,
  * as NCCL does between processes of one host: no error is reported. */
 #ifndef WAGMA_FAKE_NCCL_H

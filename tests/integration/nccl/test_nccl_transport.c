@@ -7,7 +7,9 @@
  *
  * Built twice. test_nccl_transport links tests/fake_nccl (every machine); there, with a fault
  * injected mid-way (an operation that never completes, ncclRemoteError) the lane is revoked
- * and every frame still arrives, intact and in order, on TCP. test_nccl_multi_gpu (label gpu)
+ * and every frame still arrives, intact and in order, on TCP; every copy between a payload
+ * and the device is from page-locked memory, or, when none can be had, from pageable memory
+ * with nothing else changed. test_nccl_multi_gpu (label gpu)
  * links NCCL and the CUDA runtime: rank r on GPU r, P = 2, 3, 4 as far as the machine has
  * GPUs; below 2 GPUs it exits 77 (skipped) with the count, since NCCL refuses two ranks on one
  * GPU. The fault cases need the fake. */
@@ -35,6 +37,7 @@ typedef struct shared {
   volatile int received[MAXP]; /* done receiving: the others may close */
   int errors[MAXP];
   uint64_t transfers[MAXP], failures[MAXP];
+  long locked_copies[MAXP], pageable_copies[MAXP]; /* the fake's: host sides of the copies */
 } shared_t;
 
 static shared_t *sh;
@@ -161,6 +164,10 @@ static void rank_main(int P, int me) {
   }
   sh->transfers[me] = atomic_load(&t->lane_transfers);
   sh->failures[me] = atomic_load(&t->lane_failures);
+#ifdef WG_NCCL_FAKE
+  sh->locked_copies[me] = fakecuda_locked_copies();
+  sh->pageable_copies[me] = fakecuda_pageable_copies();
+#endif
   ops->interrupt(tp);
   ops->close(tp);
   WG_NCCL(forget)();
@@ -169,7 +176,13 @@ static void rank_main(int P, int me) {
   exit(sh->errors[me] ? 3 : 0);
 }
 
-static void run_with(int P, int faulty) {
+/* faulty: a fault is injected (the lane must go down); locked: page-locked host memory can
+ * be had (every copy to or from the device must then be from it), else none can (every copy
+ * is then from pageable memory, and the frames still arrive). */
+static void run_with(int P, int faulty, int locked) {
+#ifndef WG_NCCL_FAKE
+  (void)locked; /* the real runtime does not say */
+#endif
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   memset(sh, 0, sizeof *sh);
@@ -200,6 +213,11 @@ static void run_with(int P, int faulty) {
       assert_int_equal(sh->failures[r], 0);
       /* 2 of 3 frames to and from each peer took the lane (both ends count a transfer) */
       assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3)));
+#ifdef WG_NCCL_FAKE
+      /* one copy per transfer at each end: into the device to send, out of it received */
+      assert_int_equal(sh->locked_copies[r] + sh->pageable_copies[r], (long)sh->transfers[r]);
+      assert_int_equal(locked ? sh->pageable_copies[r] : sh->locked_copies[r], 0);
+#endif
     }
   }
   if (faulty) /* the lane went down mid-way; what it had not delivered came on TCP */
@@ -208,7 +226,7 @@ static void run_with(int P, int faulty) {
 }
 
 static void run(int P) {
-  run_with(P, 0);
+  run_with(P, 0, 1);
 }
 
 #ifndef WG_NCCL_FAKE
@@ -244,15 +262,23 @@ static void test_all_to_all_p4(void **s) {
 static void test_op_never_completes_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_HANG_OP", "12", 1);
-  run_with(3, 1);
+  run_with(3, 1, 1);
   unsetenv("FAKE_NCCL_HANG_OP");
 }
 
 static void test_remote_error_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_REMOTE_ERROR_OP", "9", 1);
-  run_with(3, 1);
+  run_with(3, 1, 1);
   unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
+}
+
+/* cudaHostAlloc fails: payloads fall back to pageable buffers and nothing else changes. */
+static void test_without_page_locked_memory(void **s) {
+  (void)s;
+  setenv("FAKE_CUDA_NO_HOST_ALLOC", "1", 1);
+  run_with(3, 0, 0);
+  unsetenv("FAKE_CUDA_NO_HOST_ALLOC");
 }
 #endif
 
@@ -264,6 +290,7 @@ int main(void) {
       cmocka_unit_test(test_all_to_all_p4),
       cmocka_unit_test(test_op_never_completes_mid_way),
       cmocka_unit_test(test_remote_error_mid_way),
+      cmocka_unit_test(test_without_page_locked_memory),
   };
 #else
   if ((gpus = gpu_count_for_ranks("test_nccl_multi_gpu")) < 0)
