@@ -65,6 +65,7 @@ struct wg_control {
 
   /* control thread only */
   int64_t lease;
+  int64_t lost_lease; /* the lease last given up as lost, until registered again */
   wagma_etcd_keepalive_t *keepalive;
   double next_register;
   int register_failures;
@@ -287,7 +288,9 @@ static int register_at_start(wg_control_t *c, char *err, size_t err_len) {
 
 /* Registers again after the lease was lost, the same way (create only if absent), retrying
  * every second; the key of another process (a live one, or one whose lease has not expired
- * yet) is left alone. */
+ * yet) is left alone. The key still held by the lease given up as lost is this process's own
+ * registration, alive after all (etcd restarted and renewed every lease's TTL, or only our
+ * refreshes failed): it is kept, with a new keepalive, so the coordinator sees no departure. */
 static void ensure_registered(wg_control_t *c) {
   holder_t h;
   int e;
@@ -298,11 +301,21 @@ static void ensure_registered(wg_control_t *c) {
   if (c->keepalive) {
     wagma_etcd_keepalive_stop(c->keepalive);
     c->keepalive = NULL;
+    c->lost_lease = c->lease;
     c->lease = 0;
   }
   atomic_store(&c->lease_lost, 0);
   e = try_register(c, &h);
+  if (e == WAGMA_ECONFLICT && c->lost_lease && h.lease == c->lost_lease &&
+      wagma_etcd_keepalive_start(c->etcd, h.lease, on_lease_lost, c, &c->keepalive) == 0) {
+    c->lease = h.lease;
+    LOG(c, WAGMA_LOG_INFO,
+        "lease %llx still holds this agent's registration: keeping it (refreshed again)",
+        (unsigned long long)c->lease);
+    e = 0;
+  }
   if (e == 0) {
+    c->lost_lease = 0;
     c->register_failures = 0;
     return;
   }

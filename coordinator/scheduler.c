@@ -32,7 +32,7 @@
  *     finished while their agent keys were gone, e.g. an etcd outage at the job's end).
  *   - nobody survived, no checkpoint, and an agent reported the last iteration: no new plan
  *     (it would start there from the seed); the job waits for the final reports with its plan,
- *     and fails FINAL_REPORT_WAIT_S after the epoch's newest report. A finished job is never
+ *     and fails FINAL_REPORT_WAIT_S after the job's newest report. A finished job is never
  *     planned again.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
  *     i.e. lease expired - and those that refused the job drop out), cut to spec.workers
@@ -581,12 +581,15 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
    * members' final reports are on their way (an etcd outage at the job's end outlived their
    * leases; they register again, keep their assignments and the job) or lost: the job keeps
    * its plan and state (completed above when the reports come), up to FINAL_REPORT_WAIT_S
-   * after the epoch's newest report, then fails. */
+   * after the job's newest report, then fails. The newest of any epoch: an epoch planned at
+   * the last iteration may have no report at all (its members were done with the one before
+   * and lost their keys while setting it up), and counting from none failed such a job at
+   * once (the soak's soak-72, its members' final reports still on their way). */
   uint64_t reached = wg_job_record_iteration(j);
   if (survivors == 0 && !j->has_checkpoint && j->spec.iterations && reached >= j->spec.iterations) {
     double newest = 0;
     for (int r = 0; r < j->nprogress; r++)
-      if (j->progress[r].progress.epoch >= j->status.epoch && j->progress[r].progress.time > newest)
+      if (j->progress[r].progress.time > newest)
         newest = j->progress[r].progress.time;
     if (wg_wall() - newest > FINAL_REPORT_WAIT_S) {
       snprintf(reason, sizeof reason,

@@ -11,7 +11,9 @@
  *    within one keepalive period of the first's lease plus a margin; the first keeps its
  *    registration (same address);
  *  - an agent restarted under its name right after a SIGKILL (its old lease not expired yet,
- *    and not kept alive) takes the name over instead of refusing.
+ *    and not kept alive) takes the name over instead of refusing;
+ *  - an agent whose lease it gave up as lost during an etcd outage, and that etcd renewed on
+ *    its restart, keeps its registration under that lease.
  * Before the fix the agent accepted 127.0.0.1:99999 and retried every address for ever, and
  * the duplicate silently shared the name. Label timing: the bounds are wall-clock ones.
  * Everything is stopped by PID. */
@@ -29,6 +31,7 @@
 
 #include "cluster.h"
 #include "process.h"
+#include "wagma/etcd.h"
 
 /* Runs bin with args (NULL-terminated after argv[0]), its output in log; returns the exit
  * status (-1 when it did not exit within timeout_s: then it was killed) and the seconds it
@@ -256,6 +259,56 @@ static void test_restart_after_a_crash_takes_the_name(void **state) {
   assert_int_equal(kill(c->agent[0], 0), 0); /* running, not refused */
 }
 
+/* The lease and create revision of agent name's key (0, 0 when absent). */
+static void agent_key(const cluster_t *c, const char *name, int64_t *lease, int64_t *created) {
+  wagma_etcd_options_t eo = {.endpoints = etcd_fixture_endpoints(c->etcd)};
+  wagma_etcd_t *etcd = NULL;
+  wagma_etcd_range_t r;
+  char key[256];
+  *lease = *created = 0;
+  snprintf(key, sizeof key, "/wagma/agents/%s", name);
+  memset(&r, 0, sizeof r);
+  assert_int_equal(wagma_etcd_open(&eo, &etcd), 0);
+  assert_int_equal(wagma_etcd_range(etcd, key, NULL, &r), 0);
+  if (r.n == 1) {
+    *lease = r.kvs[0].lease;
+    *created = r.kvs[0].create_revision;
+  }
+  wagma_etcd_range_free(&r);
+  wagma_etcd_close(etcd);
+}
+
+/* etcd is down longer than the agent's lease TTL, so the agent gives its lease up as lost;
+ * etcd comes back with every lease renewed for a full TTL (a restarted etcd does that). The
+ * agent key is still there under the agent's own lease: the agent keeps it (a new keepalive
+ * on the same lease), so the coordinator sees no departure. Before the fix it refused "its"
+ * key as another process's ("cannot register again: the name agent-0 is held by another
+ * process"), the lease expired a TTL later, and it registered anew: its jobs saw it leave
+ * (the soak's soak-72 failed so, its members' registrations gone at the job's end). */
+static void test_registration_kept_across_an_etcd_restart(void **state) {
+  cluster_t *c = *state;
+  char log[320];
+  int64_t lease0, created0, lease1, created1;
+  snprintf(log, sizeof log, "%s/agent-0.log", c->dir);
+  agent_key(c, "agent-0", &lease0, &created0);
+  assert_true(lease0 != 0);
+  assert_int_equal(etcd_fixture_kill(c->etcd, 0), 0);
+  cluster_sleep(5.5); /* TTL 4: the agent's keepalive gives the lease up within 4 s */
+  assert_int_equal(etcd_fixture_restart(c->etcd, 0), 0);
+  cluster_sleep(6.0); /* beyond a TTL: a lease nobody refreshed would have expired */
+  agent_key(c, "agent-0", &lease1, &created1);
+  int lost = file_contains(log, "lease lost"), kept = file_contains(log, "keeping it");
+  fprintf(stderr, "  agent-0: lease %llx -> %llx, key created at %lld -> %lld (lost %d, kept %d)\n",
+          (unsigned long long)lease0, (unsigned long long)lease1, (long long)created0,
+          (long long)created1, lost, kept);
+  if (lease1 != lease0)
+    cluster_dump_logs(c);
+  assert_true(lost); /* the case under test happened */
+  assert_true(lease1 == lease0);
+  assert_true(created1 == created0);
+  assert_true(kept);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_etcd_address_is_a_usage_error),
@@ -263,6 +316,7 @@ int main(void) {
       cmocka_unit_test(test_stop_while_waiting_for_etcd),
       cmocka_unit_test(test_duplicate_name_refused),
       cmocka_unit_test(test_restart_after_a_crash_takes_the_name),
+      cmocka_unit_test(test_registration_kept_across_an_etcd_restart),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -16,6 +16,8 @@
  * test_done_while_pending: the same when the job went pending before the reports came.
  * test_done_while_a_member_died: one member finished, the other died before the end: the job
  * is complete (no plan past its last iteration with a joiner beside the finished member).
+ * test_final_reports_after_a_plan_at_the_end: an epoch planned at the last iteration, whose
+ * members lose their keys before any report of it, waits for their final reports.
  * test_diverged_model_fails (2 real agents): a model that became NaN fails the job loudly. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -79,9 +81,9 @@ static int wait_job(cluster_t *c, const char *job, const char *state, uint64_t e
   return -1;
 }
 
-/* Registers fake-0..3, submits job (2 workers) and waits for its plan of epoch 1 on fake-0,
- * fake-1 (free agents go in name order). */
-static void start_job(cluster_t *c, const char *job, job_view_t *v) {
+/* Registers fake-0..3, submits job (workers of them) and waits for its plan of epoch 1 on
+ * fake-0 .. fake-<workers - 1> (free agents go in name order). */
+static void start_job_of(cluster_t *c, const char *job, int workers, job_view_t *v) {
   char json[512], *body = NULL;
   long st = 0;
   assert_int_equal(wagma_keys_init(&keys, "/wagma"), 0);
@@ -92,17 +94,24 @@ static void start_job(cluster_t *c, const char *job, job_view_t *v) {
   }
   snprintf(json, sizeof json,
            "{\"name\":\"%s\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
-           "\"algorithm\":\"wagma\",\"workers\":2,\"min_workers\":2,\"group_size\":2,"
+           "\"algorithm\":\"wagma\",\"workers\":%d,\"min_workers\":2,\"group_size\":2,"
            "\"staleness_bound\":4,\"batch_size\":32,\"iterations\":%d}",
-           job, ITERATIONS);
+           job, workers, ITERATIONS);
   assert_int_equal(cluster_http(c, "POST", "/v1/jobs", json, &st, &body), 0);
   free(body);
   assert_int_equal(st, 201);
   if (wait_job(c, job, "running", 1, 20, v) != 0)
     cluster_dump_logs(c);
-  assert_int_equal(v->nmembers, 2);
-  assert_non_null(job_member(v, "fake-0"));
-  assert_non_null(job_member(v, "fake-1"));
+  assert_int_equal(v->nmembers, workers);
+  for (int i = 0; i < workers; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "fake-%d", i);
+    assert_non_null(job_member(v, name));
+  }
+}
+
+static void start_job(cluster_t *c, const char *job, job_view_t *v) {
+  start_job_of(c, job, 2, v);
 }
 
 /* The job succeeds in epoch 1 within 10 s, with a reason that says `finished` (printed). */
@@ -199,6 +208,52 @@ static void test_done_while_a_member_died(void **state) {
   register_fake(c, "fake-1"); /* back for the next test */
 }
 
+/* An epoch planned at the last iteration gets no report, and its members lose their keys
+ * while setting it up: the job waits for their final reports (30 s from the job's newest
+ * one) instead of failing at once, and succeeds when they come. The soak's soak-72: its 4
+ * members finished during an etcd restart, their "done" reports not yet written; one left,
+ * so epoch 2 was planned at iteration 4000 with a joiner; the others' registrations expired
+ * before they were written, and the job failed in the same second (no report of epoch 2
+ * counted as a report 56 years old). */
+static void test_final_reports_after_a_plan_at_the_end(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  const char *job = "finish-late-plan";
+  start_job_of(c, job, 3, &v);
+  report(c, job, "fake-0", WAGMA_PROGRESS_RUNNING, 1, ITERATIONS); /* done, not yet "done" */
+  report(c, job, "fake-1", WAGMA_PROGRESS_RUNNING, 1, ITERATIONS - 1);
+  report(c, job, "fake-2", WAGMA_PROGRESS_RUNNING, 1, ITERATIONS - 1);
+  etcdctl(c, "del /wagma/agents/fake-2"); /* it left: epoch 2 with fake-3 joining */
+  if (wait_job(c, job, "running", 2, 10, &v) != 0)
+    cluster_dump_logs(c);
+  assert_int_equal(v.epoch, 2);
+  assert_non_null(job_member(&v, "fake-3"));
+  etcdctl(c, "del --prefix /wagma/agents/fake-"); /* every member's key, before any report */
+  for (double t0 = cluster_now(); cluster_now() - t0 < 3.0; cluster_sleep(0.1)) {
+    assert_int_equal(cluster_job_get(c, job, &v), 0);
+    if (strcmp(v.state, "running") != 0)
+      fprintf(stderr, "  after the keys went: %s, epoch %llu: %s\n", v.state,
+              (unsigned long long)v.epoch, v.reason);
+    assert_string_equal(v.state, "running");
+    assert_int_equal(v.epoch, 2);
+  }
+  assert_non_null(strstr(v.reason, "waiting for their final reports"));
+  fprintf(stderr, "  while away: %s (%s)\n", v.state, v.reason);
+  /* they register again and their final reports come; fake-0's report of the last iteration
+   * already counts, so the job may complete before fake-1 is back ("1 of 3 members") */
+  register_fake(c, "fake-0");
+  register_fake(c, "fake-1");
+  report(c, job, "fake-0", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
+  report(c, job, "fake-1", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
+  if (wait_job(c, job, "succeeded", 2, 10, &v) != 0)
+    cluster_dump_logs(c);
+  fprintf(stderr, "  job %s, epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
+  assert_string_equal(v.state, "succeeded");
+  assert_non_null(strstr(v.reason, "of 3 members finished at iteration 100"));
+  register_fake(c, "fake-2"); /* back for the next test */
+  register_fake(c, "fake-3");
+}
+
 /* A model that diverged to NaN or Inf is not reported as the job's result: 2 real agents train
  * an MLP at the largest learning rate with momentum 0.99 (diverges within a few iterations);
  * the members report "failed" with the reason and the job fails, instead of "succeeded". */
@@ -252,6 +307,7 @@ int main(void) {
       cmocka_unit_test(test_done_while_away),
       cmocka_unit_test(test_done_while_pending),
       cmocka_unit_test(test_done_while_a_member_died),
+      cmocka_unit_test(test_final_reports_after_a_plan_at_the_end),
       cmocka_unit_test(test_diverged_model_fails),
   };
   return cmocka_run_group_tests(tests, setup, cluster_group_teardown);
