@@ -101,6 +101,23 @@ void *wg_buf_alloc_from(wg_buf_source_t *s, size_t size) {
   return base + PREFIX;
 }
 
+void *wg_buf_take_cached(wg_buf_source_t *s, size_t size) {
+  if (s == NULL)
+    s = &default_source;
+  unsigned c = class_of(s, size);
+  uint8_t *base = NULL;
+  if (c == CLASS_NONE)
+    return NULL;
+  pthread_mutex_lock(&s->lock);
+  int i = c - MIN_CLASS;
+  if (s->count[i] > 0) {
+    base = s->cache[i][--s->count[i]];
+    s->bytes -= (size_t)1 << c;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return base ? base + PREFIX : NULL; /* (its prefix still names s and c) */
+}
+
 void *wg_buf_alloc(size_t size) {
   return wg_buf_alloc_from(&default_source, size);
 }

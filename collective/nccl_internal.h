@@ -61,7 +61,9 @@ typedef struct nc_xfer {
   int sent;                             /* the lane send completed; waiting for NC_DONE */
   int acked;                            /* NC_DONE came while the send was still posted here */
   uint8_t header[WG_FRAME_HEADER_SIZE]; /* encoded, complete */
-  uint8_t *host;                        /* page-locked where it could be (lane_host_buffer) */
+  uint8_t *host;                        /* page-locked where it could be (send_buffer) */
+  int device_reads; /* a copy from host may still be queued on a lane that could not be
+                       quiesced: host is leaked, never freed (lane thread, or close after) */
   size_t len;
   struct nc_xfer *next;
 } nc_xfer_t;
@@ -86,7 +88,8 @@ typedef struct nc_role {
   size_t len;
   double deadline;
   nc_item_t *item;   /* recv: the item it fills */
-  wg_message_t *msg; /* recv, posted: the message its payload is copied into (page-locked) */
+  wg_message_t *msg; /* recv, posted: the message its payload is copied into */
+  int copy_queued;   /* recv: that copy is on the stream (or, pageable, done) */
   nc_xfer_t *xfer;   /* send */
 } nc_role_t;
 
@@ -157,11 +160,16 @@ void WG_NCCL(mark_dead_done)(nc_t *t, int rank);
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload, size_t len);
 /* The process's source of page-locked host buffers (cudaHostAlloc, cached by buf_pool.c):
  * the lane's copies to and from the device run from them at DMA speed, asynchronously on
- * the lane's stream. NULL when it cannot be made. */
+ * the lane's stream. NULL when it cannot be made. Allocate from it on lane threads only. */
 wg_buf_source_t *WG_NCCL(locked_source)(void);
-/* A host buffer of len bytes for a payload on the lane: page-locked (the calling thread's
- * device set to t's), or pageable when page-locked memory is short. Freed with wg_buf_free. */
-void *WG_NCCL(host_buffer)(nc_t *t, size_t len);
+/* A host buffer of len bytes for a payload on the lane, from any thread: page-locked when
+ * the page-locked cache has one (lane threads fill it) or the calling thread's current CUDA
+ * device is `device` (then it is allocated), else pageable. Freed with wg_buf_free. */
+void *WG_NCCL(send_buffer)(int device, size_t len);
+/* 1 when p (from wg_buf_alloc*) is page-locked, from WG_NCCL(locked_source). */
+int WG_NCCL(is_locked)(const void *p);
+/* Frees the page-locked buffers the cache released (cudaFreeHost). Lane threads. */
+void WG_NCCL(release_locked)(void);
 
 /* nccl_lane.c */
 void *WG_NCCL(lane_main)(void *arg);

@@ -2,7 +2,7 @@
  * TCP control channel, it moves frames into the mailbox in each sender's order, runs the
  * per-transfer agreement (ANNOUNCE, CTS, GO / NACK), posts at most one ncclSend or ncclRecv
  * (each in its own ncclGroupStart/ncclGroupEnd, with the payload's copy between the device and
- * page-locked host memory queued on the same stream) and polls it under a deadline, and on any
+ * page-locked host memory on the same stream) and polls it under a deadline, and on any
  * failure revokes the communicator and falls back to TCP payloads for the rest of the epoch.
  *
  * State: everything here but the mailbox and the outbound list (t->mu, nccl.c) belongs to the
@@ -79,6 +79,11 @@ static void role_release(nc_t *t, nc_role_t *r, int quiet) {
   if (quiet)
     wg_message_free(r->msg);
   /* else leaked: a copy into its payload may still be queued on the stream */
+  if (!quiet && r->send && r->xfer) {
+    pthread_mutex_lock(&t->mu);
+    r->xfer->device_reads = 1; /* its copy to the device may still be queued: keep its host */
+    pthread_mutex_unlock(&t->mu);
+  }
   memset(r, 0, sizeof *r);
 }
 
@@ -124,7 +129,8 @@ void WG_NCCL(resend_all)(nc_t *t) {
       (void)WG_NCCL(control)(t, x->dst, NC_RESEND, x->id, buf, WG_FRAME_HEADER_SIZE + x->len);
       free(buf);
     }
-    wg_buf_free(x->host);
+    if (!x->device_reads) /* else leaked: see nc_xfer_t */
+      wg_buf_free(x->host);
     free(x);
   }
   pthread_mutex_unlock(&t->mu);
@@ -191,7 +197,11 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
     return;
   }
   /* the copy and the send are ordered on the lane's stream: no wait here, and none for the
-   * compute stream (the lane's is non-blocking) */
+   * compute stream (the lane's is non-blocking). From pageable memory (the page-locked cache
+   * was empty when it was sent) the call returns once the bytes are staged; and this thread
+   * puts a page-locked buffer of that size in the cache for the sends to come. */
+  if (!WG_NCCL(is_locked)(x->host) && WG_NCCL(locked_source)())
+    wg_buf_free(wg_buf_alloc_from(WG_NCCL(locked_source)(), x->len));
   void *dev = lane_buffer(t, x->len);
   if (!dev ||
       cudaMemcpyAsync(dev, x->host, x->len, cudaMemcpyHostToDevice, t->stream) != cudaSuccess) {
@@ -218,8 +228,9 @@ static void on_go(nc_t *t, int src, uint64_t id) {
   size_t len = (size_t)r.item->header.length;
   memset(&t->reserved, 0, sizeof t->reserved);
   void *dev = lane_buffer(t, len);
-  /* the payload's home, page-locked: the copy out of the device is queued behind the
-   * receive on the lane's stream, so the completion check_posted polls covers both */
+  /* the payload's home, page-locked where it can be; check_posted copies it out of the device
+   * (a non-blocking communicator puts the receive on the stream later, in the background: a
+   * copy queued now could run before it) */
   wg_message_t *msg =
       dev ? wg_message_new_from(WG_NCCL(locked_source)(), &r.item->header, len) : NULL;
   if (dev && !msg)
@@ -238,9 +249,24 @@ static void on_go(nc_t *t, int src, uint64_t id) {
                           .deadline = wg_now() + xfer_deadline_s(len),
                           .item = r.item,
                           .msg = msg};
-  if (post(t, 0, src, dev, len) == 0 &&
-      cudaMemcpyAsync(msg->payload, dev, len, cudaMemcpyDeviceToHost, t->stream) != cudaSuccess)
-    WG_NCCL(lane_down)(t, "queueing the copy of a received payload to the host");
+  (void)post(t, 0, src, dev, len);
+}
+
+/* A posted receive's copy to the host, once NCCL reports no error and nothing pending
+ * (async == ncclSuccess: its kernel is on the stream). Into page-locked memory it is queued
+ * behind the kernel at once; into pageable memory only when the stream is idle (the receive
+ * is done), since that call returns only once the copy has completed and it must never wait
+ * for a frozen peer. 0 or -1 (failed). */
+static int queue_copy_out(nc_t *t, nc_role_t *p, int stream_idle) {
+  if (p->send || p->copy_queued)
+    return 0;
+  if (!WG_NCCL(is_locked)(p->msg->payload) && !stream_idle)
+    return 0;
+  if (cudaMemcpyAsync(p->msg->payload, p->dev, p->len, cudaMemcpyDeviceToHost, t->stream) !=
+      cudaSuccess)
+    return -1;
+  p->copy_queued = 1;
+  return 0;
 }
 
 static void on_control(nc_t *t, wg_message_t *m) {
@@ -420,10 +446,18 @@ static void check_posted(nc_t *t) {
              ncclGetErrorString(e));
     fail = why;
   } else if (e == ncclSuccess) {
-    cudaError_t q = cudaStreamQuery(t->stream);
-    if (q == cudaSuccess)
+    int copy_failed = queue_copy_out(t, p, 0) != 0;
+    cudaError_t q = copy_failed ? cudaSuccess : cudaStreamQuery(t->stream);
+    if (!copy_failed && q == cudaSuccess && !p->send && !p->copy_queued) { /* pageable */
+      copy_failed = queue_copy_out(t, p, 1) != 0;
+      q = copy_failed ? cudaSuccess : cudaStreamQuery(t->stream);
+    }
+    if (copy_failed) {
+      snprintf(why, sizeof why, "copying a received payload to the host");
+      fail = why;
+    } else if (q == cudaSuccess) {
       done = 1;
-    else if (q != cudaErrorNotReady) {
+    } else if (q != cudaErrorNotReady) {
       snprintf(why, sizeof why, "stream: %s", cudaGetErrorString(q));
       fail = why;
     }
@@ -528,6 +562,7 @@ void *WG_NCCL(lane_main)(void *arg) {
   nc_t *t = arg;
   WG_NCCL(lane_init)(t);
   while (!atomic_load(&t->stopping)) {
+    WG_NCCL(release_locked)();
     int busy = t->posted.active || t->reserved.active;
     WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
     check_posted(t);

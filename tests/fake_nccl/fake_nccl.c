@@ -62,6 +62,12 @@ static void stream_group_ended(struct fakecuda_stream *s) {
   atomic_fetch_sub(&s->pending, 1);
 }
 
+/* A group is on its stream: a copy queued after this waits for it. */
+static void stream_group_posted(struct fakecuda_stream *s) {
+  atomic_fetch_add(&s->posted, 1);
+  atomic_fetch_add(&s->pending, 1);
+}
+
 typedef struct fop {
   int send;
   int peer;
@@ -80,6 +86,7 @@ typedef struct fgroup {
   fop_t *ops;
   int nops;
   struct fakecuda_stream *stream;
+  int unlaunched; /* non-blocking: not yet on its stream (the worker launches it) */
   struct fgroup *next;
 } fgroup_t;
 
@@ -92,6 +99,7 @@ struct fakenccl_comm {
   int *fds;        /* socket to each peer, -1 for self */
   _Atomic int async;
   atomic_int aborting, revoking, revoked_done, init_hang;
+  atomic_int launching; /* non-blocking groups ended and not yet on their stream */
   pthread_t init_thread, worker;
   int init_started, worker_started;
   pthread_mutex_t mu;
@@ -461,6 +469,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
     return ncclSuccess;
   }
   *err = (ncclResult_t)atomic_load(&c->async);
+  if (*err == ncclSuccess && atomic_load(&c->launching) > 0)
+    *err = ncclInProgress; /* a group ended and not yet launched */
   return ncclSuccess;
 }
 
@@ -492,8 +502,16 @@ static ncclResult_t submit(struct fakenccl_comm *c, struct fakecuda_stream *s, f
   memcpy(g->ops, ops, (size_t)n * sizeof(fop_t));
   g->nops = n;
   g->stream = s;
-  atomic_fetch_add(&s->posted, 1);
-  atomic_fetch_add(&s->pending, 1);
+  /* A non-blocking communicator's ncclGroupEnd returns ncclInProgress before the group is on
+   * the stream: NCCL launches it from a thread of its own, and the async error stays
+   * ncclInProgress until it did. The worker launches it here, after a pause, so work queued
+   * on the stream before the async error said ncclSuccess runs before the group, as on a GPU. */
+  if (c->blocking)
+    stream_group_posted(s);
+  else {
+    g->unlaunched = 1;
+    atomic_fetch_add(&c->launching, 1);
+  }
   pthread_mutex_lock(&c->mu);
   if (c->tail)
     c->tail->next = g;
@@ -626,6 +644,14 @@ static void progress(struct fakenccl_comm *c, fop_t *op) {
   }
 }
 
+/* g completed or was dropped: off its stream (or never launched). */
+static void group_ended(struct fakenccl_comm *c, fgroup_t *g) {
+  if (g->unlaunched)
+    atomic_fetch_sub(&c->launching, 1);
+  else
+    stream_group_ended(g->stream);
+}
+
 /* 1 when every operation of g completed, 0 when it was dropped (revoke, abort). */
 static int run_group(struct fakenccl_comm *c, fgroup_t *g) {
   /* self: a send to myself completes with the recv from myself of the same group */
@@ -683,7 +709,7 @@ static void *worker_main(void *arg) {
       while (c->head) {
         fgroup_t *g = c->head;
         c->head = g->next;
-        stream_group_ended(g->stream);
+        group_ended(c, g);
         free(g->ops);
         free(g);
       }
@@ -703,13 +729,19 @@ static void *worker_main(void *arg) {
     }
     fgroup_t *g = c->head;
     pthread_mutex_unlock(&c->mu);
+    if (g->unlaunched) {
+      usleep(300);
+      stream_group_posted(g->stream);
+      g->unlaunched = 0;
+      atomic_fetch_sub(&c->launching, 1);
+    }
     int done = run_group(c, g);
     pthread_mutex_lock(&c->mu);
     if (done || atomic_load(&c->revoking) || atomic_load(&c->aborting)) {
       c->head = g->next;
       if (!c->head)
         c->tail = NULL;
-      stream_group_ended(g->stream);
+      group_ended(c, g);
       free(g->ops);
       free(g);
     }
@@ -717,7 +749,7 @@ static void *worker_main(void *arg) {
   while (c->head) {
     fgroup_t *g = c->head;
     c->head = g->next;
-    stream_group_ended(g->stream);
+    group_ended(c, g);
     free(g->ops);
     free(g);
   }
@@ -791,11 +823,23 @@ cudaError_t cudaGetDeviceCount(int *count) {
   return *count > 0 ? cudaSuccess : cudaErrorNoDevice;
 }
 
+static _Thread_local int current_device;
+
 cudaError_t cudaSetDevice(int device) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess)
     return cudaErrorNoDevice;
-  return device >= 0 && device < n ? cudaSuccess : cudaErrorInvalidDevice;
+  if (device < 0 || device >= n)
+    return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+  if (!device)
+    return cudaErrorInvalidValue;
+  *device = current_device;
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {

@@ -39,6 +39,7 @@ typedef struct fakecuda_stream *cudaStream_t;
 
 #define cudaGetDeviceCount fakecuda_cudaGetDeviceCount
 #define cudaSetDevice fakecuda_cudaSetDevice
+#define cudaGetDevice fakecuda_cudaGetDevice
 #define cudaStreamCreateWithFlags fakecuda_cudaStreamCreateWithFlags
 #define cudaStreamDestroy fakecuda_cudaStreamDestroy
 #define cudaStreamQuery fakecuda_cudaStreamQuery
@@ -53,6 +54,8 @@ typedef struct fakecuda_stream *cudaStream_t;
 /* FAKE_NCCL_DEVICES (default 1) devices. */
 cudaError_t cudaGetDeviceCount(int *count);
 cudaError_t cudaSetDevice(int device);
+/* The calling thread's current device: the last cudaSetDevice of the thread, else 0. */
+cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 /* cudaErrorNotReady while an NCCL group or a copy queued on the stream has not completed.

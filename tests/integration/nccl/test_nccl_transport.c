@@ -214,6 +214,8 @@ static void run_with(int P, int faulty, int locked) {
       /* 2 of 3 frames to and from each peer took the lane (both ends count a transfer) */
       assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3)));
 #ifdef WG_NCCL_FAKE
+      fprintf(stderr, "  rank %d: %llu transfers, %ld copies page-locked, %ld pageable\n", r,
+              (unsigned long long)sh->transfers[r], sh->locked_copies[r], sh->pageable_copies[r]);
       /* one copy per transfer at each end: into the device to send, out of it received */
       assert_int_equal(sh->locked_copies[r] + sh->pageable_copies[r], (long)sh->transfers[r]);
       assert_int_equal(locked ? sh->pageable_copies[r] : sh->locked_copies[r], 0);
