@@ -44,9 +44,9 @@ void WG_NCCL(mark_dead_done)(nc_t *t, int rank) {
 /* The page-locked source. Its alloc runs on threads whose current device is the
  * transport's (cudaHostAlloc elsewhere could make a context on device 0): lane threads, and
  * senders whose device is it already; other senders take page-locked buffers from its cache
- * only (WG_NCCL(send_buffer)), which their lane fills. Its release (a full cache, from any thread that frees a payload)
- * only queues the buffer; a lane thread frees the queue (WG_NCCL(release_locked)), so no
- * caller's thread blocks in cudaFreeHost. After a failed cudaHostAlloc none is tried for
+ * only (WG_NCCL(send_buffer)), which their lane fills. Its release (a full cache, from any
+ * thread that frees a payload) only queues the buffer; a lane thread frees the queue
+ * (WG_NCCL(release_locked)), so no caller's thread blocks in cudaFreeHost. After a failed cudaHostAlloc none is tried for
  * LOCKED_RETRY_S: page-locked memory is short, and each try costs. */
 #define LOCKED_RETRY_S 10.0
 static wg_buf_source_t *locked_source;
