@@ -46,8 +46,9 @@ void WG_NCCL(mark_dead_done)(nc_t *t, int rank) {
  * senders whose device is it already; other senders take page-locked buffers from its cache
  * only (WG_NCCL(send_buffer)), which their lane fills. Its release (a full cache, from any
  * thread that frees a payload) only queues the buffer; a lane thread frees the queue
- * (WG_NCCL(release_locked)), so no caller's thread blocks in cudaFreeHost. After a failed cudaHostAlloc none is tried for
- * LOCKED_RETRY_S: page-locked memory is short, and each try costs. */
+ * (WG_NCCL(release_locked)), so no caller's thread blocks in cudaFreeHost. After a failed
+ * cudaHostAlloc none is tried for LOCKED_RETRY_S: page-locked memory is short, and each try
+ * costs. */
 #define LOCKED_RETRY_S 10.0
 static wg_buf_source_t *locked_source;
 static pthread_once_t locked_once = PTHREAD_ONCE_INIT;
