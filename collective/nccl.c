@@ -113,7 +113,8 @@ void *WG_NCCL(send_buffer)(int device, size_t len) {
 }
 
 int WG_NCCL(is_locked)(const void *p) {
-  return locked_source && wg_buf_is_from(p, locked_source);
+  wg_buf_source_t *src = WG_NCCL(locked_source)();
+  return src && wg_buf_is_from(p, src);
 }
 
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload,
