@@ -819,6 +819,10 @@ void wg_control_stop(wg_control_t *c) {
     int e = wagma_etcd_lease_revoke(c->etcd, c->lease);
     LOG(c, e ? WAGMA_LOG_WARN : WAGMA_LOG_INFO, "lease revoked: %s",
         e ? wagma_strerror(e) : "left cleanly");
+  } else if (c->lost_lease) {
+    /* given up as lost and not registered again: it may still hold our key (an etcd that
+     * restarted renewed it), and the coordinator must see us leave now, not a TTL later */
+    (void)wagma_etcd_lease_revoke(c->etcd, c->lost_lease);
   }
   publish(c, 1);
   wagma_etcd_watch_stop(c->plan_watch);

@@ -118,6 +118,19 @@ void *wg_buf_take_cached(wg_buf_source_t *s, size_t size) {
   return base ? base + PREFIX : NULL; /* (its prefix still names s and c) */
 }
 
+int wg_buf_cache_room(wg_buf_source_t *s, size_t size) {
+  if (s == NULL)
+    s = &default_source;
+  unsigned c = class_of(s, size);
+  if (c == CLASS_NONE)
+    return 0;
+  pthread_mutex_lock(&s->lock);
+  int i = c - MIN_CLASS;
+  int room = s->count[i] < POOL_PER_CLASS && s->bytes + ((size_t)1 << c) <= POOL_MAX_BYTES;
+  pthread_mutex_unlock(&s->lock);
+  return room;
+}
+
 void *wg_buf_alloc(size_t size) {
   return wg_buf_alloc_from(&default_source, size);
 }

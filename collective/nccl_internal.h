@@ -132,6 +132,7 @@ typedef struct wg_transport {
   void *lane_buf;  /* device buffer of the posted transfer, kept and grown (lane thread) */
   size_t lane_cap; /* its bytes */
   int lane_size;   /* ranks of the communicator */
+  int unquiesced;  /* a revoke left something running on the device (lane thread) */
   int shrunk;      /* it was shrunk from the previous epoch's */
   int rr;          /* next sender to consider for a CTS */
   int word;        /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
@@ -168,7 +169,8 @@ wg_buf_source_t *WG_NCCL(locked_source)(void);
 void *WG_NCCL(send_buffer)(int device, size_t len);
 /* 1 when p (from wg_buf_alloc*) is page-locked, from WG_NCCL(locked_source). */
 int WG_NCCL(is_locked)(const void *p);
-/* Frees the page-locked buffers the cache released (cudaFreeHost). Lane threads. */
+/* Frees the page-locked buffers the cache released (cudaFreeHost, which waits for the
+ * device). Lane threads, with nothing posted and nothing left running by a revoke. */
 void WG_NCCL(release_locked)(void);
 
 /* nccl_lane.c */

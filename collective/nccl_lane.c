@@ -146,6 +146,7 @@ void WG_NCCL(lane_down)(nc_t *t, const char *why) {
     atomic_fetch_add(&t->lane_failures, 1);
     (void)ncclCommRevoke(t->comm, NCCL_REVOKE_DEFAULT);
     quiet = quiesce(t);
+    t->unquiesced |= !quiet;
     atomic_store(&t->lane_state, NC_LANE_DOWN);
     for (int r = 0; r < t->nranks; r++)
       if (r != t->rank)
@@ -198,10 +199,7 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
   }
   /* the copy and the send are ordered on the lane's stream: no wait here, and none for the
    * compute stream (the lane's is non-blocking). From pageable memory (the page-locked cache
-   * was empty when it was sent) the call returns once the bytes are staged; and this thread
-   * puts a page-locked buffer of that size in the cache for the sends to come. */
-  if (!WG_NCCL(is_locked)(x->host) && WG_NCCL(locked_source)())
-    wg_buf_free(wg_buf_alloc_from(WG_NCCL(locked_source)(), x->len));
+   * was empty when it was sent) the call returns once the bytes are staged. */
   void *dev = lane_buffer(t, x->len);
   if (!dev ||
       cudaMemcpyAsync(dev, x->host, x->len, cudaMemcpyHostToDevice, t->stream) != cudaSuccess) {
@@ -217,8 +215,15 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
                           .len = x->len,
                           .deadline = wg_now() + xfer_deadline_s(x->len),
                           .xfer = x};
-  if (post(t, 1, src, dev, x->len) == 0)
-    (void)WG_NCCL(control)(t, src, NC_GO, id, NULL, 0);
+  if (post(t, 1, src, dev, x->len) != 0)
+    return;
+  (void)WG_NCCL(control)(t, src, NC_GO, id, NULL, 0);
+  /* It was sent from pageable memory: this thread puts a page-locked buffer of its size in
+   * the cache for the sends to come (after GO: cudaHostAlloc may take milliseconds), unless
+   * the cache is full and would release it at once. */
+  wg_buf_source_t *locked = WG_NCCL(locked_source)();
+  if (!WG_NCCL(is_locked)(x->host) && locked && wg_buf_cache_room(locked, x->len))
+    wg_buf_free(wg_buf_alloc_from(locked, x->len));
 }
 
 static void on_go(nc_t *t, int src, uint64_t id) {
@@ -562,8 +567,11 @@ void *WG_NCCL(lane_main)(void *arg) {
   nc_t *t = arg;
   WG_NCCL(lane_init)(t);
   while (!atomic_load(&t->stopping)) {
-    WG_NCCL(release_locked)();
     int busy = t->posted.active || t->reserved.active;
+    /* cudaFreeHost waits for the device: only with nothing of ours posted on it, and never
+     * after a revoke that left something running (a frozen peer's transfer would hold it) */
+    if (!busy && !t->unquiesced)
+      WG_NCCL(release_locked)();
     WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
     check_posted(t);
     maybe_cts(t);

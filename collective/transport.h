@@ -70,6 +70,8 @@ void *wg_buf_alloc_from(wg_buf_source_t *src, size_t size);
 /* A buffer of src from its cache only (never src's alloc: for threads that must not call it,
  * e.g. CUDA calls outside the thread that owns the device); NULL when none is cached. */
 void *wg_buf_take_cached(wg_buf_source_t *src, size_t size);
+/* 1 when src's cache would keep a freed buffer of size bytes now (else it would release it). */
+int wg_buf_cache_room(wg_buf_source_t *src, size_t size);
 /* 1 when ptr (from wg_buf_alloc*) came from src (NULL: the default source), else 0. */
 int wg_buf_is_from(const void *ptr, const wg_buf_source_t *src);
 

@@ -980,8 +980,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
   const void *host = kind == cudaMemcpyHostToDevice   ? src
                      : kind == cudaMemcpyDeviceToHost ? dst
                                                       : NULL;
+  int locked_host = host && is_locked(host, count);
   if (host)
-    atomic_fetch_add(is_locked(host, count) ? &locked_copies : &pageable_copies, 1);
+    atomic_fetch_add(locked_host ? &locked_copies : &pageable_copies, 1);
+  if (kind == cudaMemcpyDeviceToHost && !locked_host) {
+    /* into pageable memory the real call returns only once the copy is done, i.e. after all
+     * that is before it on the stream: wait as it would (for 10 s at most, then fail, so a
+     * test reports a lane thread that would hang instead of hanging) */
+    double until = mono() + 10.0;
+    while (cudaStreamQuery(stream) == cudaErrorNotReady && mono() < until)
+      usleep(1000);
+    if (cudaStreamQuery(stream) == cudaErrorNotReady)
+      return cudaErrorNotReady;
+  }
   pthread_mutex_lock(&stream->mu);
   if (!stream->copies && atomic_load(&stream->pending) == 0) {
     memcpy(dst, src, count);

@@ -65,7 +65,9 @@ cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 /* Ordered on the stream: done at once when nothing is pending on it, else queued behind the
- * groups posted so far (cudaStreamQuery runs it). A copy whose host side is not page-locked
+ * groups posted so far (cudaStreamQuery runs it). Into pageable memory it waits, as the real
+ * call does, until what is before it on the stream completed (fake: for 10 s at most, then
+ * cudaErrorNotReady). A copy whose host side is not page-locked
  * (from cudaHostAlloc) is counted (fakecuda_pageable_copies): the real call then stages. */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                             cudaStream_t stream);

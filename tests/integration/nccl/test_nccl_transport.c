@@ -38,6 +38,7 @@ typedef struct shared {
   int errors[MAXP];
   uint64_t transfers[MAXP], failures[MAXP];
   long locked_copies[MAXP], pageable_copies[MAXP]; /* the fake's: host sides of the copies */
+  int other_device; /* the fake's: the transport on device 1, its sender on device 0 */
 } shared_t;
 
 static shared_t *sh;
@@ -73,6 +74,8 @@ static void rank_main(int P, int me) {
   cfg.connect_timeout_s = 15;
 #ifndef WG_NCCL_FAKE
   cfg.device = me; /* one GPU per rank (the fake has one device, which every rank shares) */
+#else
+  cfg.device = sh->other_device ? 1 : 0;
 #endif
   if (getenv("NW_DEBUG")) {
     cfg.log = log_stderr;
@@ -87,6 +90,10 @@ static void rank_main(int P, int me) {
   if (ops->open(&cfg, &tp) != 0)
     exit(2);
   nc_t *t = (nc_t *)tp;
+#ifdef WG_NCCL_FAKE
+  if (sh->other_device) /* an application thread on another device sends */
+    assert_int_equal(cudaSetDevice(0), cudaSuccess);
+#endif
   for (double until = proc_now() + 15;
        atomic_load(&t->lane_state) == NC_LANE_INIT && proc_now() < until;)
     proc_sleep(0.002);
@@ -176,9 +183,15 @@ static void rank_main(int P, int me) {
   exit(sh->errors[me] ? 3 : 0);
 }
 
-/* faulty: a fault is injected (the lane must go down); locked: page-locked host memory can
- * be had (every copy to or from the device must then be from it), else none can (every copy
- * is then from pageable memory, and the frames still arrive). */
+/* What page-locked memory there is (the fake's): LOCKED_ALL, every copy to or from the
+ * device is from page-locked memory; LOCKED_NONE, none can be had and every copy is from
+ * pageable memory; LOCKED_BY_LANE, the sender's thread is on another device than the
+ * transport, so it takes page-locked buffers only from the cache its lane fills (its first
+ * sends are pageable), while every receive (the lane thread's) is page-locked. */
+enum { LOCKED_ALL, LOCKED_NONE, LOCKED_BY_LANE };
+
+/* faulty: a fault is injected (the lane must go down); locked: as above. The frames arrive
+ * intact and in order in every case. */
 static void run_with(int P, int faulty, int locked) {
 #ifndef WG_NCCL_FAKE
   (void)locked; /* the real runtime does not say */
@@ -186,6 +199,7 @@ static void run_with(int P, int faulty, int locked) {
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   memset(sh, 0, sizeof *sh);
+  sh->other_device = locked == LOCKED_BY_LANE;
   assert_int_equal(proc_free_ports(P, sh->ports), 0);
   pid_t pid[MAXP];
   fflush(NULL);
@@ -218,7 +232,14 @@ static void run_with(int P, int faulty, int locked) {
               (unsigned long long)sh->transfers[r], sh->locked_copies[r], sh->pageable_copies[r]);
       /* one copy per transfer at each end: into the device to send, out of it received */
       assert_int_equal(sh->locked_copies[r] + sh->pageable_copies[r], (long)sh->transfers[r]);
-      assert_int_equal(locked ? sh->pageable_copies[r] : sh->locked_copies[r], 0);
+      if (locked == LOCKED_ALL)
+        assert_int_equal(sh->pageable_copies[r], 0);
+      else if (locked == LOCKED_NONE)
+        assert_int_equal(sh->locked_copies[r], 0);
+      else { /* every receive page-locked, and the first sends of each size class pageable */
+        assert_true(sh->locked_copies[r] >= (long)sh->transfers[r] / 2);
+        assert_true(sh->pageable_copies[r] > 0);
+      }
 #endif
     }
   }
@@ -228,7 +249,7 @@ static void run_with(int P, int faulty, int locked) {
 }
 
 static void run(int P) {
-  run_with(P, 0, 1);
+  run_with(P, 0, LOCKED_ALL);
 }
 
 #ifndef WG_NCCL_FAKE
@@ -264,14 +285,14 @@ static void test_all_to_all_p4(void **s) {
 static void test_op_never_completes_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_HANG_OP", "12", 1);
-  run_with(3, 1, 1);
+  run_with(3, 1, LOCKED_ALL);
   unsetenv("FAKE_NCCL_HANG_OP");
 }
 
 static void test_remote_error_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_REMOTE_ERROR_OP", "9", 1);
-  run_with(3, 1, 1);
+  run_with(3, 1, LOCKED_ALL);
   unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
 }
 
@@ -279,8 +300,18 @@ static void test_remote_error_mid_way(void **s) {
 static void test_without_page_locked_memory(void **s) {
   (void)s;
   setenv("FAKE_CUDA_NO_HOST_ALLOC", "1", 1);
-  run_with(3, 0, 0);
+  run_with(3, 0, LOCKED_NONE);
   unsetenv("FAKE_CUDA_NO_HOST_ALLOC");
+}
+
+/* The sender's thread is on another device: it never allocates page-locked memory (that
+ * would make a context there), takes it from the cache the lane fills, and sends from pageable
+ * memory until the lane did. */
+static void test_sender_on_another_device(void **s) {
+  (void)s;
+  setenv("FAKE_NCCL_DEVICES", "2", 1);
+  run_with(3, 0, LOCKED_BY_LANE);
+  unsetenv("FAKE_NCCL_DEVICES");
 }
 #endif
 
@@ -293,6 +324,7 @@ int main(void) {
       cmocka_unit_test(test_op_never_completes_mid_way),
       cmocka_unit_test(test_remote_error_mid_way),
       cmocka_unit_test(test_without_page_locked_memory),
+      cmocka_unit_test(test_sender_on_another_device),
   };
 #else
   if ((gpus = gpu_count_for_ranks("test_nccl_multi_gpu")) < 0)
