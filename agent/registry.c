@@ -319,6 +319,15 @@ static void ensure_registered(wg_control_t *c) {
     c->register_failures = 0;
     return;
   }
+  if (e == WAGMA_ECONFLICT && c->lost_lease && h.lease == c->lost_lease) {
+    /* our own key, whose lease could not be refreshed: it expired as we tried (the key goes
+     * with it), or etcd did not answer (the next try keeps it) */
+    LOG(c, WAGMA_LOG_INFO,
+        "lease %llx of this agent's registration could not be refreshed (%s); trying again",
+        (unsigned long long)h.lease, wagma_etcd_errmsg(c->etcd));
+    c->next_register = wg_mono() + 0.2;
+    return;
+  }
   if (c->register_failures++ % 30 == 0) {
     if (e == WAGMA_ECONFLICT)
       LOG(c, WAGMA_LOG_ERROR,
