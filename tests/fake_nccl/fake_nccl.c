@@ -730,7 +730,8 @@ static void *worker_main(void *arg) {
     fgroup_t *g = c->head;
     pthread_mutex_unlock(&c->mu);
     if (g->unlaunched) {
-      usleep(300);
+      const char *us = getenv("FAKE_NCCL_LAUNCH_US");
+      usleep(us && *us ? (useconds_t)strtol(us, NULL, 10) : 300);
       stream_group_posted(g->stream);
       g->unlaunched = 0;
       atomic_fetch_sub(&c->launching, 1);

@@ -15,6 +15,9 @@
  *   FAKE_NCCL_DEVICES=N          devices cudaGetDeviceCount reports (default 1)
  *   FAKE_CUDA_NO_HOST_ALLOC=1    cudaHostAlloc fails (page-locked memory is short; read at
  *                                each call)
+ *   FAKE_NCCL_LAUNCH_US=N        a non-blocking communicator's group reaches its stream N µs
+ *                                after its worker takes it (default 300; ncclGroupEnd returns
+ *                                ncclInProgress before, and the async error says so until then)
  * A peer that dies (SIGKILL) or freezes (SIGSTOP) makes operations with it never complete,
  * as NCCL does between processes of one host: no error is reported. */
 #ifndef WAGMA_FAKE_NCCL_H
