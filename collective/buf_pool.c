@@ -73,19 +73,26 @@ static unsigned class_of(const wg_buf_source_t *s, size_t size) {
   return CLASS_NONE;
 }
 
+/* A cached buffer of class c of s (its base, its prefix already set), or NULL. */
+static uint8_t *cache_take(wg_buf_source_t *s, unsigned c) {
+  uint8_t *base = NULL;
+  pthread_mutex_lock(&s->lock);
+  int i = c - MIN_CLASS;
+  if (s->count[i] > 0) {
+    base = s->cache[i][--s->count[i]];
+    s->bytes -= (size_t)1 << c;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return base;
+}
+
 void *wg_buf_alloc_from(wg_buf_source_t *s, size_t size) {
   if (s == NULL)
     s = &default_source;
   unsigned c = class_of(s, size);
   uint8_t *base = NULL;
   if (c != CLASS_NONE) {
-    pthread_mutex_lock(&s->lock);
-    int i = c - MIN_CLASS;
-    if (s->count[i] > 0) {
-      base = s->cache[i][--s->count[i]];
-      s->bytes -= (size_t)1 << c;
-    }
-    pthread_mutex_unlock(&s->lock);
+    base = cache_take(s, c);
     if (base == NULL)
       base = s->alloc((size_t)1 << c);
   } else {
@@ -105,17 +112,8 @@ void *wg_buf_take_cached(wg_buf_source_t *s, size_t size) {
   if (s == NULL)
     s = &default_source;
   unsigned c = class_of(s, size);
-  uint8_t *base = NULL;
-  if (c == CLASS_NONE)
-    return NULL;
-  pthread_mutex_lock(&s->lock);
-  int i = c - MIN_CLASS;
-  if (s->count[i] > 0) {
-    base = s->cache[i][--s->count[i]];
-    s->bytes -= (size_t)1 << c;
-  }
-  pthread_mutex_unlock(&s->lock);
-  return base ? base + PREFIX : NULL; /* (its prefix still names s and c) */
+  uint8_t *base = c == CLASS_NONE ? NULL : cache_take(s, c);
+  return base ? base + PREFIX : NULL;
 }
 
 int wg_buf_cache_room(wg_buf_source_t *s, size_t size) {
