@@ -306,8 +306,8 @@ static void ensure_registered(wg_control_t *c) {
   }
   atomic_store(&c->lease_lost, 0);
   e = try_register(c, &h);
-  if (e == WAGMA_ECONFLICT && c->lost_lease && h.lease == c->lost_lease &&
-      wagma_etcd_keepalive_start(c->etcd, h.lease, on_lease_lost, c, &c->keepalive) == 0) {
+  int own = e == WAGMA_ECONFLICT && c->lost_lease && h.lease == c->lost_lease; /* our own key */
+  if (own && wagma_etcd_keepalive_start(c->etcd, h.lease, on_lease_lost, c, &c->keepalive) == 0) {
     c->lease = h.lease;
     LOG(c, WAGMA_LOG_INFO,
         "lease %llx still holds this agent's registration: keeping it (refreshed again)",
@@ -319,7 +319,7 @@ static void ensure_registered(wg_control_t *c) {
     c->register_failures = 0;
     return;
   }
-  if (e == WAGMA_ECONFLICT && c->lost_lease && h.lease == c->lost_lease) {
+  if (own) {
     /* our own key, whose lease could not be refreshed: it expired as we tried (the key goes
      * with it), or etcd did not answer (the next try keeps it) */
     LOG(c, WAGMA_LOG_INFO,

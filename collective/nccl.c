@@ -5,9 +5,10 @@
  *
  * Owns the mailbox and the outbound transfer list, both under t->mu, which engine threads and
  * the lane thread share. Threads: send, recv, peer_alive, interrupt, stats from any thread;
- * open and close from one. No NCCL or CUDA call runs here but the device check in open and
- * what close does after the lane thread ended; send takes page-locked buffers from the cache
- * of the page-locked source defined here, whose CUDA calls run on lane threads. */
+ * open and close from one. The NCCL and CUDA calls here: the device check in open, what close
+ * does after the lane thread ended, and the page-locked source defined here (cudaHostAlloc on
+ * lane threads and on senders whose current device is the transport's, cudaGetDevice in send,
+ * cudaFreeHost on lane threads only). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
