@@ -108,6 +108,21 @@ void *wg_buf_alloc_from(wg_buf_source_t *s, size_t size) {
   return base + PREFIX;
 }
 
+int wg_buf_cache_add(wg_buf_source_t *s, size_t size) {
+  if (s == NULL)
+    s = &default_source;
+  unsigned c = class_of(s, size);
+  if (c == CLASS_NONE || !wg_buf_cache_room(s, size))
+    return 0;
+  uint8_t *base = s->alloc((size_t)1 << c);
+  if (base == NULL)
+    return 0;
+  prefix_t p = {.source = s, .cls = (uint8_t)c};
+  memcpy(base, &p, sizeof p);
+  wg_buf_free(base + PREFIX); /* into the cache (released again if it filled meanwhile) */
+  return 1;
+}
+
 void *wg_buf_take_cached(wg_buf_source_t *s, size_t size) {
   if (s == NULL)
     s = &default_source;

@@ -5,10 +5,9 @@
  *
  * Owns the mailbox and the outbound transfer list, both under t->mu, which engine threads and
  * the lane thread share. Threads: send, recv, peer_alive, interrupt, stats from any thread;
- * open and close from one. The NCCL and CUDA calls here: the device check in open, what close
- * does after the lane thread ended, and the page-locked source defined here (cudaHostAlloc on
- * lane threads and on senders whose current device is the transport's, cudaGetDevice in send,
- * cudaFreeHost on lane threads only). */
+ * open and close from one. The NCCL and CUDA calls here: the device check in open, and what
+ * close does after the lane thread ended; send makes none (its page-locked buffer comes from
+ * the cache, nccl_hostmem.c). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,82 +41,6 @@ void WG_NCCL(mark_dead_done)(nc_t *t, int rank) {
   pthread_mutex_unlock(&t->mu);
 }
 
-/* The page-locked source. Its alloc runs on threads whose current device is the
- * transport's (cudaHostAlloc elsewhere could make a context on device 0): lane threads, and
- * senders whose device is it already; other senders take page-locked buffers from its cache
- * only (WG_NCCL(send_buffer)), which their lane fills. Its release (a full cache, from any
- * thread that frees a payload) only queues the buffer; a lane thread frees the queue
- * (WG_NCCL(release_locked)), so no caller's thread blocks in cudaFreeHost. After a failed
- * cudaHostAlloc none is tried for LOCKED_RETRY_S: page-locked memory is short, and each try
- * costs. */
-#define LOCKED_RETRY_S 10.0
-static wg_buf_source_t *locked_source;
-static pthread_once_t locked_once = PTHREAD_ONCE_INIT;
-static pthread_mutex_t locked_mu = PTHREAD_MUTEX_INITIALIZER;
-static void *locked_to_free;   /* (locked_mu) a list through each buffer's first bytes */
-static double locked_retry_at; /* (locked_mu) */
-
-static void *locked_alloc(size_t bytes) {
-  void *p = NULL;
-  pthread_mutex_lock(&locked_mu);
-  int skip = wg_now() < locked_retry_at;
-  pthread_mutex_unlock(&locked_mu);
-  if (skip)
-    return NULL;
-  /* portable: page-locked for every context, whichever device the allocating thread had */
-  if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess)
-    return p;
-  pthread_mutex_lock(&locked_mu);
-  locked_retry_at = wg_now() + LOCKED_RETRY_S;
-  pthread_mutex_unlock(&locked_mu);
-  return NULL;
-}
-
-static void locked_release(void *p) {
-  pthread_mutex_lock(&locked_mu);
-  memcpy(p, &locked_to_free, sizeof(void *));
-  locked_to_free = p;
-  pthread_mutex_unlock(&locked_mu);
-}
-
-void WG_NCCL(release_locked)(void) {
-  pthread_mutex_lock(&locked_mu);
-  void *p = locked_to_free;
-  locked_to_free = NULL;
-  pthread_mutex_unlock(&locked_mu);
-  while (p) {
-    void *next;
-    memcpy(&next, p, sizeof next);
-    (void)cudaFreeHost(p);
-    p = next;
-  }
-}
-
-static void make_locked_source(void) {
-  locked_source = wg_buf_source_new(locked_alloc, locked_release);
-}
-
-wg_buf_source_t *WG_NCCL(locked_source)(void) {
-  pthread_once(&locked_once, make_locked_source);
-  return locked_source;
-}
-
-void *WG_NCCL(send_buffer)(int device, size_t len) {
-  wg_buf_source_t *src = WG_NCCL(locked_source)();
-  void *p = wg_buf_take_cached(src, len);
-  int current = -1;
-  /* a new one where the calling thread's current device is the transport's already (the
-   * agent's compute thread; any thread on a one-GPU node): no context is made, none changed */
-  if (!p && src && cudaGetDevice(&current) == cudaSuccess && current == device)
-    p = wg_buf_alloc_from(src, len);
-  return p ? p : wg_buf_alloc(len);
-}
-
-int WG_NCCL(is_locked)(const void *p) {
-  wg_buf_source_t *src = WG_NCCL(locked_source)();
-  return src && wg_buf_is_from(p, src);
-}
-
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload,
                      size_t len) {
   wg_frame_header_t h = {0};
@@ -143,7 +66,7 @@ static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const 
   if (!t->tcp_ops->peer_alive(t->tcp, dst))
     return WAGMA_EPEER;
   nc_xfer_t *x = calloc(1, sizeof *x);
-  uint8_t *host = x ? WG_NCCL(send_buffer)(t->device, length) : NULL;
+  uint8_t *host = x ? WG_NCCL(payload_buffer)(t->device, length) : NULL;
   if (!x || !host) {
     free(x);
     wg_buf_free(host);

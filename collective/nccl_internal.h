@@ -61,7 +61,7 @@ typedef struct nc_xfer {
   int sent;                             /* the lane send completed; waiting for NC_DONE */
   int acked;                            /* NC_DONE came while the send was still posted here */
   uint8_t header[WG_FRAME_HEADER_SIZE]; /* encoded, complete */
-  uint8_t *host;                        /* page-locked where it could be (send_buffer) */
+  uint8_t *host;                        /* page-locked where the cache had one (payload_buffer) */
   int device_reads; /* a copy from host may still be queued on a lane that could not be
                        quiesced: host is leaked, never freed (lane thread, or close after) */
   size_t len;
@@ -129,13 +129,14 @@ typedef struct wg_transport {
   double backoff_until;
   double next_report; /* diagnostics: when to log transfers held too long */
   unsigned rng;
-  void *lane_buf;  /* device buffer of the posted transfer, kept and grown (lane thread) */
-  size_t lane_cap; /* its bytes */
-  int lane_size;   /* ranks of the communicator */
-  int unquiesced;  /* a revoke left something running on the device (lane thread) */
-  int shrunk;      /* it was shrunk from the previous epoch's */
-  int rr;          /* next sender to consider for a CTS */
-  int word;        /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
+  void *lane_buf;       /* device buffer of the posted transfer, kept and grown (lane thread) */
+  size_t lane_cap;      /* its bytes */
+  int lane_buf_ordered; /* lane_buf is from cudaMallocAsync on the lane's stream */
+  int no_memory_pools;  /* the device refused cudaMallocAsync: cudaMalloc from then on */
+  int lane_size;        /* ranks of the communicator */
+  int shrunk;           /* it was shrunk from the previous epoch's */
+  int rr;               /* next sender to consider for a CTS */
+  int word; /* rank 0's word for this epoch: NC_ID, NC_SHRINK, NC_NOLANE, 0 = none yet */
   uint64_t word_aux;
   ncclUniqueId word_id;
   uint64_t *last_done; /* per sender: highest transfer id delivered (a later RESEND of it is
@@ -159,19 +160,23 @@ void WG_NCCL(deliver)(nc_t *t, wg_message_t *m); /* into the mailbox, wakes recv
 void WG_NCCL(mark_dead_done)(nc_t *t, int rank);
 /* Sends a lane control frame on TCP. */
 int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *payload, size_t len);
+
+/* nccl_hostmem.c: page-locked host memory, allocated and freed by one keeper thread per
+ * process only (those calls wait for the whole device, the application's compute stream
+ * included). */
 /* The process's source of page-locked host buffers (cudaHostAlloc, cached by buf_pool.c):
  * the lane's copies to and from the device run from them at DMA speed, asynchronously on
- * the lane's stream. NULL when it cannot be made. Allocate from it on lane threads only. */
+ * the lane's stream. NULL when it cannot be made. Only the keeper allocates from it. */
 wg_buf_source_t *WG_NCCL(locked_source)(void);
-/* A host buffer of len bytes for a payload on the lane, from any thread: page-locked when
- * the page-locked cache has one (lane threads fill it) or the calling thread's current CUDA
- * device is `device` (then it is allocated), else pageable. Freed with wg_buf_free. */
-void *WG_NCCL(send_buffer)(int device, size_t len);
+/* A page-locked buffer of len bytes from the cache, or NULL: then the keeper is asked to put
+ * one of that size (on device) in the cache for the next caller. Any thread; no CUDA call.
+ * Freed with wg_buf_free. */
+void *WG_NCCL(locked_take)(int device, size_t len);
+/* A host buffer of len bytes for a payload on the lane: WG_NCCL(locked_take)'s, else
+ * pageable (wg_buf_alloc). Any thread; no CUDA call. Freed with wg_buf_free. */
+void *WG_NCCL(payload_buffer)(int device, size_t len);
 /* 1 when p (from wg_buf_alloc*) is page-locked, from WG_NCCL(locked_source). */
 int WG_NCCL(is_locked)(const void *p);
-/* Frees the page-locked buffers the cache released (cudaFreeHost, which waits for the
- * device). Lane threads, with nothing posted and nothing left running by a revoke. */
-void WG_NCCL(release_locked)(void);
 
 /* nccl_lane.c */
 void *WG_NCCL(lane_main)(void *arg);

@@ -87,9 +87,47 @@ static void role_release(nc_t *t, nc_role_t *r, int quiet) {
   memset(r, 0, sizeof *r);
 }
 
+/* Device memory for the lane, ordered on its stream (cudaMallocAsync / cudaFreeAsync): no
+ * device-wide synchronization, so the lane thread, which reads the control channel, never
+ * waits for the application's compute stream. A device without memory pools
+ * (cudaErrorNotSupported) gets cudaMalloc / cudaFree, which do wait for it; that is logged
+ * once. */
+static void *lane_alloc(nc_t *t, size_t bytes, int *ordered) {
+  void *p = NULL;
+  *ordered = 0;
+  if (!t->no_memory_pools) {
+    cudaError_t e = cudaMallocAsync(&p, bytes, t->stream);
+    if (e == cudaSuccess) {
+      *ordered = 1;
+      return p;
+    }
+    (void)cudaGetLastError();
+    if (e != cudaErrorNotSupported)
+      return NULL;
+    t->no_memory_pools = 1;
+    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+            "rank %d: device %d has no memory pools: the lane's buffer is allocated with "
+            "cudaMalloc, which waits for the compute stream",
+            t->rank, t->device);
+  }
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return p;
+}
+
+static void lane_release(nc_t *t, void *p, int ordered) {
+  if (ordered)
+    (void)cudaFreeAsync(p, t->stream);
+  else
+    (void)cudaFree(p);
+}
+
 /* The lane's device buffer, at least len bytes: allocated once and grown, so a transfer costs
- * no cudaMalloc / cudaFree (cudaFree waits for the whole device; on an H100 the pair made a
- * transfer 2.8-4.1x slower up to 64 KiB, bench_nccl_gpu). NULL when the device is out of memory. */
+ * no allocation (a cudaMalloc + cudaFree per transfer made it 2.8-4.1x slower up to 64 KiB
+ * on an H100, bench_nccl_gpu). The old one is freed behind the transfers queued on it. NULL
+ * when the device is out of memory. */
 static void *lane_buffer(nc_t *t, size_t len) {
   if (len == 0)
     len = 1;
@@ -98,21 +136,16 @@ static void *lane_buffer(nc_t *t, size_t len) {
   size_t cap = t->lane_cap ? t->lane_cap : (size_t)1 << 20;
   while (cap < len)
     cap *= 2;
+  WG_NCCL(lane_buffer_free)(t);
+  t->lane_buf = lane_alloc(t, cap, &t->lane_buf_ordered);
   if (t->lane_buf)
-    (void)cudaFree(t->lane_buf);
-  t->lane_buf = NULL;
-  t->lane_cap = 0;
-  if (cudaMalloc(&t->lane_buf, cap) != cudaSuccess) {
-    t->lane_buf = NULL;
-    return NULL;
-  }
-  t->lane_cap = cap;
+    t->lane_cap = cap;
   return t->lane_buf;
 }
 
 void WG_NCCL(lane_buffer_free)(nc_t *t) {
   if (t->lane_buf)
-    (void)cudaFree(t->lane_buf);
+    lane_release(t, t->lane_buf, t->lane_buf_ordered);
   t->lane_buf = NULL;
   t->lane_cap = 0;
 }
@@ -146,7 +179,6 @@ void WG_NCCL(lane_down)(nc_t *t, const char *why) {
     atomic_fetch_add(&t->lane_failures, 1);
     (void)ncclCommRevoke(t->comm, NCCL_REVOKE_DEFAULT);
     quiet = quiesce(t);
-    t->unquiesced |= !quiet;
     atomic_store(&t->lane_state, NC_LANE_DOWN);
     for (int r = 0; r < t->nranks; r++)
       if (r != t->rank)
@@ -218,12 +250,6 @@ static void on_cts(nc_t *t, int src, uint64_t id) {
   if (post(t, 1, src, dev, x->len) != 0)
     return;
   (void)WG_NCCL(control)(t, src, NC_GO, id, NULL, 0);
-  /* It was sent from pageable memory: this thread puts a page-locked buffer of its size in
-   * the cache for the sends to come (after GO: cudaHostAlloc may take milliseconds), unless
-   * the cache is full and would release it at once. */
-  wg_buf_source_t *locked = WG_NCCL(locked_source)();
-  if (!WG_NCCL(is_locked)(x->host) && locked && wg_buf_cache_room(locked, x->len))
-    wg_buf_free(wg_buf_alloc_from(locked, x->len));
 }
 
 static void on_go(nc_t *t, int src, uint64_t id) {
@@ -233,13 +259,15 @@ static void on_go(nc_t *t, int src, uint64_t id) {
   size_t len = (size_t)r.item->header.length;
   memset(&t->reserved, 0, sizeof t->reserved);
   void *dev = lane_buffer(t, len);
-  /* the payload's home, page-locked where it can be; check_posted copies it out of the device
-   * (a non-blocking communicator puts the receive on the stream later, in the background: a
-   * copy queued now could run before it) */
-  wg_message_t *msg =
-      dev ? wg_message_new_from(WG_NCCL(locked_source)(), &r.item->header, len) : NULL;
-  if (dev && !msg)
-    msg = wg_message_new(&r.item->header, len);
+  /* the payload's home, page-locked when the cache has one (no allocation here: it would wait
+   * for the compute stream); check_posted copies it out of the device (a non-blocking
+   * communicator puts the receive on the stream later, in the background: a copy queued now
+   * could run before it) */
+  wg_message_t *msg = dev ? wg_message_new(&r.item->header, 0) : NULL;
+  if (msg && !(msg->payload = WG_NCCL(payload_buffer)(t->device, len))) {
+    wg_message_free(msg);
+    msg = NULL;
+  }
   if (!dev || !msg) {
     wg_message_free(msg);
     WG_NCCL(lane_down)(t, dev ? "host buffer" : "device buffer");
@@ -568,10 +596,6 @@ void *WG_NCCL(lane_main)(void *arg) {
   WG_NCCL(lane_init)(t);
   while (!atomic_load(&t->stopping)) {
     int busy = t->posted.active || t->reserved.active;
-    /* cudaFreeHost waits for the device: only with nothing of ours posted on it, and never
-     * after a revoke that left something running (a frozen peer's transfer would hold it) */
-    if (!busy && !t->unquiesced)
-      WG_NCCL(release_locked)();
     WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
     check_posted(t);
     maybe_cts(t);

@@ -29,17 +29,12 @@ int wg_match_frame(const wg_match_t *mt, const wg_frame_header_t *h) {
 }
 
 wg_message_t *wg_message_new(const wg_frame_header_t *header, size_t payload_len) {
-  return wg_message_new_from(NULL, header, payload_len);
-}
-
-wg_message_t *wg_message_new_from(wg_buf_source_t *src, const wg_frame_header_t *header,
-                                  size_t payload_len) {
   wg_message_t *m = calloc(1, sizeof *m);
   if (m == NULL)
     return NULL;
   m->header = *header;
   if (payload_len > 0) {
-    m->payload = wg_buf_alloc_from(src, payload_len);
+    m->payload = wg_buf_alloc(payload_len);
     if (m->payload == NULL) {
       free(m);
       return NULL;

@@ -47,9 +47,6 @@ typedef struct wg_message {
  * payload of payload_len bytes from wg_buf_alloc (NULL when 0), next NULL. Returns NULL when
  * out of memory. Ownership: the caller's, released with wg_message_free. Any thread. */
 wg_message_t *wg_message_new(const wg_frame_header_t *header, size_t payload_len);
-/* The same with the payload from src (wg_buf_alloc_from; NULL src: the default source). */
-wg_message_t *wg_message_new_from(wg_buf_source_t *src, const wg_frame_header_t *header,
-                                  size_t payload_len);
 
 /* Frees the payload (wg_buf_free) and the message. NULL is a no-op. Any thread. */
 void wg_message_free(wg_message_t *message);
@@ -68,8 +65,12 @@ wg_buf_source_t *wg_buf_source_new(void *(*alloc)(size_t bytes), void (*release)
 /* A buffer of src (NULL: the default source, as wg_buf_alloc), freed with wg_buf_free. */
 void *wg_buf_alloc_from(wg_buf_source_t *src, size_t size);
 /* A buffer of src from its cache only (never src's alloc: for threads that must not call it,
- * e.g. CUDA calls outside the thread that owns the device); NULL when none is cached. */
+ * e.g. page-locked memory, whose allocation waits for the whole GPU, outside the one thread
+ * that allocates it); NULL when none is cached. */
 void *wg_buf_take_cached(wg_buf_source_t *src, size_t size);
+/* Allocates one more buffer of size bytes' class from src into its cache, when the cache
+ * has room for it: 1 when it did. For the one thread that may call src's alloc. */
+int wg_buf_cache_add(wg_buf_source_t *src, size_t size);
 /* 1 when src's cache would keep a freed buffer of size bytes now (else it would release it). */
 int wg_buf_cache_room(wg_buf_source_t *src, size_t size);
 /* 1 when ptr (from wg_buf_alloc*) came from src (NULL: the default source), else 0. */

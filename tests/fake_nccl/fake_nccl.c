@@ -39,12 +39,13 @@
 #define FAKE_INIT_TIMEOUT_S 60.0
 #define FAKE_MAX_RANKS 1024
 
-/* A copy queued on a stream behind the groups posted before it. */
+/* A copy (or a free: free_dst) queued on a stream behind the groups posted before it. */
 typedef struct fcopy {
   void *dst;
   const void *src;
   size_t bytes;
-  long after; /* runs once this many groups of the stream ended */
+  int free_dst; /* cudaFreeAsync of dst */
+  long after;   /* runs once this many groups of the stream ended */
   struct fcopy *next;
 } fcopy_t;
 
@@ -857,9 +858,11 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (!stream)
     return cudaSuccess;
-  while (stream->copies) { /* never run: as the real call, which does not wait for them */
+  while (stream->copies) { /* copies never run: the real call does not wait for them */
     fcopy_t *c = stream->copies;
     stream->copies = c->next;
+    if (c->free_dst) /* the real one releases it once the work before it is done */
+      free(c->dst);
     free(c);
   }
   pthread_mutex_destroy(&stream->mu);
@@ -875,7 +878,10 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   long ended = atomic_load(&stream->ended);
   while (stream->copies && stream->copies->after <= ended) {
     fcopy_t *c = stream->copies;
-    memcpy(c->dst, c->src, c->bytes);
+    if (c->free_dst)
+      free(c->dst);
+    else
+      memcpy(c->dst, c->src, c->bytes);
     stream->copies = c->next;
     free(c);
   }
@@ -886,16 +892,93 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   return pending > 0 || queued ? cudaErrorNotReady : cudaSuccess;
 }
 
+static _Thread_local cudaError_t last_error;
+static atomic_long device_waits;
+
+static cudaError_t failed(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+/* What a call that synchronizes with the device costs while the application's compute
+ * stream has FAKE_CUDA_SYNC_MS of work queued. */
+static void wait_for_device(void) {
+  atomic_fetch_add(&device_waits, 1);
+  long ms = env_long("FAKE_CUDA_SYNC_MS");
+  if (ms > 0)
+    usleep((useconds_t)ms * 1000);
+}
+
+long fakecuda_device_waits(void) {
+  return atomic_load(&device_waits);
+}
+
 cudaError_t cudaMalloc(void **ptr, size_t size) {
   if (!ptr)
-    return cudaErrorInvalidValue;
+    return failed(cudaErrorInvalidValue);
+  wait_for_device();
   *ptr = malloc(size ? size : 1);
-  return *ptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  return *ptr ? cudaSuccess : failed(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaFree(void *ptr) {
+  wait_for_device();
   free(ptr);
   return cudaSuccess;
+}
+
+/* Queues c behind what is pending on stream, or runs it now when nothing is. */
+static cudaError_t stream_enqueue(cudaStream_t stream, fcopy_t c) {
+  pthread_mutex_lock(&stream->mu);
+  if (!stream->copies && atomic_load(&stream->pending) == 0) {
+    if (c.free_dst)
+      free(c.dst);
+    else
+      memcpy(c.dst, c.src, c.bytes);
+    pthread_mutex_unlock(&stream->mu);
+    return cudaSuccess;
+  }
+  fcopy_t *q = malloc(sizeof *q);
+  if (!q) {
+    pthread_mutex_unlock(&stream->mu);
+    return failed(cudaErrorMemoryAllocation);
+  }
+  *q = c;
+  q->next = NULL;
+  q->after = atomic_load(&stream->posted);
+  if (stream->copies_tail)
+    stream->copies_tail->next = q;
+  else
+    stream->copies = q;
+  stream->copies_tail = q;
+  pthread_mutex_unlock(&stream->mu);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
+  if (!ptr || !stream)
+    return failed(cudaErrorInvalidValue);
+  *ptr = NULL;
+  if (env_long("FAKE_CUDA_NO_MEMORY_POOLS"))
+    return failed(cudaErrorNotSupported);
+  *ptr = malloc(size ? size : 1);
+  return *ptr ? cudaSuccess : failed(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
+  if (!stream)
+    return failed(cudaErrorInvalidValue);
+  if (env_long("FAKE_CUDA_NO_MEMORY_POOLS"))
+    return failed(cudaErrorNotSupported);
+  if (!ptr)
+    return cudaSuccess;
+  return stream_enqueue(stream, (fcopy_t){.dst = ptr, .free_dst = 1});
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
@@ -922,8 +1005,9 @@ cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
   if (!ptr)
     return cudaErrorInvalidValue;
   *ptr = NULL;
+  wait_for_device();
   if (env_long("FAKE_CUDA_NO_HOST_ALLOC"))
-    return cudaErrorMemoryAllocation; /* page-locked memory is short */
+    return failed(cudaErrorMemoryAllocation); /* page-locked memory is short */
   void *p = aligned_alloc(4096, (size ? size + 4095 : 4096) & ~(size_t)4095);
   if (!p)
     return cudaErrorMemoryAllocation;
@@ -948,6 +1032,7 @@ cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
 cudaError_t cudaFreeHost(void *ptr) {
   if (!ptr)
     return cudaSuccess;
+  wait_for_device();
   pthread_mutex_lock(&locked_mu);
   size_t i = 0;
   while (i < nlocked && locked[i].base != ptr)
@@ -994,25 +1079,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
     if (cudaStreamQuery(stream) == cudaErrorNotReady)
       return cudaErrorNotReady;
   }
-  pthread_mutex_lock(&stream->mu);
-  if (!stream->copies && atomic_load(&stream->pending) == 0) {
-    memcpy(dst, src, count);
-    pthread_mutex_unlock(&stream->mu);
-    return cudaSuccess;
-  }
-  fcopy_t *c = calloc(1, sizeof *c);
-  if (!c) {
-    pthread_mutex_unlock(&stream->mu);
-    return cudaErrorMemoryAllocation;
-  }
-  *c = (fcopy_t){.dst = dst, .src = src, .bytes = count, .after = atomic_load(&stream->posted)};
-  if (stream->copies_tail)
-    stream->copies_tail->next = c;
-  else
-    stream->copies = c;
-  stream->copies_tail = c;
-  pthread_mutex_unlock(&stream->mu);
-  return cudaSuccess;
+  return stream_enqueue(stream, (fcopy_t){.dst = dst, .src = src, .bytes = count});
 }
 
 long fakecuda_pageable_copies(void) {
@@ -1031,6 +1098,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorNoDevice: return "no CUDA-capable device is detected";
   case cudaErrorInvalidDevice: return "invalid device ordinal";
   case cudaErrorNotReady: return "device not ready";
+  case cudaErrorNotSupported: return "operation not supported";
   default: return "unknown error";
   }
 }

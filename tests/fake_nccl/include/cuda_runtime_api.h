@@ -22,6 +22,7 @@ typedef enum cudaError {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorNotReady = 600,
+  cudaErrorNotSupported = 801,
 } cudaError_t;
 
 enum cudaMemcpyKind {
@@ -45,6 +46,9 @@ typedef struct fakecuda_stream *cudaStream_t;
 #define cudaStreamQuery fakecuda_cudaStreamQuery
 #define cudaMalloc fakecuda_cudaMalloc
 #define cudaFree fakecuda_cudaFree
+#define cudaMallocAsync fakecuda_cudaMallocAsync
+#define cudaFreeAsync fakecuda_cudaFreeAsync
+#define cudaGetLastError fakecuda_cudaGetLastError
 #define cudaMemcpy fakecuda_cudaMemcpy
 #define cudaMemcpyAsync fakecuda_cudaMemcpyAsync
 #define cudaHostAlloc fakecuda_cudaHostAlloc
@@ -61,8 +65,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 /* cudaErrorNotReady while an NCCL group or a copy queued on the stream has not completed.
  * Runs the queued copies whose groups ahead of them completed (or were dropped). */
 cudaError_t cudaStreamQuery(cudaStream_t stream);
+/* The calls that wait for the whole device (cudaMalloc, cudaFree, cudaHostAlloc,
+ * cudaFreeHost: CUDA's implicit synchronization) first sleep FAKE_CUDA_SYNC_MS milliseconds
+ * (default 0), as if another stream, the application's compute, had that much work queued;
+ * fakecuda_device_waits counts them. The stream-ordered pair never waits. */
 cudaError_t cudaMalloc(void **ptr, size_t size);
 cudaError_t cudaFree(void *ptr);
+/* Stream-ordered: the allocation is usable by what is queued on stream after it; the free
+ * happens once what was queued before it completed. FAKE_CUDA_NO_MEMORY_POOLS=1: both fail
+ * with cudaErrorNotSupported, as on a device without memory pools. */
+cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
+/* The last error of a call on this thread, reset to cudaSuccess. */
+cudaError_t cudaGetLastError(void);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);
 /* Ordered on the stream: done at once when nothing is pending on it, else queued behind the
  * groups posted so far (cudaStreamQuery runs it). Into pageable memory it waits, as the real
@@ -78,6 +93,8 @@ cudaError_t cudaFreeHost(void *ptr);
  * those whose host side was. */
 long fakecuda_pageable_copies(void);
 long fakecuda_locked_copies(void);
+/* Fake only: calls made so far that waited for the whole device (see cudaMalloc above). */
+long fakecuda_device_waits(void);
 const char *cudaGetErrorString(cudaError_t error);
 
 #ifdef __cplusplus

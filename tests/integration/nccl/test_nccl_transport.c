@@ -29,21 +29,25 @@
 #include "nccl_internal.h"
 #include "process.h"
 
-#define FRAMES 60
+#define FRAMES 60     /* the first exchange's frames to each peer */
+#define WARM_FRAMES 2 /* the second's, all on the lane, with the page-locked cache warm */
 #define MAXP 4
 
 typedef struct shared {
   int ports[MAXP];
-  volatile int received[MAXP]; /* done receiving: the others may close */
+  volatile int phase_done[MAXP]; /* the step each rank reached (barrier) */
   int errors[MAXP];
   uint64_t transfers[MAXP], failures[MAXP];
   long locked_copies[MAXP], pageable_copies[MAXP]; /* the fake's: host sides of the copies */
+  long warm_locked[MAXP], warm_pageable[MAXP];     /* those of the second exchange */
   int other_device; /* the fake's: the transport on device 1, its sender on device 0 */
 } shared_t;
 
 static shared_t *sh;
 
 static size_t frame_len(int i) {
+  if (i >= FRAMES) /* the second exchange: on the lane */
+    return 3000 + 97 * (size_t)(i - FRAMES);
   return i % 3 == 0 ? 16 : 3000 + 97 * (size_t)i; /* 1 in 3 on TCP, the rest on the lane */
 }
 
@@ -54,6 +58,100 @@ static uint8_t pattern(int src, int dst, int i, size_t k) {
 static void log_stderr(void *user, int level, const char *msg) {
   (void)level;
   fprintf(stderr, "[rank %d] %s\n", *(int *)user, msg);
+}
+
+/* Sends frames first .. first + n - 1 to every peer and receives them from every peer, each
+ * intact and in order; what goes wrong is counted in sh->errors[me]. */
+static void exchange(const wg_transport_ops_t *ops, wg_transport_t *tp, int P, int me, int first,
+                     int n) {
+  nc_t *t = (nc_t *)tp;
+  uint8_t *buf = malloc(1 << 16);
+  if (!buf) {
+    sh->errors[me]++;
+    return;
+  }
+  for (int i = first; i < first + n; i++)
+    for (int d = 0; d < P; d++) {
+      if (d == me)
+        continue;
+      size_t len = frame_len(i);
+      for (size_t k = 0; k < len; k++)
+        buf[k] = pattern(me, d, i, k);
+      wg_frame_header_t h = {0};
+      h.kind = WG_FRAME_COLL;
+      h.group = 7;
+      h.seq = (uint64_t)i;
+      int rc = ops->send(tp, d, &h, buf, len);
+      if (rc != 0) {
+        fprintf(stderr, "rank %d: send %d to %d: %d\n", me, i, d, rc);
+        sh->errors[me]++;
+      }
+    }
+  free(buf);
+  int next[MAXP];
+  for (int r = 0; r < MAXP; r++)
+    next[r] = first;
+  double deadline = proc_now() + 30;
+  for (int got = 0; got < n * (P - 1) && sh->errors[me] == 0;) {
+    wg_match_t m;
+    wg_match_any(&m);
+    m.kinds = 1u << WG_FRAME_COLL;
+    m.group = 7;
+    wg_message_t *msg = NULL;
+    int rc = ops->recv(tp, &m, deadline, &msg);
+    if (rc != 0) {
+      fprintf(stderr, "rank %d: recv: %d (lane state %d, failures %llu, next", me, rc,
+              atomic_load(&t->lane_state), (unsigned long long)atomic_load(&t->lane_failures));
+      for (int r = 0; r < P; r++)
+        fprintf(stderr, " %d", next[r]);
+      fprintf(stderr, ")\n");
+      sh->errors[me]++;
+      break;
+    }
+    int src = (int)msg->header.src, i = (int)msg->header.seq;
+    if (src == me || src >= P || i != next[src] || msg->header.length != frame_len(i)) {
+      fprintf(stderr, "rank %d: from %d got seq %d, expected %d\n", me, src, i,
+              src < P ? next[src] : -1);
+      sh->errors[me]++;
+    } else {
+      for (size_t k = 0; k < frame_len(i); k++)
+        if (msg->payload[k] != pattern(src, me, i, k)) {
+          fprintf(stderr, "rank %d: from %d seq %d: byte %zu differs\n", me, src, i, k);
+          sh->errors[me]++;
+          break;
+        }
+      next[src]++;
+    }
+    wg_message_free(msg);
+    got++;
+  }
+}
+
+/* Waits (30 s at most) until every rank reached step `phase` (1: first exchange received, 2:
+ * counters taken, 3: second exchange received). */
+static void barrier(int P, int me, int phase) {
+  sh->phase_done[me] = phase;
+  for (double until = proc_now() + 30; proc_now() < until;) {
+    int all = 1;
+    for (int r = 0; r < P; r++)
+      all &= sh->phase_done[r] >= phase;
+    if (all)
+      return;
+    proc_sleep(0.005);
+  }
+}
+
+/* Waits (5 s at most) until every transfer of mine was confirmed: a sender sees its last
+ * transfer complete a little after its receiver did. */
+static void wait_sent(nc_t *t) {
+  for (double until = proc_now() + 5; proc_now() < until;) {
+    pthread_mutex_lock(&t->mu);
+    int idle = t->out == NULL;
+    pthread_mutex_unlock(&t->mu);
+    if (idle && !atomic_load(&t->busy))
+      return;
+    proc_sleep(0.002);
+  }
 }
 
 static void rank_main(int P, int me) {
@@ -98,97 +196,41 @@ static void rank_main(int P, int me) {
        atomic_load(&t->lane_state) == NC_LANE_INIT && proc_now() < until;)
     proc_sleep(0.002);
   proc_sleep(0.1); /* every peer's LANE_UP */
-  uint8_t *buf = malloc(1 << 16);
-  for (int i = 0; i < FRAMES; i++)
-    for (int d = 0; d < P; d++) {
-      if (d == me)
-        continue;
-      size_t len = frame_len(i);
-      for (size_t k = 0; k < len; k++)
-        buf[k] = pattern(me, d, i, k);
-      wg_frame_header_t h = {0};
-      h.kind = WG_FRAME_COLL;
-      h.group = 7;
-      h.seq = (uint64_t)i;
-      int rc = ops->send(tp, d, &h, buf, len);
-      if (rc != 0) {
-        fprintf(stderr, "rank %d: send %d to %d: %d\n", me, i, d, rc);
-        sh->errors[me]++;
-      }
-    }
-  int next[MAXP] = {0};
-  double deadline = proc_now() + 30;
-  for (int got = 0; got < FRAMES * (P - 1) && sh->errors[me] == 0;) {
-    wg_match_t m;
-    wg_match_any(&m);
-    m.kinds = 1u << WG_FRAME_COLL;
-    m.group = 7;
-    wg_message_t *msg = NULL;
-    int rc = ops->recv(tp, &m, deadline, &msg);
-    if (rc != 0) {
-      fprintf(stderr, "rank %d: recv: %d (lane state %d, failures %llu, next", me, rc,
-              atomic_load(&t->lane_state), (unsigned long long)atomic_load(&t->lane_failures));
-      for (int r = 0; r < P; r++)
-        fprintf(stderr, " %d", next[r]);
-      fprintf(stderr, ")\n");
-      sh->errors[me]++;
-      break;
-    }
-    int src = (int)msg->header.src, i = (int)msg->header.seq;
-    if (src == me || src >= P || i != next[src] || msg->header.length != frame_len(i)) {
-      fprintf(stderr, "rank %d: from %d got seq %d, expected %d\n", me, src, i,
-              src < P ? next[src] : -1);
-      sh->errors[me]++;
-    } else {
-      for (size_t k = 0; k < frame_len(i); k++)
-        if (msg->payload[k] != pattern(src, me, i, k)) {
-          fprintf(stderr, "rank %d: from %d seq %d: byte %zu differs\n", me, src, i, k);
-          sh->errors[me]++;
-          break;
-        }
-      next[src]++;
-    }
-    wg_message_free(msg);
-    got++;
-  }
-  sh->received[me] = 1;
-  for (double until = proc_now() + 30; proc_now() < until;) {
-    int all = 1;
-    for (int r = 0; r < P; r++)
-      all &= sh->received[r];
-    if (all)
-      break;
-    proc_sleep(0.005);
-  }
-  /* a sender sees its last transfer complete a little after its receiver did */
-  for (double until = proc_now() + 5; proc_now() < until;) {
-    pthread_mutex_lock(&t->mu);
-    int idle = t->out == NULL;
-    pthread_mutex_unlock(&t->mu);
-    if (idle && !atomic_load(&t->busy))
-      break;
-    proc_sleep(0.002);
-  }
+  exchange(ops, tp, P, me, 0, FRAMES);
+  barrier(P, me, 1);
+  wait_sent(t);
+#ifdef WG_NCCL_FAKE
+  /* the cache holds what the keeper put there and what came back: the next exchange, smaller
+   * than it, finds every buffer page-locked */
+  proc_sleep(0.2);
+  long locked0 = fakecuda_locked_copies(), pageable0 = fakecuda_pageable_copies();
+#endif
+  barrier(P, me, 2); /* nobody's second exchange reaches me before I counted */
+  exchange(ops, tp, P, me, FRAMES, WARM_FRAMES);
+  barrier(P, me, 3);
+  wait_sent(t);
   sh->transfers[me] = atomic_load(&t->lane_transfers);
   sh->failures[me] = atomic_load(&t->lane_failures);
 #ifdef WG_NCCL_FAKE
   sh->locked_copies[me] = fakecuda_locked_copies();
   sh->pageable_copies[me] = fakecuda_pageable_copies();
+  sh->warm_locked[me] = sh->locked_copies[me] - locked0;
+  sh->warm_pageable[me] = sh->pageable_copies[me] - pageable0;
 #endif
   ops->interrupt(tp);
   ops->close(tp);
   WG_NCCL(forget)();
   wagma_plan_free(&plan);
-  free(buf);
   exit(sh->errors[me] ? 3 : 0);
 }
 
-/* What page-locked memory there is (the fake's): LOCKED_ALL, every copy to or from the
- * device is from page-locked memory; LOCKED_NONE, none can be had and every copy is from
- * pageable memory; LOCKED_BY_LANE, the sender's thread is on another device than the
- * transport, so it takes page-locked buffers only from the cache its lane fills (its first
- * sends are pageable), while every receive (the lane thread's) is page-locked. */
-enum { LOCKED_ALL, LOCKED_NONE, LOCKED_BY_LANE };
+/* What page-locked memory there is (the fake's). LOCKED_ALL: the second exchange, with the
+ * keeper's cache warm, copies to and from the device only from page-locked memory (the first
+ * may use pageable memory while the cache fills); LOCKED_NONE: none can be had and every copy
+ * is from pageable memory; LOCKED_OTHER_DEVICE: as LOCKED_ALL, with the transport on device 1
+ * and its sender's thread on device 0 (the keeper allocates, never the sender); LOCKED_ANY: no
+ * claim (a device so busy the keeper is slow to fill the cache). */
+enum { LOCKED_ALL, LOCKED_NONE, LOCKED_OTHER_DEVICE, LOCKED_ANY };
 
 /* faulty: a fault is injected (the lane must go down); locked: as above. The frames arrive
  * intact and in order in every case. */
@@ -199,7 +241,7 @@ static void run_with(int P, int faulty, int locked) {
   sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(sh != MAP_FAILED);
   memset(sh, 0, sizeof *sh);
-  sh->other_device = locked == LOCKED_BY_LANE;
+  sh->other_device = locked == LOCKED_OTHER_DEVICE;
   assert_int_equal(proc_free_ports(P, sh->ports), 0);
   pid_t pid[MAXP];
   fflush(NULL);
@@ -225,20 +267,22 @@ static void run_with(int P, int faulty, int locked) {
     failures += sh->failures[r];
     if (!faulty) {
       assert_int_equal(sh->failures[r], 0);
-      /* 2 of 3 frames to and from each peer took the lane (both ends count a transfer) */
-      assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3)));
+      /* 2 of 3 frames of the first exchange and all of the second took the lane, to and from
+       * each peer (both ends count a transfer) */
+      assert_int_equal(sh->transfers[r], (uint64_t)(2 * (P - 1) * (FRAMES * 2 / 3 + WARM_FRAMES)));
 #ifdef WG_NCCL_FAKE
-      fprintf(stderr, "  rank %d: %llu transfers, %ld copies page-locked, %ld pageable\n", r,
-              (unsigned long long)sh->transfers[r], sh->locked_copies[r], sh->pageable_copies[r]);
+      fprintf(stderr,
+              "  rank %d: %llu transfers, %ld copies page-locked, %ld pageable (second exchange: "
+              "%ld, %ld)\n",
+              r, (unsigned long long)sh->transfers[r], sh->locked_copies[r], sh->pageable_copies[r],
+              sh->warm_locked[r], sh->warm_pageable[r]);
       /* one copy per transfer at each end: into the device to send, out of it received */
       assert_int_equal(sh->locked_copies[r] + sh->pageable_copies[r], (long)sh->transfers[r]);
-      if (locked == LOCKED_ALL)
-        assert_int_equal(sh->pageable_copies[r], 0);
-      else if (locked == LOCKED_NONE)
+      if (locked == LOCKED_ALL || locked == LOCKED_OTHER_DEVICE) {
+        assert_int_equal(sh->warm_pageable[r], 0);
+        assert_int_equal(sh->warm_locked[r], (long)(2 * (P - 1) * WARM_FRAMES));
+      } else if (locked == LOCKED_NONE) {
         assert_int_equal(sh->locked_copies[r], 0);
-      else { /* every receive page-locked, and the first sends of each size class pageable */
-        assert_true(sh->locked_copies[r] >= (long)sh->transfers[r] / 2);
-        assert_true(sh->pageable_copies[r] > 0);
       }
 #endif
     }
@@ -304,14 +348,34 @@ static void test_without_page_locked_memory(void **s) {
   unsetenv("FAKE_CUDA_NO_HOST_ALLOC");
 }
 
-/* The sender's thread is on another device: it never allocates page-locked memory (that
- * would make a context there), takes it from the cache the lane fills, and sends from pageable
- * memory until the lane did. */
+/* The sender's thread is on another device than the transport: its buffers still come
+ * page-locked from the cache, which the keeper fills on the transport's device. */
 static void test_sender_on_another_device(void **s) {
   (void)s;
   setenv("FAKE_NCCL_DEVICES", "2", 1);
-  run_with(3, 0, LOCKED_BY_LANE);
+  run_with(3, 0, LOCKED_OTHER_DEVICE);
   unsetenv("FAKE_NCCL_DEVICES");
+}
+
+/* The application's compute stream always has 3.5 s of work queued, so every call that waits
+ * for the whole device (cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost) takes that long,
+ * more than a transfer's and a clear-to-send's deadlines: the lane, which makes none of them,
+ * carries every transfer and none fails (the keeper, which makes them all, fills the cache
+ * late). */
+static void test_slow_compute_stream(void **s) {
+  (void)s;
+  setenv("FAKE_CUDA_SYNC_MS", "3500", 1);
+  run_with(3, 0, LOCKED_ANY);
+  unsetenv("FAKE_CUDA_SYNC_MS");
+}
+
+/* A device without memory pools (cudaMallocAsync unsupported): the lane's buffer comes from
+ * cudaMalloc and nothing else changes. */
+static void test_without_memory_pools(void **s) {
+  (void)s;
+  setenv("FAKE_CUDA_NO_MEMORY_POOLS", "1", 1);
+  run_with(2, 0, LOCKED_ALL);
+  unsetenv("FAKE_CUDA_NO_MEMORY_POOLS");
 }
 #endif
 
@@ -325,6 +389,8 @@ int main(void) {
       cmocka_unit_test(test_remote_error_mid_way),
       cmocka_unit_test(test_without_page_locked_memory),
       cmocka_unit_test(test_sender_on_another_device),
+      cmocka_unit_test(test_slow_compute_stream),
+      cmocka_unit_test(test_without_memory_pools),
   };
 #else
   if ((gpus = gpu_count_for_ranks("test_nccl_multi_gpu")) < 0)
