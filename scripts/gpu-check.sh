@@ -6,7 +6,9 @@
 # may skip, on a machine of one GPU), then the benchmarks: bench_train_gpu, samples/s of the MLP
 # and LeNet-5 at batch 64, 512 and 4096 on the GPU against the CPU path in the same run, with
 # the ratios; bench_nccl_gpu, the NCCL lane's data path per payload against a bare
-# ncclAllReduce, by size. The gpu tests: test_train_gpu (the CUDA backend's conformance),
+# ncclAllReduce, by size; bench_nccl_multi_gpu, a round of wagma_comm_step between two GPUs
+# over NCCL (with and without an agent's device copies) against a bare ncclAllReduce among them
+# (not run on a machine of one GPU). The gpu tests: test_train_gpu (the CUDA backend's conformance),
 # test_agent_gpu (agents training cuda jobs), test_nccl_gpu (single-rank NCCL: initialisation,
 # a self-transfer, fresh communicators per epoch, revoke, abort; docs/design.md §6.4), and the
 # multigpu ones, test_nccl_multi_gpu and test_nccl_engine_multi_gpu.
@@ -19,6 +21,7 @@
 #   CPU_THREADS      BLAS threads of the CPU side (default: every online core)
 #   DATA             synthetic (default) or fashion
 #   NCCL_REPS        bench_nccl_gpu repetitions per size (default 200)
+#   NCCL_ROUNDS      bench_nccl_multi_gpu rounds per size (default 300)
 # Exit status: 0 all gpu tests passed and the benchmark ran; 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,8 +45,9 @@ if [ "${#tests[@]}" -eq 0 ]; then
   echo "no test is labelled gpu" >&2
   exit 1
 fi
-echo "== build: ${tests[*]} bench_train_gpu bench_nccl_gpu"
-cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" bench_train_gpu bench_nccl_gpu
+echo "== build: ${tests[*]} bench_train_gpu bench_nccl_gpu bench_nccl_multi_gpu"
+cmake --build "$build" -j"$(nproc)" --target "${tests[@]}" bench_train_gpu bench_nccl_gpu \
+  bench_nccl_multi_gpu
 
 echo "== tests labelled gpu"
 log=$(mktemp)
@@ -79,4 +83,15 @@ extra=()
   --seconds "${SECONDS_PER_POINT:-2}" --data "${DATA:-synthetic}" "${extra[@]}"
 echo "== benchmark: the NCCL data path per payload vs a bare ncclAllReduce (one rank)"
 "$build/bench/nccl/bench_nccl_gpu" "${NCCL_REPS:-200}"
+echo "== benchmark: a round of two ranks over NCCL vs a bare ncclAllReduce (two GPUs)"
+set +e
+"$build/bench/nccl/bench_nccl_multi_gpu" "${NCCL_ROUNDS:-300}"
+status=$?
+set -e
+if [ "$status" -eq 77 ]; then
+  echo "not run: bench_nccl_multi_gpu needs 2 or more GPUs"
+elif [ "$status" -ne 0 ]; then
+  echo "bench_nccl_multi_gpu FAILED" >&2
+  exit 1
+fi
 echo "== gpu-check: all gpu tests passed"
