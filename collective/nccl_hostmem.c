@@ -13,9 +13,9 @@
  * stops refilling: payloads then use pageable memory, slower and never stuck.
  *
  * State: `hm`, under hm.mu. Threads: locked_take, is_locked and the source's release from any
- * thread; the keeper (detached, started by the first miss, again in a forked child) does the
- * rest. After a failed cudaHostAlloc none is tried for LOCKED_RETRY_S: page-locked memory is
- * short, and each try costs. */
+ * thread; the keeper (detached, started by the first miss; a forked child starts its own
+ * and forgets the parent's buffers to free) does the rest. After a failed cudaHostAlloc none is
+ * tried for LOCKED_RETRY_S: page-locked memory is short, and each try costs. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +30,8 @@ static struct {
   pthread_mutex_t mu;
   pthread_cond_t wake;
   wg_buf_source_t *source;
-  int keeper_running; /* in this process: a forked child starts its own */
+  int keeper_running;    /* in this process: a forked child starts its own */
+  double start_retry_at; /* after a failed pthread_create */
   struct {
     int device;
     size_t len;
@@ -115,9 +116,15 @@ static void atfork_parent(void) {
 }
 
 static void atfork_child(void) {
-  hm.keeper_running = 0; /* the parent's keeper did not come along */
+  /* the parent's keeper did not come along: a wait of its on hm.wake would make the child's
+   * next signal hang, so the lock and the condition start afresh; the parent's buffers to
+   * free are its own business (a child cannot use the parent's CUDA context anyway) */
+  pthread_mutex_init(&hm.mu, NULL);
+  pthread_cond_init(&hm.wake, NULL);
+  hm.keeper_running = 0;
+  hm.start_retry_at = 0;
   hm.nwanted = 0;
-  pthread_mutex_unlock(&hm.mu);
+  hm.to_free = NULL;
 }
 
 static pthread_once_t hostmem_once = PTHREAD_ONCE_INIT;
@@ -135,13 +142,15 @@ wg_buf_source_t *WG_NCCL(locked_source)(void) {
 /* Asks the keeper for a page-locked buffer of len bytes on device, starting it if need be. */
 static void want(int device, size_t len) {
   pthread_mutex_lock(&hm.mu);
-  if (!hm.keeper_running) {
+  if (!hm.keeper_running && wg_now() >= hm.start_retry_at) {
     pthread_t th;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     hm.keeper_running = pthread_create(&th, &attr, keeper_main, NULL) == 0;
     pthread_attr_destroy(&attr);
+    if (!hm.keeper_running) /* no thread to be had: pageable buffers, and a new try in 1 s */
+      hm.start_retry_at = wg_now() + 1.0;
   }
   if (hm.keeper_running && hm.nwanted < WANTED_MAX) {
     hm.wanted[hm.nwanted].device = device;

@@ -278,8 +278,8 @@ void WG_NCCL(keep_or_abort)(nc_t *t) {
     (void)ncclCommAbort(t->comm);
   t->comm = NULL;
   WG_NCCL(lane_buffer_free)(t);
-  if (t->stream)
-    (void)cudaStreamDestroy(t->stream);
+  if (t->stream && cudaStreamDestroy(t->stream) != cudaSuccess)
+    (void)cudaGetLastError(); /* not left behind on the application's thread */
   t->stream = NULL;
 }
 

@@ -189,7 +189,9 @@ void WG_NCCL(lane_down)(nc_t *t, const char *why);
 /* Sends every outbound transfer (sent on the lane and not acknowledged too) on TCP as
  * NC_RESEND and frees it; a receiver drops one it already has. */
 void WG_NCCL(resend_all)(nc_t *t);
-/* Frees the lane's device buffer (after the lane thread ended; nothing posted). */
+/* Frees the lane's device buffer behind what is queued on the lane's stream (nothing may be
+ * posted on it): the lane thread, when it grows the buffer; close, after the lane thread
+ * ended. */
 void WG_NCCL(lane_buffer_free)(nc_t *t);
 
 /* nccl_init.c */

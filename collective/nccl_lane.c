@@ -117,11 +117,12 @@ static void *lane_alloc(nc_t *t, size_t bytes, int *ordered) {
   return p;
 }
 
+/* Lane thread, or close on the application's thread: a failure is not left behind in that
+ * thread's last CUDA error. */
 static void lane_release(nc_t *t, void *p, int ordered) {
-  if (ordered)
-    (void)cudaFreeAsync(p, t->stream);
-  else
-    (void)cudaFree(p);
+  cudaError_t e = ordered ? cudaFreeAsync(p, t->stream) : cudaFree(p);
+  if (e != cudaSuccess)
+    (void)cudaGetLastError();
 }
 
 /* The lane's device buffer, at least len bytes: allocated once and grown, so a transfer costs

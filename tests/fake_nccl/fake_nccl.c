@@ -906,10 +906,38 @@ cudaError_t cudaGetLastError(void) {
   return e;
 }
 
+/* Which threads made such calls, and how many. */
+#define WAITERS_MAX 64
+static struct {
+  pthread_t thread;
+  long waits;
+} waiters[WAITERS_MAX];
+static int nwaiters;
+static pthread_mutex_t waiters_mu = PTHREAD_MUTEX_INITIALIZER;
+
+long fakecuda_device_waits_by(pthread_t thread) {
+  long n = 0;
+  pthread_mutex_lock(&waiters_mu);
+  for (int i = 0; i < nwaiters; i++)
+    if (pthread_equal(waiters[i].thread, thread))
+      n = waiters[i].waits;
+  pthread_mutex_unlock(&waiters_mu);
+  return n;
+}
+
 /* What a call that synchronizes with the device costs while the application's compute
  * stream has FAKE_CUDA_SYNC_MS of work queued. */
 static void wait_for_device(void) {
   atomic_fetch_add(&device_waits, 1);
+  pthread_mutex_lock(&waiters_mu);
+  int i = 0;
+  while (i < nwaiters && !pthread_equal(waiters[i].thread, pthread_self()))
+    i++;
+  if (i == nwaiters && nwaiters < WAITERS_MAX)
+    waiters[nwaiters++].thread = pthread_self();
+  if (i < nwaiters)
+    waiters[i].waits++;
+  pthread_mutex_unlock(&waiters_mu);
   long ms = env_long("FAKE_CUDA_SYNC_MS");
   if (ms > 0)
     usleep((useconds_t)ms * 1000);

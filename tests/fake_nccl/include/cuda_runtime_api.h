@@ -9,6 +9,7 @@
 #ifndef WAGMA_FAKE_CUDA_RUNTIME_API_H
 #define WAGMA_FAKE_CUDA_RUNTIME_API_H
 
+#include <pthread.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -93,8 +94,10 @@ cudaError_t cudaFreeHost(void *ptr);
  * those whose host side was. */
 long fakecuda_pageable_copies(void);
 long fakecuda_locked_copies(void);
-/* Fake only: calls made so far that waited for the whole device (see cudaMalloc above). */
+/* Fake only: calls made so far that waited for the whole device (see cudaMalloc above), in
+ * all and by one thread of this process (the first 64 threads that made one are told apart). */
 long fakecuda_device_waits(void);
+long fakecuda_device_waits_by(pthread_t thread);
 const char *cudaGetErrorString(cudaError_t error);
 
 #ifdef __cplusplus

@@ -40,6 +40,9 @@ typedef struct shared {
   uint64_t transfers[MAXP], failures[MAXP];
   long locked_copies[MAXP], pageable_copies[MAXP]; /* the fake's: host sides of the copies */
   long warm_locked[MAXP], warm_pageable[MAXP];     /* those of the second exchange */
+  /* the fake's calls that waited for the whole device: by the lane thread, by the sending
+   * (main) thread, by any thread */
+  long lane_waits[MAXP], sender_waits[MAXP], device_waits[MAXP];
   int other_device; /* the fake's: the transport on device 1, its sender on device 0 */
 } shared_t;
 
@@ -216,6 +219,9 @@ static void rank_main(int P, int me) {
   sh->pageable_copies[me] = fakecuda_pageable_copies();
   sh->warm_locked[me] = sh->locked_copies[me] - locked0;
   sh->warm_pageable[me] = sh->pageable_copies[me] - pageable0;
+  sh->lane_waits[me] = fakecuda_device_waits_by(t->lane_thread);
+  sh->sender_waits[me] = fakecuda_device_waits_by(pthread_self());
+  sh->device_waits[me] = fakecuda_device_waits();
 #endif
   ops->interrupt(tp);
   ops->close(tp);
@@ -287,6 +293,21 @@ static void run_with(int P, int faulty, int locked) {
 #endif
     }
   }
+#ifdef WG_NCCL_FAKE
+  for (int r = 0; r < P; r++) {
+    /* no call that waits for the whole device (for the application's kernels) on the lane
+     * thread, which reads the control channel, or on a sender's thread: the keeper makes them
+     * (and has, where page-locked memory could be had); without memory pools the lane's
+     * buffer comes from cudaMalloc, which waits */
+    assert_int_equal(sh->sender_waits[r], 0);
+    if (getenv("FAKE_CUDA_NO_MEMORY_POOLS"))
+      assert_true(sh->lane_waits[r] > 0);
+    else
+      assert_int_equal(sh->lane_waits[r], 0);
+    if (locked == LOCKED_ALL || locked == LOCKED_OTHER_DEVICE)
+      assert_true(sh->device_waits[r] > 0);
+  }
+#endif
   if (faulty) /* the lane went down mid-way; what it had not delivered came on TCP */
     assert_true(failures > 0);
   munmap(sh, sizeof *sh);
@@ -326,18 +347,27 @@ static void test_all_to_all_p4(void **s) {
 }
 
 #ifdef WG_NCCL_FAKE
+/* After each test, passed or failed: no fault is left for the next one. */
+static int clear_faults(void **s) {
+  (void)s;
+  const char *vars[] = {"FAKE_NCCL_HANG_OP",       "FAKE_NCCL_REMOTE_ERROR_OP",
+                        "FAKE_CUDA_NO_HOST_ALLOC", "FAKE_NCCL_DEVICES",
+                        "FAKE_CUDA_SYNC_MS",       "FAKE_CUDA_NO_MEMORY_POOLS"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+    unsetenv(vars[i]);
+  return 0;
+}
+
 static void test_op_never_completes_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_HANG_OP", "12", 1);
   run_with(3, 1, LOCKED_ALL);
-  unsetenv("FAKE_NCCL_HANG_OP");
 }
 
 static void test_remote_error_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_REMOTE_ERROR_OP", "9", 1);
   run_with(3, 1, LOCKED_ALL);
-  unsetenv("FAKE_NCCL_REMOTE_ERROR_OP");
 }
 
 /* cudaHostAlloc fails: payloads fall back to pageable buffers and nothing else changes. */
@@ -345,7 +375,6 @@ static void test_without_page_locked_memory(void **s) {
   (void)s;
   setenv("FAKE_CUDA_NO_HOST_ALLOC", "1", 1);
   run_with(3, 0, LOCKED_NONE);
-  unsetenv("FAKE_CUDA_NO_HOST_ALLOC");
 }
 
 /* The sender's thread is on another device than the transport: its buffers still come
@@ -354,7 +383,6 @@ static void test_sender_on_another_device(void **s) {
   (void)s;
   setenv("FAKE_NCCL_DEVICES", "2", 1);
   run_with(3, 0, LOCKED_OTHER_DEVICE);
-  unsetenv("FAKE_NCCL_DEVICES");
 }
 
 /* The application's compute stream always has 3.5 s of work queued, so every call that waits
@@ -366,7 +394,6 @@ static void test_slow_compute_stream(void **s) {
   (void)s;
   setenv("FAKE_CUDA_SYNC_MS", "3500", 1);
   run_with(3, 0, LOCKED_ANY);
-  unsetenv("FAKE_CUDA_SYNC_MS");
 }
 
 /* A device without memory pools (cudaMallocAsync unsupported): the lane's buffer comes from
@@ -375,22 +402,21 @@ static void test_without_memory_pools(void **s) {
   (void)s;
   setenv("FAKE_CUDA_NO_MEMORY_POOLS", "1", 1);
   run_with(2, 0, LOCKED_ALL);
-  unsetenv("FAKE_CUDA_NO_MEMORY_POOLS");
 }
 #endif
 
 int main(void) {
 #ifdef WG_NCCL_FAKE
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_all_to_all_p2),
-      cmocka_unit_test(test_all_to_all_p3),
-      cmocka_unit_test(test_all_to_all_p4),
-      cmocka_unit_test(test_op_never_completes_mid_way),
-      cmocka_unit_test(test_remote_error_mid_way),
-      cmocka_unit_test(test_without_page_locked_memory),
-      cmocka_unit_test(test_sender_on_another_device),
-      cmocka_unit_test(test_slow_compute_stream),
-      cmocka_unit_test(test_without_memory_pools),
+      cmocka_unit_test_teardown(test_all_to_all_p2, clear_faults),
+      cmocka_unit_test_teardown(test_all_to_all_p3, clear_faults),
+      cmocka_unit_test_teardown(test_all_to_all_p4, clear_faults),
+      cmocka_unit_test_teardown(test_op_never_completes_mid_way, clear_faults),
+      cmocka_unit_test_teardown(test_remote_error_mid_way, clear_faults),
+      cmocka_unit_test_teardown(test_without_page_locked_memory, clear_faults),
+      cmocka_unit_test_teardown(test_sender_on_another_device, clear_faults),
+      cmocka_unit_test_teardown(test_slow_compute_stream, clear_faults),
+      cmocka_unit_test_teardown(test_without_memory_pools, clear_faults),
   };
 #else
   if ((gpus = gpu_count_for_ranks("test_nccl_multi_gpu")) < 0)
