@@ -434,8 +434,10 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");
   }
+#ifndef WAGMA_AGENT_NCCL_ON_CPU /* wagma-agent-fakenccl, a test build over tests/fake_nccl */
   if (o->transport_nccl && !o->device_cuda)
     FAIL("--transport nccl needs --device cuda (NCCL averages GPU buffers)");
+#endif
   if (o->transport_nccl && o->encrypt_data_plane)
     FAIL("--encrypt-data-plane needs --transport tcp (NCCL moves payloads unencrypted)");
   if (o->etcd_user && !o->etcd_password_file)

@@ -214,6 +214,15 @@ static void nc_close(wg_transport_t *t) {
     WG_NCCL(lane_down)(t, "closed with a transfer in flight");
   WG_NCCL(resend_all)(t);
   WG_NCCL(keep_or_abort)(t);
+  /* what the lane carried this epoch: the operator's answer to "did NCCL move the models?" */
+  wg_logf(t->log, t->log_user, WAGMA_LOG_INFO,
+          "rank %d: epoch %llu closed: %llu transfers on the nccl lane (%.1f MiB sent, %.1f MiB "
+          "received), %llu lane failures",
+          t->rank, (unsigned long long)t->epoch,
+          (unsigned long long)atomic_load(&t->lane_transfers),
+          (double)atomic_load(&t->lane_bytes_sent) / (1 << 20),
+          (double)atomic_load(&t->lane_bytes_received) / (1 << 20),
+          (unsigned long long)atomic_load(&t->lane_failures));
   t->tcp_ops->close(t->tcp);
   nc_free(t);
 }

@@ -425,3 +425,57 @@ uint64_t job_min_iteration(const job_view_t *v) {
       m = v->members[i].iteration;
   return m == UINT64_MAX ? 0 : m;
 }
+
+double cluster_wait_training(cluster_t *c, const char *job, uint64_t after, int n, int steps,
+                             double timeout_s, job_view_t *v) {
+  double t0 = cluster_now();
+  uint64_t first[CLUSTER_MAX_AGENTS] = {0};
+  uint64_t epoch = 0;
+  while (cluster_now() - t0 < timeout_s) {
+    if (cluster_job_get(c, job, v) == 0 && v->epoch > after && v->nmembers == n) {
+      if (v->epoch != epoch) {
+        epoch = v->epoch;
+        memset(first, 0, sizeof first);
+      }
+      int ok = 1;
+      for (int i = 0; i < v->nmembers; i++) {
+        const job_member_t *m = &v->members[i];
+        if (!m->has_progress || m->epoch != v->epoch) {
+          ok = 0;
+          continue;
+        }
+        if (first[i] == 0)
+          first[i] = m->iteration + 1;
+        ok &= m->iteration + 1 >= first[i] + (uint64_t)steps;
+      }
+      if (ok)
+        return cluster_now() - t0;
+    }
+    cluster_sleep(0.1);
+  }
+  fprintf(stderr,
+          "job %s: no epoch > %llu training with %d members within %.0f s (epoch %llu, "
+          "%d members)\n",
+          job, (unsigned long long)after, n, timeout_s, (unsigned long long)v->epoch, v->nmembers);
+  return -1;
+}
+
+int cluster_agent_index(const cluster_t *c, const char *name) {
+  for (int i = 0; i < c->nagents; i++)
+    if (strcmp(c->agent_name[i], name) == 0)
+      return i;
+  return -1;
+}
+
+int cluster_agent_log_count(const cluster_t *c, int i, const char *needle, const char *and_needle) {
+  char path[320], line[2048];
+  int found = 0;
+  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
+  FILE *f = fopen(path, "r");
+  if (f == NULL)
+    return 0;
+  while (fgets(line, sizeof line, f) != NULL)
+    found += strstr(line, needle) != NULL && (!and_needle || strstr(line, and_needle) != NULL);
+  fclose(f);
+  return found;
+}

@@ -132,6 +132,17 @@ double job_fingerprint_spread(const job_view_t *v);
 /* Smallest iteration over the members with progress (0 when none). */
 uint64_t job_min_iteration(const job_view_t *v);
 
+/* Polls until the job has an epoch > after with n members, each of which reported progress of
+ * that epoch at least `steps` iterations past the first report it made there (a newer epoch
+ * starts the count again). Returns the seconds waited, or -1 (printed) after timeout_s. */
+double cluster_wait_training(cluster_t *c, const char *job, uint64_t after, int n, int steps,
+                             double timeout_s, job_view_t *v);
+/* The index of the agent named name, or -1. */
+int cluster_agent_index(const cluster_t *c, const char *name);
+/* Lines of agent i's log (all its runs) that contain needle, and also `and_needle` when it is
+ * not NULL; 0 when the log cannot be read. */
+int cluster_agent_log_count(const cluster_t *c, int i, const char *needle, const char *and_needle);
+
 double cluster_now(void);
 void cluster_sleep(double s);
 

@@ -446,33 +446,6 @@ static void test_etcd_outage(void **state) {
   delete_job(c, job);
 }
 
-static int log_contains(const cluster_t *c, int agent, const char *needle) {
-  char path[320], line[1024];
-  int found = 0;
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return 0;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
-/* Whether a line of agent i's log holds both needles. */
-static int log_contains2(const cluster_t *c, int agent, const char *a, const char *b) {
-  char path[320], line[2048];
-  int found = 0;
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return 0;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, a) != NULL && strstr(line, b) != NULL;
-  fclose(f);
-  return found;
-}
-
 static void test_restart_from_checkpoint(void **state) {
   cluster_t *c = *state;
   const char *job = "resume";
@@ -511,8 +484,8 @@ static void test_restart_from_checkpoint(void **state) {
   for (int i = 0; i < v.nmembers; i++)
     for (int k = 0; k < c->nagents; k++)
       if (strcmp(v.members[i].name, c->agent_name[k]) == 0) {
-        int r = log_contains(c, k, "job resume: resumed from checkpoint");
-        int jn = log_contains2(c, k, "job resume: epoch", "(joiner, weight 0)");
+        int r = cluster_agent_log_count(c, k, "job resume: resumed from checkpoint", NULL) > 0;
+        int jn = cluster_agent_log_count(c, k, "job resume: epoch", "(joiner, weight 0)") > 0;
         if (!r && !jn)
           fprintf(stderr, "  %s neither resumed from the checkpoint nor joined\n",
                   c->agent_name[k]);

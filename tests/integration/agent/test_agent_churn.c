@@ -59,52 +59,8 @@ static void submit(cluster_t *c, const char *name, int workers) {
 /* The job may have ended already: the answer does not matter here. */
 #define delete_job(c, job) (void)cluster_job_stop(c, job, 0)
 
-/* Polls until the job has an epoch > after with n members, each of which reported progress of
- * that epoch at least `steps` iterations past the smallest first report it made there.
- * Returns the seconds waited, or -1. */
-static double wait_training(cluster_t *c, const char *job, uint64_t after, int n, int steps,
-                            double timeout_s, job_view_t *v) {
-  double t0 = cluster_now();
-  uint64_t first[CLUSTER_MAX_AGENTS] = {0};
-  uint64_t epoch = 0;
-  while (cluster_now() - t0 < timeout_s) {
-    if (cluster_job_get(c, job, v) == 0 && v->epoch > after && v->nmembers == n) {
-      if (v->epoch != epoch) {
-        epoch = v->epoch;
-        memset(first, 0, sizeof first);
-      }
-      int ok = 1;
-      for (int i = 0; i < v->nmembers; i++) {
-        const job_member_t *m = &v->members[i];
-        if (!m->has_progress || m->epoch != v->epoch) {
-          ok = 0;
-          continue;
-        }
-        if (first[i] == 0)
-          first[i] = m->iteration + 1;
-        ok &= m->iteration + 1 >= first[i] + (uint64_t)steps;
-      }
-      if (ok)
-        return cluster_now() - t0;
-    }
-    cluster_sleep(0.1);
-  }
-  fprintf(stderr,
-          "job %s: no epoch > %llu training with %d members within %.0f s (epoch %llu, "
-          "%d members)\n",
-          job, (unsigned long long)after, n, timeout_s, (unsigned long long)v->epoch, v->nmembers);
-  return -1;
-}
-
-static int index_of(const cluster_t *c, const char *name) {
-  for (int i = 0; i < c->nagents; i++)
-    if (strcmp(c->agent_name[i], name) == 0)
-      return i;
-  return -1;
-}
-
 static void kill_member(cluster_t *c, const job_view_t *v, int k, int sig) {
-  int i = index_of(c, v->members[k].name);
+  int i = cluster_agent_index(c, v->members[k].name);
   assert_true(i >= 0 && c->agent[i] > 0);
   assert_int_equal(kill(c->agent[i], sig), 0);
   if (sig == SIGKILL) {
@@ -135,7 +91,7 @@ static void two_changes(const char *job, int second, const char *what) {
   assert_int_equal(cluster_start(&c, 6, agent_args), 0);
   job_view_t v;
   submit(&c, job, 6);
-  if (wait_training(&c, job, 0, 6, 20, 60, &v) < 0)
+  if (cluster_wait_training(&c, job, 0, 6, 20, 60, &v) < 0)
     cluster_dump_logs(&c);
   assert_int_equal(v.nmembers, 6);
   uint64_t e0 = v.epoch;
@@ -143,10 +99,10 @@ static void two_changes(const char *job, int second, const char *what) {
   assert_int_equal(wait_new_plan(&c, job, e0, &v), 0);
   int k = v.nmembers - 1; /* a member still listed */
   assert_true(k >= 0);
-  int hit = index_of(&c, v.members[k].name);
+  int hit = cluster_agent_index(&c, v.members[k].name);
   assert_true(hit >= 0);
   kill_member(&c, &v, k, second);
-  double t = wait_training(&c, job, e0, 4, 5, 30, &v);
+  double t = cluster_wait_training(&c, job, e0, 4, 5, 30, &v);
   if (t < 0)
     cluster_dump_logs(&c);
   report(what, t);
@@ -176,7 +132,7 @@ static void test_join_right_after_start(void **state) {
   cluster_sleep(0.1);
   double t0 = cluster_now();
   assert_true(cluster_add_agent(&c, NULL) >= 0);
-  double t = wait_training(&c, "latejoin", 0, 4, 5, 40, &v);
+  double t = cluster_wait_training(&c, "latejoin", 0, 4, 5, 40, &v);
   if (t < 0)
     cluster_dump_logs(&c);
   t = cluster_now() - t0; /* from the join on */

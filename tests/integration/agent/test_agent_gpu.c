@@ -98,18 +98,6 @@ static void test_local_sgd_on_gpu(void **state) {
   converge(*state, "lenet5", "local-sgd");
 }
 
-static int agent_log_contains(const cluster_t *c, int i, const char *needle) {
-  char path[320], line[1024];
-  int found = 0;
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
-  FILE *f = fopen(path, "r");
-  assert_non_null(f);
-  while (!found && fgets(line, sizeof line, f) != NULL)
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
 /* NCCL needs one GPU per rank: on a one-GPU machine, a job of one agent with --transport nccl
  * (agent-0 restarted with it; the scheduler takes free agents in name order). Its global sync,
  * rounds and final average go through the NCCL transport's init and self-transfers. */
@@ -123,7 +111,8 @@ static void test_nccl_job_of_one(void **state) {
    * diverges within 4000 iterations (on the CPU too), at 0.01 it reaches 0.99 in 3000 */
   converge_n(c, "gpu-nccl-one", "mlp", "wagma", 1, 3000, 0.01);
   /* the job ran on the NCCL lane, not on the TCP fallback of a lane that never came up */
-  int up = agent_log_contains(c, 0, "nccl lane up"), off = agent_log_contains(c, 0, "no nccl lane");
+  int up = cluster_agent_log_count(c, 0, "nccl lane up", NULL) > 0,
+      off = cluster_agent_log_count(c, 0, "no nccl lane", NULL) > 0;
   if (!up || off)
     cluster_dump_logs(c);
   assert_true(up);

@@ -96,19 +96,6 @@ static double fingerprint_spread(const job_view_t *v) {
   return norm > 0 ? spread / norm : INFINITY;
 }
 
-static int log_contains(const cluster_t *c, int agent, const char *needle) {
-  char path[320], line[1024];
-  int found = 0;
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return 0;
-  while (!found && fgets(line, sizeof line, f))
-    found = strstr(line, needle) != NULL;
-  fclose(f);
-  return found;
-}
-
 /* "healthy" of agent name in GET /v1/agents (-1 when absent); *reason gets the quarantine
  * reason ("" when none). */
 static int agent_healthy(const cluster_t *c, const char *name, char *reason, size_t len) {
@@ -167,7 +154,8 @@ static void test_listen_port_taken(void **state) {
   if (!named)
     cluster_dump_logs(&c);
   assert_true(named);
-  assert_true(log_contains(&c, 2, "reporting this agent unavailable for the job"));
+  assert_true(cluster_agent_log_count(&c, 2, "reporting this agent unavailable for the job", NULL) >
+              0);
   /* The others run the job: agent-2 is quarantined with the cause (it stays registered). */
   assert_int_equal(wait_healthy(&c, "agent-2", 0, 5, why, sizeof why), 0);
   fprintf(stderr, "  agent-2 quarantined after %.1f s: %s\n", cluster_now() - t0, why);
@@ -312,7 +300,7 @@ static void test_bad_data_quarantined(void **state) {
   assert_int_equal(ok, 0);
   assert_int_equal(v.nmembers, 1);
   assert_string_not_equal(v.members[0].name, "agent-0");
-  assert_false(log_contains(&c, 0, "assigned to job fm2"));
+  assert_false(cluster_agent_log_count(&c, 0, "assigned to job fm2", NULL) > 0);
   assert_int_equal(agent_healthy(&c, "agent-0", why, sizeof why), 0);
 
   /* Registered anew (restarted with good data), agent-0 is healthy again. */

@@ -145,13 +145,6 @@ static void test_adpsgd_converges_and_beats_no_averaging(void **state) {
   assert_true(loss_ad < loss_none);
 }
 
-static int index_of(const cluster_t *c, const char *name) {
-  for (int i = 0; i < c->nagents; i++)
-    if (strcmp(c->agent_name[i], name) == 0)
-      return i;
-  return -1;
-}
-
 /* The members' iterations (by rank) once every member reported progress in epoch >= 1. */
 static int read_iterations(cluster_t *c, const char *job, job_view_t *v, uint64_t *it) {
   if (cluster_job_get(c, job, v) != 0 || v->nmembers != 4)
@@ -188,7 +181,7 @@ static void test_adpsgd_stopped_agent_others_keep_training(void **state) {
   assert_int_equal(read_iterations(c, "ad-stop", &v, b), 0);
   uint64_t epoch = v.epoch;
   /* stop rank 1 (a passive: the actives ask it about every other step) */
-  int k = index_of(c, v.members[1].name);
+  int k = cluster_agent_index(c, v.members[1].name);
   assert_true(k >= 0);
   assert_int_equal(kill(c->agent[k], SIGSTOP), 0);
   cluster_sleep(0.5); /* its last progress report lands */
@@ -297,7 +290,7 @@ static void test_asgd_shard_killed_new_epoch_job_finishes(void **state) {
   }
   uint64_t epoch = v.epoch;
   check_roles(c, "ps-kill", 1);
-  int k = index_of(c, v.members[0].name); /* rank 0: the shard */
+  int k = cluster_agent_index(c, v.members[0].name); /* rank 0: the shard */
   assert_true(k >= 0);
   fprintf(stderr, "  ps-kill: SIGKILL the shard %s at worker iteration %llu\n", c->agent_name[k],
           (unsigned long long)it[3]);

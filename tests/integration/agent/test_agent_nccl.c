@@ -1,0 +1,152 @@
+/* test_agent_nccl.c — agents that average over the NCCL transport keep a job going through
+ * its members' churn, on a machine without a GPU: real etcd, coordinator and 4
+ * wagma-agent-fakenccl processes on 127.0.0.1 (the agent built against tests/fake_nccl,
+ * fakenccl_agent.c: CPU training, the NCCL transport's whole path with the fake's ranks as
+ * processes). A wagma job of 4 workers (min 2) on synthetic data:
+ *   - epoch 1: every member's lane comes up and carries the models (the transport's closing
+ *     line counts the transfers of the epoch);
+ *   - a member is SIGKILLed: the survivors' next epoch shrinks the communicator they kept
+ *     (members only left), the lane comes up again and they train on, none restarted;
+ *   - the agent comes back: its epoch initialises a fresh communicator (someone joined) and
+ *     the lane comes up on all four.
+ * No member may log "no nccl lane" (an epoch on TCP payloads) at any point. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster.h"
+
+static const char *const agent_args[] = {"--transport",
+                                         "nccl",
+                                         "--lease-ttl",
+                                         "2",
+                                         "--progress-interval",
+                                         "0.2",
+                                         "--round-deadline",
+                                         "0.3",
+                                         "--connect-timeout",
+                                         "20",
+                                         "--synthetic-train",
+                                         "2048",
+                                         "--synthetic-test",
+                                         "512",
+                                         "--eval-samples",
+                                         "256",
+                                         "--data-dir",
+                                         "/nonexistent/wagma-test",
+                                         NULL};
+
+#define JOB "ncclchurn"
+
+/* Lines of agent i's log that name epoch e in the format fmt ("... epoch %llu ..."). */
+static int epoch_lines(const cluster_t *c, int i, const char *fmt, uint64_t e) {
+  char needle[128];
+  snprintf(needle, sizeof needle, fmt, (unsigned long long)e);
+  return cluster_agent_log_count(c, i, needle, NULL);
+}
+
+/* Every member of v (by its agent) logged its lane up in v's epoch, with n ranks. */
+static void assert_lanes_up(const cluster_t *c, const job_view_t *v, int n) {
+  char fmt[64];
+  snprintf(fmt, sizeof fmt, "nccl lane up in epoch %%llu (%d ranks)", n);
+  for (int k = 0; k < v->nmembers; k++) {
+    int i = cluster_agent_index(c, v->members[k].name);
+    assert_true(i >= 0);
+    if (epoch_lines(c, i, fmt, v->epoch) < 1) {
+      fprintf(stderr, "%s: no lane up in epoch %llu\n", v->members[k].name,
+              (unsigned long long)v->epoch);
+      cluster_dump_logs(c);
+      fail();
+    }
+  }
+}
+
+/* Agent i closed epoch e's transport after the lane carried transfers. */
+static void assert_lane_carried(const cluster_t *c, int i, uint64_t e) {
+  int closed = epoch_lines(c, i, "epoch %llu closed: ", e);
+  int empty = epoch_lines(c, i, "epoch %llu closed: 0 transfers", e);
+  if (closed < 1 || empty > 0) {
+    fprintf(stderr, "agent-%d: epoch %llu closed %d times, %d of them with no transfer\n", i,
+            (unsigned long long)e, closed, empty);
+    cluster_dump_logs(c);
+    fail();
+  }
+}
+
+static void test_nccl_lane_through_kill_and_join(void **state) {
+  (void)state;
+  cluster_t c;
+  assert_int_equal(cluster_start(&c, 4, agent_args), 0);
+  pid_t pids[4];
+  memcpy(pids, c.agent, sizeof pids);
+  assert_int_equal(cluster_job_submit(
+                       &c, "{\"name\":\"" JOB "\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+                           "\"algorithm\":\"wagma\",\"workers\":4,\"min_workers\":2,"
+                           "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32,"
+                           "\"iterations\":100000000,\"eval_every\":1000}"),
+                   0);
+
+  /* epoch 1: four members, the lane up on each */
+  job_view_t v;
+  if (cluster_wait_training(&c, JOB, 0, 4, 30, 60, &v) < 0)
+    cluster_dump_logs(&c);
+  assert_int_equal(v.nmembers, 4);
+  assert_lanes_up(&c, &v, 4);
+  uint64_t e1 = v.epoch;
+
+  /* a member killed: the survivors shrink and train on */
+  int gone = cluster_agent_index(&c, v.members[3].name);
+  assert_true(gone >= 0);
+  assert_int_equal(kill(c.agent[gone], SIGKILL), 0);
+  waitpid(c.agent[gone], NULL, 0);
+  c.agent[gone] = 0;
+  if (cluster_wait_training(&c, JOB, e1, 3, 30, 60, &v) < 0)
+    cluster_dump_logs(&c);
+  assert_int_equal(v.nmembers, 3);
+  assert_lanes_up(&c, &v, 3);
+  uint64_t e2 = v.epoch;
+  for (int k = 0; k < v.nmembers; k++) {
+    int i = cluster_agent_index(&c, v.members[k].name);
+    assert_true(i >= 0 && i != gone);
+    assert_true(cluster_agent_log_count(&c, i, "shrinks the communicator of epoch", NULL) > 0);
+    assert_lane_carried(&c, i, e1);
+  }
+
+  /* it comes back: a fresh communicator of four */
+  assert_int_equal(cluster_restart_agent(&c, gone, NULL), 0);
+  if (cluster_wait_training(&c, JOB, e2, 4, 30, 60, &v) < 0)
+    cluster_dump_logs(&c);
+  assert_int_equal(v.nmembers, 4);
+  assert_lanes_up(&c, &v, 4);
+  for (int k = 0; k < v.nmembers; k++) {
+    int i = cluster_agent_index(&c, v.members[k].name);
+    if (i != gone)
+      assert_lane_carried(&c, i, e2);
+  }
+
+  /* never an epoch without the lane; the survivors are the processes that started, running */
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(cluster_agent_log_count(&c, i, "no nccl lane", NULL), 0);
+    if (i != gone) {
+      assert_int_equal(c.agent[i], pids[i]);
+      assert_int_equal(waitpid(pids[i], NULL, WNOHANG), 0);
+    }
+  }
+  assert_int_equal(cluster_job_stop(&c, JOB, 30), 0);
+  cluster_stop(&c);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_nccl_lane_through_kill_and_join),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
