@@ -9,6 +9,9 @@
  *     (members only left), the lane comes up again and they train on, none restarted;
  *   - the agent comes back: its epoch initialises a fresh communicator (someone joined) and
  *     the lane comes up on all four.
+ * Twice: the member SIGKILLed and started again, and SIGSTOPped (frozen; a transfer of its
+ * may be left in flight, and then the survivors' communicator is revoked before it is
+ * shrunk) and woken, when it finds its lease lost, registers again and rejoins.
  * No member may log "no nccl lane" (an epoch on TCP payloads) at any point. */
 #include <setjmp.h>
 #include <signal.h>
@@ -43,8 +46,6 @@ static const char *const agent_args[] = {"--transport",
                                          "--data-dir",
                                          "/nonexistent/wagma-test",
                                          NULL};
-
-#define JOB "ncclchurn"
 
 /* Lines of agent i's log that name epoch e in the format fmt ("... epoch %llu ..."). */
 static int epoch_lines(const cluster_t *c, int i, const char *fmt, uint64_t e) {
@@ -81,34 +82,39 @@ static void assert_lane_carried(const cluster_t *c, int i, uint64_t e) {
   }
 }
 
-static void test_nccl_lane_through_kill_and_join(void **state) {
-  (void)state;
+/* A job of four through the loss of a member (SIGKILL, or SIGSTOP: frozen, its transfers
+ * stuck) and its return (a new process, or the same one woken by SIGCONT). */
+static void churn(const char *job, int sig) {
   cluster_t c;
   assert_int_equal(cluster_start(&c, 4, agent_args), 0);
   pid_t pids[4];
   memcpy(pids, c.agent, sizeof pids);
-  assert_int_equal(cluster_job_submit(
-                       &c, "{\"name\":\"" JOB "\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
-                           "\"algorithm\":\"wagma\",\"workers\":4,\"min_workers\":2,"
-                           "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32,"
-                           "\"iterations\":100000000,\"eval_every\":1000}"),
-                   0);
+  assert_int_equal(
+      cluster_job_submit(&c,
+                         "{\"name\":\"%s\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+                         "\"algorithm\":\"wagma\",\"workers\":4,\"min_workers\":2,"
+                         "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32,"
+                         "\"iterations\":100000000,\"eval_every\":1000}",
+                         job),
+      0);
 
   /* epoch 1: four members, the lane up on each */
   job_view_t v;
-  if (cluster_wait_training(&c, JOB, 0, 4, 30, 60, &v) < 0)
+  if (cluster_wait_training(&c, job, 0, 4, 30, 60, &v) < 0)
     cluster_dump_logs(&c);
   assert_int_equal(v.nmembers, 4);
   assert_lanes_up(&c, &v, 4);
   uint64_t e1 = v.epoch;
 
-  /* a member killed: the survivors shrink and train on */
+  /* a member lost: the survivors shrink the communicator they kept and train on */
   int gone = cluster_agent_index(&c, v.members[3].name);
   assert_true(gone >= 0);
-  assert_int_equal(kill(c.agent[gone], SIGKILL), 0);
-  waitpid(c.agent[gone], NULL, 0);
-  c.agent[gone] = 0;
-  if (cluster_wait_training(&c, JOB, e1, 3, 30, 60, &v) < 0)
+  assert_int_equal(kill(c.agent[gone], sig), 0);
+  if (sig == SIGKILL) {
+    waitpid(c.agent[gone], NULL, 0);
+    c.agent[gone] = 0;
+  }
+  if (cluster_wait_training(&c, job, e1, 3, 30, 60, &v) < 0)
     cluster_dump_logs(&c);
   assert_int_equal(v.nmembers, 3);
   assert_lanes_up(&c, &v, 3);
@@ -121,8 +127,11 @@ static void test_nccl_lane_through_kill_and_join(void **state) {
   }
 
   /* it comes back: a fresh communicator of four */
-  assert_int_equal(cluster_restart_agent(&c, gone, NULL), 0);
-  if (cluster_wait_training(&c, JOB, e2, 4, 30, 60, &v) < 0)
+  if (sig == SIGKILL)
+    assert_int_equal(cluster_restart_agent(&c, gone, NULL), 0);
+  else
+    assert_int_equal(kill(c.agent[gone], SIGCONT), 0);
+  if (cluster_wait_training(&c, job, e2, 4, 30, 60, &v) < 0)
     cluster_dump_logs(&c);
   assert_int_equal(v.nmembers, 4);
   assert_lanes_up(&c, &v, 4);
@@ -132,21 +141,32 @@ static void test_nccl_lane_through_kill_and_join(void **state) {
       assert_lane_carried(&c, i, e2);
   }
 
-  /* never an epoch without the lane; the survivors are the processes that started, running */
+  /* never an epoch without the lane; no agent restarted but the one killed */
   for (int i = 0; i < 4; i++) {
     assert_int_equal(cluster_agent_log_count(&c, i, "no nccl lane", NULL), 0);
-    if (i != gone) {
+    if (i != gone || sig != SIGKILL) {
       assert_int_equal(c.agent[i], pids[i]);
       assert_int_equal(waitpid(pids[i], NULL, WNOHANG), 0);
     }
   }
-  assert_int_equal(cluster_job_stop(&c, JOB, 30), 0);
+  assert_int_equal(cluster_job_stop(&c, job, 30), 0);
   cluster_stop(&c);
+}
+
+static void test_nccl_lane_through_kill_and_join(void **state) {
+  (void)state;
+  churn("ncclkill", SIGKILL);
+}
+
+static void test_nccl_lane_through_freeze_and_wake(void **state) {
+  (void)state;
+  churn("ncclfreeze", SIGSTOP);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nccl_lane_through_kill_and_join),
+      cmocka_unit_test(test_nccl_lane_through_freeze_and_wake),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
