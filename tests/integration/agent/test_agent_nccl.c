@@ -12,7 +12,9 @@
  * Twice: the member SIGKILLed and started again, and SIGSTOPped (frozen; a transfer of its
  * may be left in flight, and then the survivors' communicator is revoked before it is
  * shrunk) and woken, when it finds its lease lost, registers again and rejoins.
- * No member may log "no nccl lane" (an epoch on TCP payloads) at any point. */
+ * No member may log "no nccl lane" (an epoch on TCP payloads) at any point. And finite jobs of
+ * four to their end: wagma (rounds and the final average) and the allreduce baseline (the
+ * gradient mean, a blocking collective, every step), both averaged through the lane. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -163,10 +165,60 @@ static void test_nccl_lane_through_freeze_and_wake(void **state) {
   churn("ncclfreeze", SIGSTOP);
 }
 
+/* A finite job of four to its end, averaged through the lane: the wagma rounds and final
+ * average, or the allreduce baseline's gradient mean (a blocking collective) every step. The
+ * job succeeds, every member learned, their final models agree, and the lane carried each
+ * member's epoch. */
+static void finite_job(const char *job, const char *algorithm) {
+  cluster_t c;
+  job_view_t v;
+  assert_int_equal(cluster_start(&c, 4, agent_args), 0);
+  assert_int_equal(
+      cluster_job_submit(&c,
+                         "{\"name\":\"%s\",\"model\":\"softmax\",\"dataset\":\"synthetic\","
+                         "\"algorithm\":\"%s\",\"workers\":4,\"group_size\":2,"
+                         "\"staleness_bound\":4,\"batch_size\":32,\"iterations\":160,"
+                         "\"eval_every\":40,\"optimizer\":{\"type\":\"sgd\",\"lr\":0.05,"
+                         "\"momentum\":0.9}}",
+                         job, algorithm),
+      0);
+  if (cluster_job_wait_state(&c, job, "succeeded", 120, &v) != 0)
+    cluster_dump_logs(&c);
+  assert_string_equal(v.state, "succeeded");
+  assert_int_equal(v.nmembers, 4);
+  double spread = job_fingerprint_spread(&v);
+  fprintf(stderr, "  %s: fingerprint spread %.3g\n", job, spread);
+  assert_true(spread >= 0 && spread <= 0.05);
+  for (int k = 0; k < v.nmembers; k++) {
+    const job_member_t *m = &v.members[k];
+    fprintf(stderr, "  %s %s: %s iteration %llu loss %.4f accuracy %.4f\n", job, m->name, m->state,
+            (unsigned long long)m->iteration, m->loss, m->accuracy);
+    assert_string_equal(m->state, "done");
+    assert_true(m->accuracy > 0.8);
+    int i = cluster_agent_index(&c, m->name);
+    assert_true(i >= 0);
+    assert_lane_carried(&c, i, v.epoch);
+    assert_int_equal(cluster_agent_log_count(&c, i, "no nccl lane", NULL), 0);
+  }
+  cluster_stop(&c);
+}
+
+static void test_nccl_wagma_job_to_its_end(void **state) {
+  (void)state;
+  finite_job("ncclwagma", "wagma");
+}
+
+static void test_nccl_allreduce_job_to_its_end(void **state) {
+  (void)state;
+  finite_job("ncclallreduce", "allreduce");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_nccl_lane_through_kill_and_join),
       cmocka_unit_test(test_nccl_lane_through_freeze_and_wake),
+      cmocka_unit_test(test_nccl_wagma_job_to_its_end),
+      cmocka_unit_test(test_nccl_allreduce_job_to_its_end),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
