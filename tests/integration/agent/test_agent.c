@@ -339,10 +339,7 @@ static void test_kill_then_scale_up(void **state) {
 
   /* SIGKILL the last member: the job goes on with the other 3 in a new epoch. */
   const char *victim = v.members[3].name;
-  int vi = -1;
-  for (int i = 0; i < c->nagents; i++)
-    if (strcmp(c->agent_name[i], victim) == 0)
-      vi = i;
+  int vi = cluster_agent_index(c, victim);
   assert_true(vi >= 0);
   assert_int_equal(kill(c->agent[vi], SIGKILL), 0);
   waitpid(c->agent[vi], NULL, 0);

@@ -190,27 +190,6 @@ static int wait_epoch(cluster_t *c, const char *job, uint64_t after, int n, doub
   return -1;
 }
 
-static int agent_index(const cluster_t *c, const char *name) {
-  for (int k = 0; k < c->nagents; k++)
-    if (strcmp(c->agent_name[k], name) == 0)
-      return k;
-  return -1;
-}
-
-/* Lines of agent i's log that contain needle (and, when not NULL, also needle2). */
-static int log_count(const cluster_t *c, int agent, const char *needle, const char *needle2) {
-  char path[320], line[4096];
-  int n = 0;
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, agent);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return 0;
-  while (fgets(line, sizeof line, f))
-    n += strstr(line, needle) != NULL && (!needle2 || strstr(line, needle2) != NULL);
-  fclose(f);
-  return n;
-}
-
 static size_t stream_data(char *p, size_t size, size_t n, void *user) {
   stream_t *st = user;
   size_t k = size * n;
@@ -340,9 +319,9 @@ static void test_members_authenticated_secret_per_epoch(void **state) {
 
   /* every member runs authenticated; nobody warns of an unauthenticated data plane */
   for (int i = 0; i < v.nmembers; i++) {
-    int k = agent_index(c, v.members[i].name);
+    int k = cluster_agent_index(c, v.members[i].name);
     assert_true(k >= 0);
-    if (log_count(c, k, "job authed: epoch", "data plane authenticated") < 1) {
+    if (cluster_agent_log_count(c, k, "job authed: epoch", "data plane authenticated") < 1) {
       cluster_dump_logs(c);
       fail_msg("%s did not log an authenticated data plane", c->agent_name[k]);
     }
@@ -370,7 +349,8 @@ static void test_members_authenticated_secret_per_epoch(void **state) {
           (unsigned long long)e2, (unsigned long long)e3, n);
 
   for (int k = 0; k < c->nagents; k++) {
-    int bad = log_count(c, k, "unauthenticated", NULL) + log_count(c, k, "UNAUTHENTICATED", NULL);
+    int bad = cluster_agent_log_count(c, k, "unauthenticated", NULL) +
+              cluster_agent_log_count(c, k, "UNAUTHENTICATED", NULL);
     if (bad) {
       cluster_dump_logs(c);
       fail_msg("%s logged an unauthenticated data plane %d times", c->agent_name[k], bad);
@@ -495,7 +475,7 @@ static void test_impostor_cannot_join(void **state) {
   snprintf(address, sizeof address, "%s",
            json_string_value(json_object_get(json_array_get(members, 0), "address")));
   json_decref(plan);
-  int refused_before = log_count(c, r0, "refused", NULL);
+  int refused_before = cluster_agent_log_count(c, r0, "refused", NULL);
 
   /* 1: the HELLO of a member without a secret, as rank 1 */
   int fd = world_raw_connect(address, cluster_now() + 20);
@@ -520,7 +500,7 @@ static void test_impostor_cannot_join(void **state) {
   /* the real rank 1 comes back and joins the same epoch */
   assert_int_equal(kill(c->agent[r1], SIGCONT), 0);
   int joined = wait_epoch(c, job, w.epoch - 1, 2, 40, &v);
-  int refusals = log_count(c, r0, "refused", NULL) - refused_before;
+  int refusals = cluster_agent_log_count(c, r0, "refused", NULL) - refused_before;
   fprintf(stderr, "  rank 0 logged %d refusals; job at epoch %llu (plan epoch %llu)\n", refusals,
           (unsigned long long)v.epoch, (unsigned long long)w.epoch);
   assert_int_equal(hs, -1);
@@ -528,7 +508,7 @@ static void test_impostor_cannot_join(void **state) {
   assert_int_equal(hs2, 1);
   assert_int_equal(dropped2, 0);
   assert_true(refusals >= 2);
-  assert_true(log_count(c, r0, "rank 1 sent an unauthenticated HELLO", NULL) >= 1);
+  assert_true(cluster_agent_log_count(c, r0, "rank 1 sent an unauthenticated HELLO", NULL) >= 1);
   assert_int_equal(joined, 0);
   assert_int_equal(v.epoch, w.epoch); /* the impostor cost nothing: no replan */
   stop_job(c, job);

@@ -29,10 +29,12 @@
 
 #include "cluster.h"
 
+/* a lease of 4 s: the test also runs under sanitizers, where a 2 s one can be lost to a slow
+ * keepalive, and an extra epoch superseded while its lane starts logs "no nccl lane" */
 static const char *const agent_args[] = {"--transport",
                                          "nccl",
                                          "--lease-ttl",
-                                         "2",
+                                         "4",
                                          "--progress-interval",
                                          "0.2",
                                          "--round-deadline",
@@ -72,13 +74,25 @@ static void assert_lanes_up(const cluster_t *c, const job_view_t *v, int n) {
   }
 }
 
-/* Agent i closed epoch e's transport after the lane carried transfers. */
+/* Agent i closed epoch e's transport after the lane carried transfers. The line comes when
+ * the agent drops the epoch's communicator (a new plan, a release): waited for up to 20 s. */
 static void assert_lane_carried(const cluster_t *c, int i, uint64_t e) {
-  int closed = epoch_lines(c, i, "epoch %llu closed: ", e);
+  int closed = 0;
+  for (double until = cluster_now() + 20;
+       (closed = epoch_lines(c, i, "epoch %llu closed: ", e)) < 1 && cluster_now() < until;)
+    cluster_sleep(0.1);
   int empty = epoch_lines(c, i, "epoch %llu closed: 0 transfers", e);
   if (closed < 1 || empty > 0) {
     fprintf(stderr, "agent-%d: epoch %llu closed %d times, %d of them with no transfer\n", i,
             (unsigned long long)e, closed, empty);
+    cluster_dump_logs(c);
+    fail();
+  }
+}
+
+/* The job trains in an epoch after `after` with n members, each 30 iterations on. */
+static void train_on(cluster_t *c, const char *job, uint64_t after, int n, job_view_t *v) {
+  if (cluster_wait_training(c, job, after, n, 30, 60, v) < 0) {
     cluster_dump_logs(c);
     fail();
   }
@@ -102,9 +116,7 @@ static void churn(const char *job, int sig) {
 
   /* epoch 1: four members, the lane up on each */
   job_view_t v;
-  if (cluster_wait_training(&c, job, 0, 4, 30, 60, &v) < 0)
-    cluster_dump_logs(&c);
-  assert_int_equal(v.nmembers, 4);
+  train_on(&c, job, 0, 4, &v);
   assert_lanes_up(&c, &v, 4);
   uint64_t e1 = v.epoch;
 
@@ -116,15 +128,16 @@ static void churn(const char *job, int sig) {
     waitpid(c.agent[gone], NULL, 0);
     c.agent[gone] = 0;
   }
-  if (cluster_wait_training(&c, job, e1, 3, 30, 60, &v) < 0)
-    cluster_dump_logs(&c);
-  assert_int_equal(v.nmembers, 3);
+  train_on(&c, job, e1, 3, &v);
   assert_lanes_up(&c, &v, 3);
   uint64_t e2 = v.epoch;
   for (int k = 0; k < v.nmembers; k++) {
     int i = cluster_agent_index(&c, v.members[k].name);
     assert_true(i >= 0 && i != gone);
-    assert_true(cluster_agent_log_count(&c, i, "shrinks the communicator of epoch", NULL) > 0);
+    int shrunk = 0; /* by the first epoch after e1 without the lost member (e2, or one before) */
+    for (uint64_t e = e1 + 1; e <= e2; e++)
+      shrunk += epoch_lines(&c, i, "epoch %llu shrinks the communicator of epoch", e);
+    assert_true(shrunk > 0);
     assert_lane_carried(&c, i, e1);
   }
 
@@ -133,9 +146,7 @@ static void churn(const char *job, int sig) {
     assert_int_equal(cluster_restart_agent(&c, gone, NULL), 0);
   else
     assert_int_equal(kill(c.agent[gone], SIGCONT), 0);
-  if (cluster_wait_training(&c, job, e2, 4, 30, 60, &v) < 0)
-    cluster_dump_logs(&c);
-  assert_int_equal(v.nmembers, 4);
+  train_on(&c, job, e2, 4, &v);
   assert_lanes_up(&c, &v, 4);
   for (int k = 0; k < v.nmembers; k++) {
     int i = cluster_agent_index(&c, v.members[k].name);

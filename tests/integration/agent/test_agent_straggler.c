@@ -57,13 +57,6 @@ static void http_ok(cluster_t *c, const char *method, const char *path, const ch
   assert_true(st / 100 == 2);
 }
 
-static int agent_index(const cluster_t *c, const char *name) {
-  for (int i = 0; i < c->nagents; i++)
-    if (strcmp(c->agent_name[i], name) == 0)
-      return i;
-  return -1;
-}
-
 /* Iterations of each member, by member index of v. */
 static void iterations(const job_view_t *v, uint64_t *out) {
   for (int i = 0; i < v->nmembers; i++)
@@ -92,7 +85,7 @@ static void freeze_one(cluster_t *c, const char *algorithm, const char *sync, in
   assert_true(job_min_iteration(&v) >= 30);
   uint64_t epoch = v.epoch;
   const char *frozen_name = v.members[1].name;
-  int fi = agent_index(c, frozen_name);
+  int fi = cluster_agent_index(c, frozen_name);
   assert_true(fi >= 0);
 
   assert_int_equal(kill(c->agent[fi], SIGSTOP), 0);
