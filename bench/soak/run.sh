@@ -7,7 +7,8 @@
 # It prints one line per event and job and a summary: events survived, worst stall (bound:
 # max lease TTL + 1 s + 3 s slack), accuracy of each job against the calm one.
 # Usage: bench/soak/run.sh [build dir] [driver flags...]   (default build-bench; e.g.
-#        bench/soak/run.sh build-bench --events 1000 --seed 1)
+#        bench/soak/run.sh build-bench --events 1000 --seed 1). With --transport nccl the
+#        agents average over the NCCL transport against the fake NCCL (wagma-agent-fakenccl).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build-bench}
@@ -15,8 +16,13 @@ shift || true
 # A build dir that exists keeps its configuration (the figures say which build they used).
 [ -f "$build/CMakeCache.txt" ] ||
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DWAGMA_WITH_CUDA=OFF >/dev/null
-cmake --build "$build" --target wagma_soak wagma-agent wagma-coordinator -j"$(nproc)" >/dev/null
-export WAGMA_AGENT_BIN=$PWD/$build/agent/wagma-agent
+agent=agent/wagma-agent
+case " $* " in # --transport nccl: the agent built against the fake NCCL
+*" --transport nccl "*) agent=tests/integration/agent/wagma-agent-fakenccl ;;
+esac
+cmake --build "$build" --target wagma_soak "$(basename "$agent")" wagma-coordinator \
+  -j"$(nproc)" >/dev/null
+export WAGMA_AGENT_BIN=$PWD/$build/$agent
 export WAGMA_COORDINATOR_BIN=$PWD/$build/coordinator/wagma-coordinator
 [ $# -gt 0 ] || set -- --events 1000 --seed 1
 exec "$build/tests/integration/soak/wagma_soak" "$@"

@@ -35,11 +35,15 @@
  * root and iproute2; without them the driver says why and runs without partitions. The
  * namespace (and with it the veth pair) is deleted at exit.
  *
- *   wagma_soak [--events N] [--duration S] [--seed N] [--iterations N]
+ *   wagma_soak [--events N] [--duration S] [--seed N] [--iterations N] [--transport tcp|nccl]
  * Runs jobs back to back until N events were injected (default 40) and, with --duration, at
  * most S seconds of faults (the job under way then finishes in calm). Prints one line per event
  * and a summary (events, worst stall, accuracies); exit 0 when every check held, 1 otherwise
  * (a failed check is printed and the run goes on, up to 20 of them).
+ * --transport nccl: the agents average over the NCCL transport, which needs $WAGMA_AGENT_BIN
+ * to be wagma-agent-fakenccl (the fake NCCL: ranks meet on 127.0.0.1, so the agent in the
+ * partition namespace has no lane, and its epochs move payloads on TCP); the summary adds
+ * what the lanes did.
  * Needs $WAGMA_AGENT_BIN and $WAGMA_COORDINATOR_BIN. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -89,6 +93,50 @@ static const char *const agent_args[] = {"--lease-ttl",
                                          "/nonexistent/wagma-test",
                                          NULL};
 static const char *const coordinator_args[] = {"--read-staleness-ms", "500", NULL};
+
+/* --transport nccl: agent_args and "--transport nccl" (the agents are then
+ * wagma-agent-fakenccl, the agent built against tests/fake_nccl: bench/soak/run.sh). */
+static const char *nccl_agent_args[sizeof agent_args / sizeof agent_args[0] + 2];
+
+static const char *const *agents_with_nccl(void) {
+  size_t n = 0;
+  for (; agent_args[n]; n++)
+    nccl_agent_args[n] = agent_args[n];
+  nccl_agent_args[n++] = "--transport";
+  nccl_agent_args[n++] = "nccl";
+  nccl_agent_args[n] = NULL;
+  return nccl_agent_args;
+}
+
+/* What the agents' NCCL lanes did over the run, from their logs (every run of each agent):
+ * epochs whose lane came up, epochs without one, and the transfers and lane failures of the
+ * epochs closed. */
+static void report_lanes(const cluster_t *c) {
+  long up = 0, none = 0;
+  unsigned long long transfers = 0, failures = 0;
+  for (int i = 0; i < c->nagents; i++) {
+    char path[320], line[2048];
+    snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+      const char *p;
+      unsigned long long t, fl;
+      up += strstr(line, "nccl lane up in epoch") != NULL;
+      none += strstr(line, "no nccl lane in epoch") != NULL;
+      if ((p = strstr(line, " closed: ")) &&
+          sscanf(p, " closed: %llu transfers on the nccl lane", &t) == 1) {
+        transfers += t;
+        if ((p = strstr(p, "MiB received), ")) && sscanf(p, "MiB received), %llu", &fl) == 1)
+          failures += fl;
+      }
+    }
+    if (f)
+      fclose(f);
+  }
+  printf("soak: nccl lanes: %ld epochs up, %ld without a lane (payloads on TCP), %llu transfers "
+         "on the lanes, %llu lane failures (each a revoke, then TCP)\n",
+         up, none, transfers, failures);
+}
 
 enum agent_state { UP = 0, STOPPED, DOWN, CUT };
 
@@ -588,11 +636,11 @@ static double run_job(soak_t *s, const char *name, long iterations, int faults, 
 
 int main(int argc, char **argv) {
   static soak_t s;
-  static const struct option longs[] = {{"events", required_argument, 0, 'e'},
-                                        {"duration", required_argument, 0, 'd'},
-                                        {"seed", required_argument, 0, 's'},
-                                        {"iterations", required_argument, 0, 'i'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"events", required_argument, 0, 'e'},    {"duration", required_argument, 0, 'd'},
+      {"seed", required_argument, 0, 's'},      {"iterations", required_argument, 0, 'i'},
+      {"transport", required_argument, 0, 't'}, {0, 0, 0, 0}};
+  int nccl = 0;
   long target = 40, iterations = 4000;
   double duration = 0;
   int opt;
@@ -603,15 +651,21 @@ int main(int argc, char **argv) {
     case 'd': duration = atof(optarg); break;
     case 's': s.seed = (unsigned)atol(optarg); break;
     case 'i': iterations = atol(optarg); break;
+    case 't':
+      if (strcmp(optarg, "nccl") == 0 || strcmp(optarg, "tcp") == 0) {
+        nccl = strcmp(optarg, "nccl") == 0;
+        break;
+      }
+      /* fall through */
     default:
       fprintf(stderr, "usage: wagma_soak [--events N] [--duration S] [--seed N] "
-                      "[--iterations N]\n");
+                      "[--iterations N] [--transport tcp|nccl]\n");
       return 2;
     }
   }
   printf("soak: seed %u, %ld events, %.0f s of faults at most (0 = no limit), jobs of %ld "
-         "iterations\n",
-         s.seed, target, duration, iterations);
+         "iterations, transport %s\n",
+         s.seed, target, duration, iterations, nccl ? "nccl" : "tcp");
   signal(SIGPIPE, SIG_IGN);
   net_open(&s.net);
   if (s.net.on)
@@ -621,8 +675,9 @@ int main(int argc, char **argv) {
     printf("soak: partitions off: %s\n", s.net.why_off);
   cluster_net_t net = {.agent_host = s.net.on ? s.net.here : NULL,
                        .etcd_extra_host = s.net.on ? s.net.here : NULL};
-  int started = cluster_start_net(&s.c, s.net.on ? NAGENTS - 1 : NAGENTS, agent_args,
-                                  coordinator_args, &net) == 0;
+  int started =
+      cluster_start_net(&s.c, s.net.on ? NAGENTS - 1 : NAGENTS,
+                        nccl ? agents_with_nccl() : agent_args, coordinator_args, &net) == 0;
   if (started && s.net.on) { /* the last agent, inside the namespace */
     started = cluster_place_agent(&s.c, NAGENTS - 1, s.net.ns, s.net.there,
                                   etcd_fixture_endpoints_on_extra_host(s.c.etcd)) == 0 &&
@@ -667,6 +722,8 @@ int main(int argc, char **argv) {
          jobs, s.worst_stall,
          (AGENT_TTL_S > COORD_TTL_S ? AGENT_TTL_S : COORD_TTL_S) + 1.0 + SLACK_S, clean, clean_s,
          worst_accuracy_gap, s.failures);
+  if (nccl)
+    report_lanes(&s.c);
   if (s.failures)
     cluster_dump_logs(&s.c);
   for (int i = 0; i < s.c.nagents; i++)
