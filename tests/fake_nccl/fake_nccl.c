@@ -2,10 +2,11 @@
  * (include/nccl.h, include/cuda_runtime_api.h say which, and the faults it injects), so the
  * transport's multi-rank tests run on machines without a GPU.
  *
- * Model: each rank is a process. ncclGetUniqueId opens a listening socket on 127.0.0.1 and
- * writes its port and a random nonce into the id; the rank 0 that initialises with that id
- * (in the same process) collects every rank's data port there and sends the table back; then
- * each rank dials every lower rank's data port (a HELLO with the nonce and its rank) and
+ * Model: each rank is a process. ncclGetUniqueId opens a listening socket on 127.0.0.1 (or
+ * FAKE_NCCL_HOST, the process's address its peers reach) and writes its address, port and a
+ * random nonce into the id; the rank 0 that initialises with that id (in the same process)
+ * collects every rank's data listener there and sends the table back; then
+ * each rank dials every lower rank's data listener (a HELLO with the nonce and its rank) and
  * accepts the higher ones. ncclCommShrink builds a new mesh among the survivors over the
  * same data listeners with a derived nonce. A send is `u64 length` + bytes on the pair's
  * socket; a recv reads them into the buffer (a length that differs is ncclInvalidUsage).
@@ -91,12 +92,19 @@ typedef struct fgroup {
   struct fgroup *next;
 } fgroup_t;
 
+/* Where a rank's listener is: an IPv4 address (network order) and a port. */
+typedef struct fake_ep {
+  uint32_t addr;
+  uint16_t port;
+  uint16_t pad;
+} fake_ep_t;
+
 struct fakenccl_comm {
   int nranks, rank, blocking;
   uint64_t nonce;
-  uint16_t root_port;
+  fake_ep_t root;
   int listen_fd;
-  uint16_t *ports; /* data listener port of each rank */
+  fake_ep_t *eps; /* data listener of each rank */
   int *fds;        /* socket to each peer, -1 for self */
   _Atomic int async;
   atomic_int aborting, revoking, revoked_done, init_hang;
@@ -126,18 +134,29 @@ static long env_long(const char *name) {
   return v && *v ? strtol(v, NULL, 10) : 0;
 }
 
-static int listen_any(uint16_t *port) {
+/* This process's address for its listeners: FAKE_NCCL_HOST (an IPv4 address its peers can
+ * reach, e.g. a process in a network namespace of its own), else 127.0.0.1. */
+static uint32_t my_addr(void) {
+  const char *v = getenv("FAKE_NCCL_HOST");
+  struct in_addr in;
+  if (v && *v && inet_pton(AF_INET, v, &in) == 1)
+    return in.s_addr;
+  return htonl(INADDR_LOOPBACK);
+}
+
+static int listen_any(fake_ep_t *ep) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = my_addr()};
   socklen_t len = sizeof a;
   if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 64) != 0 ||
       getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
     close(fd);
     return -1;
   }
-  *port = ntohs(a.sin_port);
+  ep->addr = a.sin_addr.s_addr;
+  ep->port = ntohs(a.sin_port);
   return fd;
 }
 
@@ -176,13 +195,13 @@ static int io_all(struct fakenccl_comm *c, int fd, void *buf, size_t len, int wr
   return 0;
 }
 
-static int dial(struct fakenccl_comm *c, uint16_t port, double deadline) {
+static int dial(struct fakenccl_comm *c, fake_ep_t ep, double deadline) {
   while (!atomic_load(&c->aborting) && mono() < deadline) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
       return -1;
     struct sockaddr_in a = {
-        .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        .sin_family = AF_INET, .sin_port = htons(ep.port), .sin_addr.s_addr = ep.addr};
     if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -218,10 +237,10 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   if (!id)
     return ncclInvalidArgument;
   root_entry_t *e = calloc(1, sizeof *e);
-  uint16_t port = 0;
+  fake_ep_t ep = {0};
   if (!e)
     return ncclSystemError;
-  e->fd = listen_any(&port);
+  e->fd = listen_any(&ep);
   if (e->fd < 0 || getrandom(&e->nonce, sizeof e->nonce, 0) != sizeof e->nonce) {
     if (e->fd >= 0)
       close(e->fd);
@@ -231,8 +250,9 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   memset(id, 0, sizeof *id);
   uint32_t magic = FAKE_ID_MAGIC;
   memcpy(id->internal, &magic, 4);
-  memcpy(id->internal + 4, &port, 2);
+  memcpy(id->internal + 4, &ep.port, 2);
   memcpy(id->internal + 8, &e->nonce, 8);
+  memcpy(id->internal + 16, &ep.addr, 4);
   pthread_mutex_lock(&roots_mu);
   e->next = roots;
   roots = e;
@@ -259,14 +279,13 @@ static int take_root(uint64_t nonce) {
 typedef struct hello {
   uint64_t nonce;
   uint32_t rank;
-  uint16_t port;
-  uint16_t pad;
+  fake_ep_t ep;
 } hello_t;
 
 /* Every rank dials the lower ranks' data ports and accepts the higher ones. */
 static int build_mesh(struct fakenccl_comm *c, double deadline) {
   for (int j = 0; j < c->rank; j++) {
-    int fd = dial(c, c->ports[j], deadline);
+    int fd = dial(c, c->eps[j], deadline);
     hello_t h = {.nonce = c->nonce, .rank = (uint32_t)c->rank};
     if (fd < 0)
       return -1;
@@ -312,11 +331,11 @@ static int rendezvous(struct fakenccl_comm *c, double deadline) {
         continue;
       }
       peer[h.rank] = fd;
-      c->ports[h.rank] = h.port;
+      c->eps[h.rank] = h.ep;
     }
     for (int i = 1; i < c->nranks; i++)
       if (peer && peer[i] > 0) {
-        if (rc == 0 && io_all(c, peer[i], c->ports, c->nranks * sizeof(uint16_t), 1, deadline) != 0)
+        if (rc == 0 && io_all(c, peer[i], c->eps, c->nranks * sizeof(fake_ep_t), 1, deadline) != 0)
           rc = -1;
         close(peer[i]);
       }
@@ -324,13 +343,13 @@ static int rendezvous(struct fakenccl_comm *c, double deadline) {
     close(root);
     return rc;
   }
-  int fd = dial(c, c->root_port, deadline);
+  int fd = dial(c, c->root, deadline);
   if (fd < 0)
     return -1;
-  hello_t h = {.nonce = c->nonce, .rank = (uint32_t)c->rank, .port = c->ports[c->rank]};
+  hello_t h = {.nonce = c->nonce, .rank = (uint32_t)c->rank, .ep = c->eps[c->rank]};
   int rc = io_all(c, fd, &h, sizeof h, 1, deadline);
   if (rc == 0)
-    rc = io_all(c, fd, c->ports, c->nranks * sizeof(uint16_t), 0, deadline);
+    rc = io_all(c, fd, c->eps, c->nranks * sizeof(fake_ep_t), 0, deadline);
   close(fd);
   return rc;
 }
@@ -366,10 +385,10 @@ static struct fakenccl_comm *comm_new(int nranks, int rank, const ncclConfig_t *
   c->rank = rank;
   c->blocking = !(config && config->blocking == 0);
   c->listen_fd = -1;
-  c->ports = calloc((size_t)nranks, sizeof(uint16_t));
+  c->eps = calloc((size_t)nranks, sizeof(fake_ep_t));
   c->fds = malloc((size_t)nranks * sizeof(int));
-  if (!c->ports || !c->fds) {
-    free(c->ports);
+  if (!c->eps || !c->fds) {
+    free(c->eps);
     free(c->fds);
     free(c);
     return NULL;
@@ -404,9 +423,10 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
   struct fakenccl_comm *c = comm_new(nranks, rank, config);
   if (!c)
     return ncclSystemError;
-  memcpy(&c->root_port, id.internal + 4, 2);
+  memcpy(&c->root.port, id.internal + 4, 2);
   memcpy(&c->nonce, id.internal + 8, 8);
-  c->listen_fd = listen_any(&c->ports[rank]);
+  memcpy(&c->root.addr, id.internal + 16, 4);
+  c->listen_fd = listen_any(&c->eps[rank]);
   if (c->listen_fd < 0) {
     ncclCommAbort(c);
     return ncclSystemError;
@@ -451,7 +471,7 @@ ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int nexclude, ncclC
   c->parent = parent;
   for (int i = 0, k = 0; i < parent->nranks; i++)
     if (!gone[i])
-      c->ports[k++] = parent->ports[i];
+      c->eps[k++] = parent->eps[i];
   free(gone);
   c->listen_fd = dup(parent->listen_fd); /* the parent's data listener, shared */
   if (c->listen_fd < 0) {
@@ -795,7 +815,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
   }
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
-  free(c->ports);
+  free(c->eps);
   free(c->fds);
   free(c->keep);
   free(c);

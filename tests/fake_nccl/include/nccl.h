@@ -1,6 +1,7 @@
 /* nccl.h (fake) — the subset of the NCCL 2.28 API the NCCL transport (collective/nccl*.c)
  * calls, implemented by tests/fake_nccl/fake_nccl.c: each rank a process, ranks connected
- * over 127.0.0.1, the unique id carrying the rendezvous address. Names are mapped to
+ * over 127.0.0.1 (or each process's FAKE_NCCL_HOST), the unique id carrying the rendezvous
+ * address. Names are mapped to
  * fakenccl_ symbols (see cuda_runtime_api.h); enum values and semantics are NCCL's:
  * non-blocking communicators (config.blocking = 0) return ncclInProgress and are polled with
  * ncclCommGetAsyncError; ncclSend/ncclRecv inside ncclGroupStart/ncclGroupEnd progress
@@ -18,6 +19,10 @@
  *   FAKE_NCCL_LAUNCH_US=N        a non-blocking communicator's group reaches its stream N µs
  *                                after its worker takes it (default 300; ncclGroupEnd returns
  *                                ncclInProgress before, and the async error says so until then)
+ *   FAKE_CUDA_SYNC_MS=N          calls that wait for the whole device take N ms first
+ *   FAKE_CUDA_NO_MEMORY_POOLS=1  cudaMallocAsync / cudaFreeAsync are not supported
+ * Not a fault: FAKE_NCCL_HOST=A.B.C.D, the IPv4 address this process's listeners bind and
+ * its peers dial (default 127.0.0.1), for ranks in network namespaces of their own.
  * A peer that dies (SIGKILL) or freezes (SIGSTOP) makes operations with it never complete,
  * as NCCL does between processes of one host: no error is reported. */
 #ifndef WAGMA_FAKE_NCCL_H

@@ -68,7 +68,12 @@ static int start_agent(cluster_t *c, int i, const char *const *extra) {
   for (int k = 0; extra && extra[k] && n < 70; k++)
     argv[n++] = extra[k];
   argv[n] = NULL;
-  c->agent[i] = proc_spawn(argv, log, NULL);
+  /* wagma-agent-fakenccl: the fake NCCL's listeners on the agent's own address, so that an
+   * agent in a network namespace of its own meets its peers (other agents ignore it) */
+  char fake_host[96];
+  snprintf(fake_host, sizeof fake_host, "FAKE_NCCL_HOST=%s", host);
+  const char *env[] = {fake_host, NULL};
+  c->agent[i] = proc_spawn(argv, log, env);
   return c->agent[i] > 0 ? 0 : -1;
 }
 
