@@ -76,8 +76,10 @@ static double allreduce_rounds(shared_t *sh, int rank, size_t count, int rounds)
     return fail(sh, rank, "ncclCommInitRank");
   if (cudaMalloc((void **)&dev, count * sizeof(float)) != cudaSuccess ||
       cudaMemset(dev, 0, count * sizeof(float)) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    ncclCommAbort(comm); /* the peer's next allreduce then fails instead of waiting */
     return fail(sh, rank, "device buffer");
+  }
   int warm = rounds / 4;
   double t0 = 0;
   for (int k = 0; k < warm + rounds; k++) {
@@ -90,14 +92,24 @@ static double allreduce_rounds(shared_t *sh, int rank, size_t count, int rounds)
     }
   }
   double us = (proc_now() - t0) / rounds * 1e6;
-  ncclCommDestroy(comm);
+  if (sh->errors[rank])
+    ncclCommAbort(comm);
+  else
+    ncclCommDestroy(comm);
   cudaStreamDestroy(stream);
   cudaFree(dev);
   return us;
 }
 #endif
 
+static void log_stderr(void *user, int level, const char *msg) {
+  (void)user;
+  if (level >= WAGMA_LOG_WARN)
+    fprintf(stderr, "%s\n", msg);
+}
+
 /* wagma_comm_step rounds over the NCCL transport (or, for bench_nccl_fake's baseline, TCP).
+ * A run whose lane did not come up, or went down, fails: its rounds would be TCP's.
  * With a device model (bench_nccl_multi_gpu) also the rounds bracketed by its copies. */
 static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int rounds) {
   wagma_plan_t plan;
@@ -115,6 +127,10 @@ static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int roun
   o.rank = rank;
   o.count = count;
   o.connect_timeout_s = 10;
+  o.log = log_stderr; /* why a lane did not come up, or went down */
+  static const uint8_t secret[32] = "bench_nccl_rounds: epoch secret"; /* as agents have one */
+  o.secret = secret;
+  o.secret_len = sizeof secret;
   wagma_comm_t *comm = NULL;
 #ifdef WG_NCCL_FAKE
   int rc =
@@ -132,6 +148,8 @@ static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int roun
     for (double until = proc_now() + 10;
          atomic_load(&t->lane_state) == NC_LANE_INIT && proc_now() < until;)
       proc_sleep(0.002);
+    if (atomic_load(&t->lane_state) != NC_LANE_UP)
+      fail(sh, rank, "the nccl lane did not come up");
     proc_sleep(0.05);
   }
   float *model = calloc(count, sizeof(float));
@@ -174,8 +192,12 @@ static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int roun
     else
       sh->with_copies_us[rank] = us;
   }
-  if (nccl)
-    sh->lane_transfers[rank] = atomic_load(&((nc_t *)comm->tp)->lane_transfers);
+  if (nccl) {
+    nc_t *t = (nc_t *)comm->tp;
+    sh->lane_transfers[rank] = atomic_load(&t->lane_transfers);
+    if (atomic_load(&t->lane_failures) != 0)
+      fail(sh, rank, "the nccl lane went down: rounds moved on TCP");
+  }
   proc_sleep(0.2); /* the peer's last round */
   wagma_comm_destroy(comm);
   WG_NCCL(forget)();

@@ -18,7 +18,7 @@ shift || true
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DWAGMA_WITH_CUDA=OFF >/dev/null
 agent=agent/wagma-agent
 case " $* " in # --transport nccl: the agent built against the fake NCCL
-*" --transport nccl "*) agent=tests/integration/agent/wagma-agent-fakenccl ;;
+*" --transport nccl "* | *" --transport=nccl "*) agent=tests/integration/agent/wagma-agent-fakenccl ;;
 esac
 cmake --build "$build" --target wagma_soak "$(basename "$agent")" wagma-coordinator \
   -j"$(nproc)" >/dev/null

@@ -105,7 +105,7 @@ struct fakenccl_comm {
   fake_ep_t root;
   int listen_fd;
   fake_ep_t *eps; /* data listener of each rank */
-  int *fds;        /* socket to each peer, -1 for self */
+  int *fds;       /* socket to each peer, -1 for self */
   _Atomic int async;
   atomic_int aborting, revoking, revoked_done, init_hang;
   atomic_int launching; /* non-blocking groups ended and not yet on their stream */
@@ -276,9 +276,10 @@ static int take_root(uint64_t nonce) {
 }
 
 /* ------------------------------------------------------------------ mesh set-up */
-typedef struct hello {
+typedef struct hello { /* no implicit padding: every byte sent is set */
   uint64_t nonce;
   uint32_t rank;
+  uint32_t pad;
   fake_ep_t ep;
 } hello_t;
 

@@ -41,8 +41,8 @@
  * and a summary (events, worst stall, accuracies); exit 0 when every check held, 1 otherwise
  * (a failed check is printed and the run goes on, up to 20 of them).
  * --transport nccl: the agents average over the NCCL transport, which needs $WAGMA_AGENT_BIN
- * to be wagma-agent-fakenccl (the fake NCCL: ranks meet on 127.0.0.1, so the agent in the
- * partition namespace has no lane, and its epochs move payloads on TCP); the summary adds
+ * to be wagma-agent-fakenccl (the fake NCCL; the cluster sets FAKE_NCCL_HOST to each agent's
+ * listen address, so the agent in the partition namespace has a lane too); the summary adds
  * what the lanes did.
  * Needs $WAGMA_AGENT_BIN and $WAGMA_COORDINATOR_BIN. */
 #define _GNU_SOURCE
@@ -109,8 +109,9 @@ static const char *const *agents_with_nccl(void) {
 }
 
 /* What the agents' NCCL lanes did over the run, from their logs (every run of each agent):
- * epochs whose lane came up, epochs without one, and the transfers and lane failures of the
- * epochs closed. */
+ * agent-epochs (one per member and epoch) whose lane came up, those without one, and the
+ * transfers and lane failures of the epochs an agent closed (a SIGKILLed agent closes none:
+ * its last epoch is not counted). */
 static void report_lanes(const cluster_t *c) {
   long up = 0, none = 0;
   unsigned long long transfers = 0, failures = 0;
@@ -133,8 +134,9 @@ static void report_lanes(const cluster_t *c) {
     if (f)
       fclose(f);
   }
-  printf("soak: nccl lanes: %ld epochs up, %ld without a lane (payloads on TCP), %llu transfers "
-         "on the lanes, %llu lane failures (each a revoke, then TCP)\n",
+  printf("soak: nccl lanes: %ld agent-epochs up, %ld without a lane (payloads on TCP), %llu "
+         "transfers on the lanes, %llu lane failures (each a revoke, then TCP), in the epochs "
+         "closed\n",
          up, none, transfers, failures);
 }
 
