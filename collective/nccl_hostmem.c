@@ -37,14 +37,14 @@ static struct {
     size_t len;
   } wanted[WANTED_MAX]; /* buffers to put in the cache, in order of the misses */
   int nwanted;
-  void *to_free; /* released buffers, a list through each one's first bytes */
-  double retry_at;
+  void *to_free;         /* released buffers, a list through each one's first bytes */
+  double alloc_retry_at; /* after a failed cudaHostAlloc */
 } hm = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
 
 /* The source's alloc: on the keeper only (wg_buf_cache_add there). */
 static void *locked_alloc(size_t bytes) {
   pthread_mutex_lock(&hm.mu);
-  int skip = wg_now() < hm.retry_at;
+  int skip = wg_now() < hm.alloc_retry_at;
   pthread_mutex_unlock(&hm.mu);
   if (skip)
     return NULL;
@@ -54,7 +54,7 @@ static void *locked_alloc(size_t bytes) {
     return p;
   (void)cudaGetLastError();
   pthread_mutex_lock(&hm.mu);
-  hm.retry_at = wg_now() + LOCKED_RETRY_S;
+  hm.alloc_retry_at = wg_now() + LOCKED_RETRY_S;
   pthread_mutex_unlock(&hm.mu);
   return NULL;
 }
