@@ -63,6 +63,7 @@ typedef struct wg_request {
   int body_too_large; /* the body exceeded --max-body (it was discarded) */
   size_t max_body;
   int nquery;
+  int query_overflow; /* more than WG_MAX_QUERY parameters came: answered 400 */
   const char *query_key[WG_MAX_QUERY];
   const char *query_value[WG_MAX_QUERY]; /* NULL for "?flag" */
   /* 1 when the client has left (its connection ended): a long handler asks between etcd

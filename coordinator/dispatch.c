@@ -112,6 +112,13 @@ int wg_handle_prepare(wg_coord_t *c, const wg_request_t *req, wg_route_t *r, wg_
     res->www_authenticate = 1;
     return 1;
   }
+  if (req->query_overflow) {
+    wg_response_error(res, 400, "bad_request", NULL,
+                      "more than %d query parameters: none is ignored silently, so the request "
+                      "is refused",
+                      WG_MAX_QUERY);
+    return 1;
+  }
   if (req->body_too_large) {
     wg_response_error(res, 413, "too_large", NULL, "the body exceeds %zu bytes", req->max_body);
     return 1;

@@ -135,11 +135,15 @@ static enum MHD_Result collect_query(void *cls, enum MHD_ValueKind kind, const c
                                      const char *value) {
   (void)kind;
   wg_request_t *req = cls;
-  if (req->nquery < WG_MAX_QUERY && key) {
-    req->query_key[req->nquery] = key;
-    req->query_value[req->nquery] = value;
-    req->nquery++;
+  if (!key)
+    return MHD_YES;
+  if (req->nquery == WG_MAX_QUERY) {
+    req->query_overflow = 1; /* never drop one silently: it could be the one that matters */
+    return MHD_NO;
   }
+  req->query_key[req->nquery] = key;
+  req->query_value[req->nquery] = value;
+  req->nquery++;
   return MHD_YES;
 }
 

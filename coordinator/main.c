@@ -381,7 +381,22 @@ int main(int argc, char **argv) {
       return 2;
     }
   } else if (getenv("WAGMA_TOKEN")) {
-    snprintf(c.token, sizeof c.token, "%s", getenv("WAGMA_TOKEN"));
+    /* Trimmed as a token file is (a secret mounted into the variable often ends in a
+     * newline, which no client sends); set but empty, or too long, is a misconfiguration,
+     * never "no token". */
+    const char *env = getenv("WAGMA_TOKEN");
+    size_t n = strlen(env);
+    while (n && (env[n - 1] == '\n' || env[n - 1] == '\r' || env[n - 1] == ' '))
+      n--;
+    if (n == 0 || n >= sizeof c.token) {
+      fprintf(stderr,
+              "wagma-coordinator: WAGMA_TOKEN is set but %s; unset it to run without "
+              "a token\n",
+              n == 0 ? "empty" : "too long");
+      return 2;
+    }
+    memcpy(c.token, env, n);
+    c.token[n] = '\0';
   }
   c.log = log_stderr;
   c.log_user = c.id;

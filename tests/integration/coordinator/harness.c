@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -56,6 +57,27 @@ void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id,
   assert_int_equal(coordinator_process_start(&o, p), 0);
   if (coordinator_process_wait_healthy(p, 10) != 0)
     fail_msg("coordinator did not become healthy (log %s)", p->log);
+}
+
+int harness_coord_refused(const char *endpoints, const char *const *env, char *out, size_t len) {
+  char listen[64], log[256];
+  snprintf(listen, sizeof listen, "127.0.0.1:%d", harness_free_port());
+  snprintf(log, sizeof log, "%s/wagma-coord-refused-%d.log",
+           getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+  unlink(log);
+  const char *const argv[] = {WAGMA_COORDINATOR_BIN, "--etcd", endpoints, "--listen", listen, NULL};
+  pid_t pid = proc_spawn(argv, log, env);
+  assert_true(pid > 0);
+  int st = proc_wait(pid, 10);
+  out[0] = '\0';
+  FILE *f = fopen(log, "r");
+  if (f) {
+    size_t n = fread(out, 1, len - 1, f);
+    out[n] = '\0';
+    fclose(f);
+  }
+  unlink(log);
+  return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* Stops by PID and removes the log (kept when a test fails before stopping, or with

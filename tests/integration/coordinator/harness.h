@@ -26,6 +26,10 @@ int harness_free_port(void);
  * becomes WAGMA_TOKEN. Waits until /healthz answers (10 s). */
 void harness_coord_start(coord_proc_t *p, const char *endpoints, const char *id, int ttl,
                          const char *token, const char *const *extra);
+/* Runs wagma-coordinator --etcd endpoints --listen 127.0.0.1:<free port> with env (as
+ * proc_spawn takes it) and expects it to exit by itself within 10 s (a refused start):
+ * returns its exit status (-1 when it did not exit) and its output in out (NUL-terminated). */
+int harness_coord_refused(const char *endpoints, const char *const *env, char *out, size_t len);
 /* Sends sig (SIGTERM or SIGKILL), reaps (SIGKILL after 10 s), removes the log unless
  * WAGMA_KEEP_LOGS is set. */
 void harness_coord_stop(coord_proc_t *p, int sig);

@@ -494,12 +494,23 @@ static void test_failover(void **state) {
   harness_agent_kill(e->etcd, &a[2]);
 }
 
+/* WAGMA_TOKEN set but empty is a misconfiguration (exit 2), never "run without a token". */
+static void test_empty_token_refused(void **state) {
+  env_t *e = *state;
+  char out[1024];
+  const char *const env[] = {"WAGMA_TOKEN= \n", NULL};
+  int code = harness_coord_refused(etcd_fixture_endpoints(e->fx), env, out, sizeof out);
+  if (code != 2 || !strstr(out, "WAGMA_TOKEN is set but empty"))
+    fail_msg("want exit 2 and a clear error, got %d: %s", code, out);
+}
+
 static void test_errors(void **state) {
   env_t *e = *state;
   coord_proc_t c;
   const char *tok = "s3cret";
   const char *extra[] = {"--max-body", "1024", NULL};
-  harness_coord_start(&c, etcd_fixture_endpoints(e->fx), "errors", 3, tok, extra);
+  /* WAGMA_TOKEN as a mounted secret often has it: a trailing newline, which no client sends */
+  harness_coord_start(&c, etcd_fixture_endpoints(e->fx), "errors", 3, "s3cret\n", extra);
   const char *ok = "{\"name\":\"err\",\"workers\":2}";
 
   expect_error(&c, "POST", "/v1/jobs", ok, "application/json", NULL, 401, "unauthorized", NULL);
@@ -555,6 +566,12 @@ static void test_errors(void **state) {
   expect_error(&c, "DELETE", "/v1/jobs/err?purge=maybe", NULL, NULL, tok, 400, "bad_request",
                "purge");
   expect_error(&c, "DELETE", "/v1/jobs/err?purge=true", NULL, NULL, tok, 409, "active", NULL);
+  /* A ninth parameter is refused, never dropped: here the dropped one would be a bad limit,
+   * or purge (which would turn a purge into a plain stop). */
+  expect_error(&c, "GET", "/v1/jobs?a&b&c&d&e&f&g&h&limit=abc", NULL, NULL, NULL, 400,
+               "bad_request", NULL);
+  expect_error(&c, "DELETE", "/v1/jobs/err?a&b&c&d&e&f&g&h&purge=true", NULL, NULL, tok, 400,
+               "bad_request", NULL);
 
   /* Reads need no token. */
   json_decref(call(&c, "GET", "/v1/jobs", NULL, NULL, 200));
@@ -593,6 +610,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_scheduling, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
       cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_empty_token_refused, setup, teardown),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=test_errors */
     cmocka_set_test_filter(getenv("TEST_FILTER"));
