@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "nccl_internal.h"
 #include "wagma/log_internal.h"
@@ -51,13 +52,23 @@ int WG_NCCL(control)(nc_t *t, int dst, enum nc_op op, uint64_t id, const void *p
   return t->tcp_ops->send(t->tcp, dst, &h, payload, len);
 }
 
+/* Test builds only: pauses between the first look at the lane and the copy, as a large
+ * payload's copy does, so that a revoke can come in between (test_nccl_transport). */
+static void test_pause(void) {
+#ifdef WG_NCCL_FAKE
+  const char *us = getenv("WG_NCCL_TEST_SEND_PAUSE_US");
+  if (us && *us)
+    usleep((useconds_t)strtol(us, NULL, 10));
+#endif
+}
+
 static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const void *payload,
                    size_t length) {
   if (dst < 0 || dst >= t->nranks || dst == t->rank)
     return WAGMA_EINVAL;
   int lane = 0;
   if (length >= NC_LANE_MIN_BYTES && atomic_load(&t->lane_state) == NC_LANE_UP) {
-    pthread_mutex_lock(&t->mu);
+    pthread_mutex_lock(&t->mu); /* a first look: no copy for a peer whose lane is not up */
     lane = t->peer_up[dst] && !t->closed;
     pthread_mutex_unlock(&t->mu);
   }
@@ -65,6 +76,7 @@ static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const 
     return t->tcp_ops->send(t->tcp, dst, header, payload, length);
   if (!t->tcp_ops->peer_alive(t->tcp, dst))
     return WAGMA_EPEER;
+  test_pause();
   nc_xfer_t *x = calloc(1, sizeof *x);
   uint8_t *host = x ? WG_NCCL(payload_buffer)(t->device, length) : NULL;
   if (!x || !host) {
@@ -83,23 +95,29 @@ static int nc_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const 
   x->dst = dst;
   x->host = host;
   x->len = length;
-  /* Announce under mu so that the announcements to one peer leave in the order of the list,
-   * and the lane thread's re-send (also under mu) cannot overtake an announcement. */
+  /* Decided and announced under mu, in one hold: lane_down clears peer_up and then re-sends
+   * the outbound list, each under mu, so a transfer is either in the list before that re-send
+   * or sent whole on TCP here (the receiver holds it behind any earlier transfer of mine).
+   * Announcing under mu also keeps the announcements to one peer in the list's order. */
   pthread_mutex_lock(&t->mu);
-  x->id = ++t->next_id;
-  int rc = WG_NCCL(control)(t, dst, NC_ANNOUNCE, x->id, x->header, WG_FRAME_HEADER_SIZE);
-  if (rc == 0) {
-    nc_xfer_t **p = &t->out;
-    while (*p)
-      p = &(*p)->next;
-    *p = x;
+  lane = atomic_load(&t->lane_state) == NC_LANE_UP && t->peer_up[dst] && !t->closed;
+  int rc = 0;
+  if (lane) {
+    x->id = ++t->next_id;
+    rc = WG_NCCL(control)(t, dst, NC_ANNOUNCE, x->id, x->header, WG_FRAME_HEADER_SIZE);
+    if (rc == 0) {
+      nc_xfer_t **p = &t->out;
+      while (*p)
+        p = &(*p)->next;
+      *p = x;
+    }
   }
   pthread_mutex_unlock(&t->mu);
-  if (rc != 0) {
-    wg_buf_free(host);
-    free(x);
-  }
-  return rc;
+  if (lane && rc == 0)
+    return 0;
+  wg_buf_free(host);
+  free(x);
+  return lane ? rc : t->tcp_ops->send(t->tcp, dst, header, payload, length);
 }
 
 static int nc_recv(wg_transport_t *t, const wg_match_t *match, double deadline,

@@ -337,6 +337,9 @@ static void on_control(nc_t *t, wg_message_t *m) {
       it->msg = msg;
       if (t->reserved.active && t->reserved.item == it)
         memset(&t->reserved, 0, sizeof t->reserved);
+      if (t->posted.active && t->posted.item == it)
+        t->posted.item = NULL; /* its receive, still posted, fills nothing now (check_posted);
+                                  the item is delivered and freed just below */
       if (t->last_done[src] < h->aux)
         t->last_done[src] = h->aux;
       flush_src(t, src);
@@ -528,8 +531,10 @@ static void check_posted(nc_t *t) {
     atomic_fetch_add(&t->lane_bytes_sent, p->len);
   } else {
     nc_item_t *it = p->item;
-    it->msg = p->msg; /* its payload is in: the copy was behind the receive on the stream */
-    p->msg = NULL;
+    if (it) { /* its payload is in: the copy was behind the receive on the stream */
+      it->msg = p->msg;
+      p->msg = NULL;
+    } /* else its RESEND came first and was delivered: this copy is freed below */
     if (t->last_done[p->peer] < p->id)
       t->last_done[p->peer] = p->id;
     atomic_fetch_add(&t->lane_bytes_received, p->len);
@@ -596,8 +601,10 @@ void *WG_NCCL(lane_main)(void *arg) {
   nc_t *t = arg;
   WG_NCCL(lane_init)(t);
   while (!atomic_load(&t->stopping)) {
-    int busy = t->posted.active || t->reserved.active;
-    WG_NCCL(pump)(t, busy ? 0.0 : 0.002);
+    /* waits for frames unless a posted transfer needs polling (waiting for GO or NACK
+     * included: the wait ends when a frame comes, and spinning there took a core from the
+     * peers that must answer) */
+    WG_NCCL(pump)(t, t->posted.active ? 0.0 : 0.002);
     check_posted(t);
     maybe_cts(t);
     report_stuck(t);

@@ -350,9 +350,10 @@ static void test_all_to_all_p4(void **s) {
 /* After each test, passed or failed: no fault is left for the next one. */
 static int clear_faults(void **s) {
   (void)s;
-  const char *vars[] = {"FAKE_NCCL_HANG_OP",       "FAKE_NCCL_REMOTE_ERROR_OP",
-                        "FAKE_CUDA_NO_HOST_ALLOC", "FAKE_NCCL_DEVICES",
-                        "FAKE_CUDA_SYNC_MS",       "FAKE_CUDA_NO_MEMORY_POOLS"};
+  const char *vars[] = {"FAKE_NCCL_HANG_OP",         "FAKE_NCCL_REMOTE_ERROR_OP",
+                        "FAKE_CUDA_NO_HOST_ALLOC",   "FAKE_NCCL_DEVICES",
+                        "FAKE_CUDA_SYNC_MS",         "FAKE_CUDA_NO_MEMORY_POOLS",
+                        "WG_NCCL_TEST_SEND_PAUSE_US"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
     unsetenv(vars[i]);
   return 0;
@@ -361,6 +362,16 @@ static int clear_faults(void **s) {
 static void test_op_never_completes_mid_way(void **s) {
   (void)s;
   setenv("FAKE_NCCL_HANG_OP", "12", 1);
+  run_with(3, 1, LOCKED_ALL);
+}
+
+/* The lane is revoked while senders are between their first look at it and the copy of
+ * their payload (a pause there stands for a large copy): every such frame still arrives, on
+ * TCP, and nothing that follows it from the same sender waits behind it. */
+static void test_revoke_while_sending(void **s) {
+  (void)s;
+  setenv("FAKE_NCCL_HANG_OP", "12", 1);
+  setenv("WG_NCCL_TEST_SEND_PAUSE_US", "40000", 1);
   run_with(3, 1, LOCKED_ALL);
 }
 
@@ -412,6 +423,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_all_to_all_p3, clear_faults),
       cmocka_unit_test_teardown(test_all_to_all_p4, clear_faults),
       cmocka_unit_test_teardown(test_op_never_completes_mid_way, clear_faults),
+      cmocka_unit_test_teardown(test_revoke_while_sending, clear_faults),
       cmocka_unit_test_teardown(test_remote_error_mid_way, clear_faults),
       cmocka_unit_test_teardown(test_without_page_locked_memory, clear_faults),
       cmocka_unit_test_teardown(test_sender_on_another_device, clear_faults),
