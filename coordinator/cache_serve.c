@@ -5,7 +5,8 @@
  * would at the view's revision: the job bodies are the ones cache.c rendered with the same
  * functions (store.c), the groups and the agents use the same answer functions, the list the
  * same pages (key order, limits, continue tokens of pages.c). Under the view's read lock;
- * never calls etcd, so libmicrohttpd's threads may run it. */
+ * never calls etcd and never waits for a sync (a stream of a job the view lacks is answered
+ * 404 here, and http.c asks again after a sync), so libmicrohttpd's threads may run it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -326,26 +327,12 @@ int wg_cache_subscribe(wg_cache_t *c, wg_sse_client_t *cl, const char *last_even
   char *data = NULL, *bytes = NULL;
   const cjob_t *j = job[0] ? wg_cache_job(c, job) : NULL;
   if (job[0] && (!j || !j->full)) {
-    /* Not in the view: it may be a job just created (through this coordinator or another)
-     * that the watch has not brought yet. Read-your-writes: one sync of the view that started
-     * now (at most WG_CACHE_SYNC_WAIT_S on this thread, and only on a miss), then look again. */
+    /* Not in the view. It may be a job just created (through this coordinator or another)
+     * that the watch has not brought yet: the caller (http.c) asks again after a sync of the
+     * view, off libmicrohttpd's thread; nothing here waits. */
     pthread_rwlock_unlock(&c->rw);
-    double now = wg_mono();
-    int synced = wg_cache_sync(c, now, now + WG_CACHE_SYNC_WAIT_S) >= 0;
-    pthread_rwlock_rdlock(&c->rw);
-    if (!synced || !c->valid) { /* cannot tell whether it exists */
-      pthread_rwlock_unlock(&c->rw);
-      wg_response_error(res, 503, "unavailable", NULL,
-                        "the read cache could not be brought up to date; retry");
-      res->retry_after = 1;
-      return 503;
-    }
-    j = wg_cache_job(c, job);
-    if (!j || !j->full) {
-      pthread_rwlock_unlock(&c->rw);
-      wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
-      return 404;
-    }
+    wg_response_error(res, 404, "not_found", NULL, "no job %s", job);
+    return 404;
   }
   int resumed = missed_events(c, last_event_id, job, &bytes, &n) == 0;
   if (!resumed) { /* a snapshot first */

@@ -515,7 +515,9 @@ void wg_hub_unlock(wg_hub_t *h);
 /* Queues bytes for every listed client of job (all_too: and for every all-jobs client); a
  * client that would pass its buffer is dropped. */
 void wg_hub_publish_locked(wg_hub_t *h, const char *job, int all_too, const char *bytes, size_t n);
-/* Queues bytes for one client (its snapshot), dropping it when they do not fit. */
+/* Queues bytes for one client (its snapshot, a resumed stream's missed events), whatever
+ * their size: only later events are held to the client's buffer. Drops the client when what
+ * it has not read is already over its buffer. */
 void wg_hub_send_locked(wg_hub_t *h, wg_sse_client_t *cl, const char *bytes, size_t n);
 /* Calls fn for every listed client (the cache sends new snapshots after a reload). */
 void wg_hub_foreach_locked(wg_hub_t *h, void (*fn)(void *user, wg_sse_client_t *cl), void *user);

@@ -29,6 +29,8 @@
  *   Event streams (hub.c): opened on MHD's thread from the cache's snapshot; libmicrohttpd
  *     takes the bytes in a content reader that suspends the connection while nothing is
  *     queued, and the hub resumes it. A slow stream is dropped by the hub, never waited for.
+ *     A stream of a job the view lacks waits for a sync as a read does (the cache waiter),
+ *     and is opened (or refused) on MHD's thread when it resumes: never waits on MHD's thread.
  *   The web view's files are answered on MHD's thread from memory (ui.c).
  *
  * Per request, the URI log callback keeps a copy of the raw request target (MHD decodes the
@@ -358,10 +360,25 @@ static int wants_stream(struct MHD_Connection *conn) {
   return a && strstr(a, "text/event-stream") != NULL;
 }
 
+/* A stream asked for (after wg_handle_prepare let it through). */
+static int stream_asked(struct MHD_Connection *conn, const conn_ctx_t *ctx) {
+  return (ctx->route.id == WG_ROUTE_EVENTS || ctx->route.id == WG_ROUTE_JOB_EVENTS) &&
+         wants_stream(conn);
+}
+
+/* How far an event stream's opening got: at arrival; after a sync of the read cache that
+ * started after it arrived (the cache waiter, CTX_CACHED); without one (the cache waiter gave
+ * up after WG_CACHE_SYNC_WAIT_S and a worker answered from the view, CTX_ANSWERED). */
+enum { STREAM_ARRIVED = 0, STREAM_SYNCED, STREAM_UNSYNCED };
+
 /* Opens an event stream on MHD's thread: the snapshot and the events after it come from the
- * read cache and the hub; nothing here waits. */
+ * read cache and the hub; nothing here waits. A job the view does not have at arrival may be
+ * one just created that the watch has not brought yet (read-your-writes): the connection is
+ * suspended and handed to the cache waiter, as a read that waits for a sync, and opened again
+ * when it resumes it: 404 when the synced view still lacks the job, 503 (Retry-After: 1) when
+ * no sync came. */
 static enum MHD_Result open_stream(wg_server_t *srv, struct MHD_Connection *conn, conn_ctx_t *ctx,
-                                   const char *method) {
+                                   const char *method, int attempt) {
   wg_coord_t *c = srv->c;
   const char *job = ctx->route.id == WG_ROUTE_JOB_EVENTS ? ctx->route.job : "";
   wg_sse_client_t *cl =
@@ -371,8 +388,22 @@ static enum MHD_Result open_stream(wg_server_t *srv, struct MHD_Connection *conn
     return send_answer(srv, conn, ctx, method);
   }
   const char *last = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Last-Event-ID");
-  if (wg_cache_subscribe(c->cache, cl, last, &ctx->res) != 0) {
+  int st = wg_cache_subscribe(c->cache, cl, last, &ctx->res);
+  if (st != 0) {
     wg_hub_client_free(cl); /* not listed */
+    if (st == 404 && attempt == STREAM_ARRIVED) {
+      wg_response_free(&ctx->res);
+      ctx->state = CTX_WAITING;
+      ctx->queued = ctx->started;
+      MHD_suspend_connection(conn);
+      cache_enqueue(srv, ctx);
+      return MHD_YES;
+    }
+    if (st == 404 && attempt == STREAM_UNSYNCED) { /* cannot tell whether it exists */
+      wg_response_error(&ctx->res, 503, "unavailable", NULL,
+                        "the read cache could not be brought up to date; retry");
+      ctx->res.retry_after = 1;
+    }
     return send_answer(srv, conn, ctx, method);
   }
   struct MHD_Response *mr =
@@ -558,8 +589,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *upload_data_size = 0;
     return MHD_YES;
   }
-  if (ctx->state == CTX_ANSWERED)
+  if (ctx->state == CTX_ANSWERED) {
+    if (stream_asked(conn, ctx) && ctx->res.status != 503) { /* a stream that got no sync */
+      wg_response_free(&ctx->res);
+      return open_stream(srv, conn, ctx, method, STREAM_UNSYNCED);
+    }
     return send_answer(srv, conn, ctx, method);
+  }
   if (ctx->state == CTX_GONE) {
     wg_metrics_abandoned(c->metrics);
     return MHD_NO; /* nobody to answer: close */
@@ -567,6 +603,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (ctx->state == CTX_WAITING)
     return MHD_YES;               /* not resumed yet (MHD should not call then) */
   if (ctx->state == CTX_CACHED) { /* a sync verified the view after this read arrived */
+    if (stream_asked(conn, ctx))
+      return open_stream(srv, conn, ctx, method, STREAM_SYNCED);
     if (wg_cache_serve(c->cache, &ctx->req, &ctx->route, &ctx->res) == 0) {
       wg_metrics_cache(c->metrics, WG_METRIC_CACHE_WAIT);
       ctx->state = CTX_ANSWERED;
@@ -593,7 +631,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (wg_handle_prepare(c, req, &ctx->route, &ctx->res) == 0 &&
       (ctx->route.id == WG_ROUTE_EVENTS || ctx->route.id == WG_ROUTE_JOB_EVENTS) &&
       wants_stream(conn))
-    return open_stream(srv, conn, ctx, method);
+    return open_stream(srv, conn, ctx, method, STREAM_ARRIVED);
   if (ctx->res.status || !wg_route_uses_etcd(ctx->route.id)) {
     if (ctx->res.status == 0) /* /healthz, /metrics, the web view: no etcd, answered here */
       wg_handle_route(c, req, &ctx->route, &ctx->res);

@@ -14,8 +14,14 @@
  *     left (a suspended connection is not watched by libmicrohttpd).
  * A client whose queue would pass --sse-client-buffer is DROPPED: marked, its libmicrohttpd
  * socket shut down (libmicrohttpd then fails the connection and completes it; the front closes
- * the client side), never waited for. So a slow reader costs at most its buffer, and neither
- * the publisher nor /healthz ever waits for it.
+ * the client side), never waited for. The opening bytes of a stream and the snapshot after a
+ * reload (wg_hub_send_locked) do not count against the buffer while they wait: they are queued
+ * whatever their size (a client is dropped only when what it has not taken of the rest is
+ * already over the buffer then), and the events after them are held to the buffer on their
+ * own. So a slow reader costs at most its buffer plus one snapshot, and neither the publisher
+ * nor /healthz ever waits for it. Only clients dropped for reading too slowly are counted
+ * (wagma_event_streams_dropped_total); a suspended stream whose client left is dropped by the
+ * heartbeat without counting.
  *
  * Lifetime: a client is freed only by wg_hub_client_done, libmicrohttpd's completion of its
  * response, which takes the hub's lock: while the lock is held a listed client exists, and
@@ -28,6 +34,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +48,10 @@ struct wg_sse_client {
   char job[WAGMA_API_NAME_MAX]; /* "" = every job */
   pthread_mutex_t mu;           /* q, suspended, dropped, closing */
   wg_sse_queue_t q;
+  size_t limit; /* --sse-client-buffer */
+  /* Bytes of the stream queued and taken so far, and the snapshot's among them,
+   * [exempt_lo, exempt_hi): those not taken yet are not counted against limit. */
+  uint64_t queued, taken, exempt_lo, exempt_hi;
   int suspended, dropped, closing;
   struct MHD_Connection *conn;
   int fd;
@@ -76,8 +87,8 @@ wg_sse_client_t *wg_hub_client_new(wg_hub_t *h, const char *job, struct MHD_Conn
   cl->hub = h;
   snprintf(cl->job, sizeof cl->job, "%s", job ? job : "");
   pthread_mutex_init(&cl->mu, NULL);
-  wg_sse_queue_init(&cl->q,
-                    h->c->sse_client_buffer ? h->c->sse_client_buffer : WG_SSE_CLIENT_BUFFER);
+  cl->limit = h->c->sse_client_buffer ? h->c->sse_client_buffer : WG_SSE_CLIENT_BUFFER;
+  wg_sse_queue_init(&cl->q, cl->limit);
   cl->conn = conn;
   cl->fd = fd;
   cl->gen = gen;
@@ -112,12 +123,14 @@ static void want_resume(wg_hub_t *h, struct MHD_Connection *conn) {
   h->resume[h->nresume++] = conn;
 }
 
-/* Under the hub's and the client's locks: the client is behind by more than its buffer. */
-static void drop(wg_hub_t *h, wg_sse_client_t *cl, const char *why) {
+/* Under the hub's and the client's locks: the client is behind by more than its buffer (slow:
+ * counted in wagma_event_streams_dropped_total), or left, or out of memory (not counted). */
+static void drop(wg_hub_t *h, wg_sse_client_t *cl, int slow, const char *why) {
   if (cl->dropped)
     return;
   cl->dropped = 1;
-  wg_metrics_sse(h->c->metrics, 0, 1);
+  if (slow)
+    wg_metrics_sse(h->c->metrics, 0, 1);
   wg_logf(h->c->log, h->c->log_user, WAGMA_LOG_INFO,
           "event stream (%s) dropped after %.1f s: %s (%zu bytes queued)",
           cl->job[0] ? cl->job : "all jobs", wg_mono() - cl->opened, why,
@@ -132,15 +145,39 @@ static void drop(wg_hub_t *h, wg_sse_client_t *cl, const char *why) {
   }
 }
 
-/* Under the hub's lock. */
-static void queue_locked(wg_hub_t *h, wg_sse_client_t *cl, const char *bytes, size_t n) {
+/* Under the client's lock: the bytes of the snapshot not taken yet. */
+static size_t exempt_left(const wg_sse_client_t *cl) {
+  uint64_t from = cl->taken > cl->exempt_lo ? cl->taken : cl->exempt_lo;
+  return from < cl->exempt_hi ? (size_t)(cl->exempt_hi - from) : 0;
+}
+
+/* Under the hub's lock. A snapshot (the opening bytes, or the snapshot after a reload) is
+ * queued whatever its size, unless what the client has not taken yet is over its buffer
+ * already (a snapshot it has not finished counts then); other bytes may make the rest (all
+ * but the snapshot) at most the buffer: the queue's limit for this push says so. */
+static void queue_locked(wg_hub_t *h, wg_sse_client_t *cl, const char *bytes, size_t n,
+                         int snapshot) {
   pthread_mutex_lock(&cl->mu);
   if (!cl->dropped && !cl->closing) {
-    int e = wg_sse_queue_push(&cl->q, bytes, n);
+    size_t pending = wg_sse_queue_pending(&cl->q);
+    int e;
+    if (snapshot && pending > cl->limit) {
+      e = WAGMA_ERANGE;
+    } else {
+      cl->q.limit = snapshot ? pending + n : cl->limit + exempt_left(cl);
+      e = wg_sse_queue_push(&cl->q, bytes, n);
+    }
+    if (!e) {
+      if (snapshot) {
+        cl->exempt_lo = cl->queued;
+        cl->exempt_hi = cl->queued + n;
+      }
+      cl->queued += n;
+    }
     if (e == WAGMA_ERANGE)
-      drop(h, cl, "the client reads too slowly");
+      drop(h, cl, 1, "the client reads too slowly");
     else if (e)
-      drop(h, cl, "out of memory");
+      drop(h, cl, 0, "out of memory");
     else if (cl->suspended) {
       cl->suspended = 0;
       want_resume(h, cl->conn);
@@ -173,11 +210,11 @@ void wg_hub_unlock(wg_hub_t *h) {
 void wg_hub_publish_locked(wg_hub_t *h, const char *job, int all_too, const char *bytes, size_t n) {
   for (wg_sse_client_t *cl = h->clients; cl; cl = cl->next)
     if (cl->job[0] ? (job && strcmp(cl->job, job) == 0) : all_too)
-      queue_locked(h, cl, bytes, n);
+      queue_locked(h, cl, bytes, n, 0);
 }
 
 void wg_hub_send_locked(wg_hub_t *h, wg_sse_client_t *cl, const char *bytes, size_t n) {
-  queue_locked(h, cl, bytes, n);
+  queue_locked(h, cl, bytes, n, 1);
 }
 
 void wg_hub_foreach_locked(wg_hub_t *h, void (*fn)(void *user, wg_sse_client_t *cl), void *user) {
@@ -214,6 +251,7 @@ long wg_hub_read(wg_sse_client_t *cl, char *buf, size_t max) {
     n = -2;
   } else if (wg_sse_queue_pending(&cl->q) > 0) {
     n = (long)wg_sse_queue_pop(&cl->q, buf, max);
+    cl->taken += (uint64_t)n;
   } else if (cl->closing) {
     n = -1;
   } else {
@@ -286,11 +324,11 @@ static void *heartbeat_main(void *arg) {
       pthread_mutex_unlock(&cl->mu);
       if (gone) {
         pthread_mutex_lock(&cl->mu);
-        drop(h, cl, "the client left");
+        drop(h, cl, 0, "the client left");
         pthread_mutex_unlock(&cl->mu);
         continue;
       }
-      queue_locked(h, cl, line, n);
+      queue_locked(h, cl, line, n, 0);
     }
     wg_hub_unlock(h);
     pthread_mutex_lock(&h->mu);

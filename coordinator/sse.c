@@ -9,8 +9,9 @@
  *
  * The queue holds the bytes a client has not taken yet, up to a limit: a push that would pass
  * it fails and changes nothing (the caller then drops the client: the server never waits for a
- * slow reader and never holds more than the limit for one). Pure; a queue is used under its
- * owner's lock. Unit-tested in tests/unit/coordinator. */
+ * slow reader). The owner may set the limit before each push: hub.c lets a snapshot pass
+ * --sse-client-buffer and holds the events after it to the buffer on their own. Pure; a queue
+ * is used under its owner's lock. Unit-tested in tests/unit/coordinator. */
 #include <stdlib.h>
 #include <string.h>
 

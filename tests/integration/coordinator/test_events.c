@@ -7,7 +7,12 @@
  *     while nothing happens; the timeline list (JSON) says the same;
  *   - a slow client (a stream nobody reads) is dropped once its buffer is full, while /healthz
  *     keeps answering fast and a reading stream gets every event;
- *   - wagmactl watch: --json events until the job ends, exit 0 (succeeded) / 5 (stopped).
+ *   - wagmactl watch: --json events until the job ends, exit 0 (succeeded) / 5 (stopped);
+ *   - streams closed by their clients are not counted as dropped;
+ *   - a snapshot bigger than --sse-client-buffer is sent (a second coordinator, 4096 bytes),
+ *     and the events after it;
+ *   - with etcd frozen (SIGSTOP), streams of unknown jobs do not hold up /healthz, and are
+ *     answered 503 without etcd.
  * Raw sockets for the streams (tests/integration/coordinator/raw_http.c), stopped by PID. */
 #define _GNU_SOURCE /* memmem */
 #include <errno.h>
@@ -34,6 +39,8 @@
 typedef struct fixture {
   harness_env_t *env;
   coord_proc_t coord;
+  coord_proc_t small; /* test_snapshot_over_buffer's, with a 4096-byte client buffer */
+  pid_t frozen;       /* etcd while test_frozen_etcd has it stopped */
 } fixture_t;
 
 static int setup(void **state) {
@@ -48,6 +55,10 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
   fixture_t *f = *state;
+  if (f->frozen > 0) /* always resume etcd */
+    kill(f->frozen, SIGCONT);
+  if (f->small.pid > 0)
+    harness_coord_stop(&f->small, SIGTERM);
   if (f->coord.pid > 0)
     harness_coord_stop(&f->coord, SIGTERM);
   harness_env_stop(f->env);
@@ -559,11 +570,162 @@ static void test_resume(void **state) {
   free(s);
 }
 
+/* Streams whose clients close them are not counted as dropped (only those that read too
+ * slowly are): wagma_event_streams falls back once the heartbeat finds them gone, and
+ * wagma_event_streams_dropped_total stays where it was. */
+static void test_left_not_dropped(void **state) {
+  fixture_t *f = *state;
+  sse_t *s = malloc(4 * sizeof *s);
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"lv\",\"workers\":9}", 201));
+  long open0 = metric(f, "wagma_event_streams");
+  for (double t0 = harness_now(); open0 > 0 && harness_now() - t0 < 2;) { /* earlier tests' */
+    harness_sleep(0.05);
+    open0 = metric(f, "wagma_event_streams");
+  }
+  long dropped0 = metric(f, "wagma_event_streams_dropped_total");
+  assert_true(open0 >= 0 && dropped0 >= 0);
+  for (int i = 0; i < 4; i++) {
+    assert_int_equal(
+        sse_open(&s[i], f->coord.port, i % 2 ? "/v1/events" : "/v1/jobs/lv/events", TOKEN, 0), 0);
+    json_t *snap = sse_expect(&s[i], "snapshot", 5);
+    assert_non_null(snap);
+    json_decref(snap);
+  }
+  assert_int_equal(metric(f, "wagma_event_streams"), open0 + 4);
+  harness_sleep(0.2); /* the streams are idle (suspended) */
+  for (int i = 0; i < 4; i++)
+    close(s[i].fd);
+  long open = -1;
+  for (double t0 = harness_now(); harness_now() - t0 < 5 && open != open0; harness_sleep(0.1))
+    open = metric(f, "wagma_event_streams");
+  assert_int_equal(open, open0);
+  assert_int_equal(metric(f, "wagma_event_streams_dropped_total"), dropped0);
+  free(s);
+}
+
+/* A snapshot bigger than --sse-client-buffer is sent, then the events after it (the stream
+ * used to be dropped at once, before its client could read anything). */
+static void test_snapshot_over_buffer(void **state) {
+  fixture_t *f = *state;
+  const char *extra[] = {"--sse-heartbeat-ms", "300", "--sse-client-buffer", "4096", NULL};
+  for (int i = 0; i < 24; i++) {
+    char body[96];
+    snprintf(body, sizeof body, "{\"name\":\"big%02d\",\"workers\":9}", i);
+    json_decref(call(f, "POST", "/v1/jobs", body, 201));
+  }
+  /* a replica started now: its view holds every job once the last one's stream opens */
+  harness_coord_start(&f->small, etcd_fixture_endpoints(f->env->fx), "events-small", 3, TOKEN,
+                      extra);
+  assert_int_equal(status_of(f->small.port, "/v1/jobs/big23/events", TOKEN), 200);
+  sse_t *s = malloc(sizeof *s);
+  char name[64];
+  char *data = NULL;
+  assert_int_equal(sse_open(s, f->small.port, "/v1/events", TOKEN, 0), 0);
+  assert_int_equal(sse_next(s, name, sizeof name, &data, 5), 1);
+  assert_string_equal(name, "snapshot");
+  print_message("snapshot of %zu bytes, client buffer 4096\n", strlen(data));
+  assert_true(strlen(data) > 4096);
+  json_t *snap = json_loads(data, 0, NULL);
+  free(data);
+  assert_true(json_array_size(json_object_get(snap, "jobs")) >= 24);
+  json_decref(snap);
+  /* The events after it come, and the client is not dropped. */
+  json_decref(call(f, "POST", "/v1/jobs", "{\"name\":\"bigafter\",\"workers\":9}", 201));
+  int seen = 0;
+  for (double t0 = harness_now(); !seen && harness_now() - t0 < 5;) {
+    json_t *ev = sse_expect(s, "job", 5 - (harness_now() - t0));
+    assert_non_null(ev);
+    seen = strcmp(json_string_value(json_object_get(ev, "id")), "bigafter") == 0;
+    json_decref(ev);
+  }
+  assert_true(seen);
+  /* A job's stream there too. */
+  sse_t *j = malloc(sizeof *j);
+  assert_int_equal(sse_open(j, f->small.port, "/v1/jobs/bigafter/events", TOKEN, 0), 0);
+  snap = sse_expect(j, "snapshot", 5);
+  assert_non_null(snap);
+  json_decref(snap);
+  close(j->fd);
+  free(j);
+  close(s->fd);
+  free(s);
+  harness_coord_stop(&f->small, SIGTERM);
+  f->small.pid = 0;
+}
+
+/* With etcd frozen, streams of jobs the view does not know (each waits for a sync of the view
+ * that cannot come) hold none of libmicrohttpd's threads: /healthz answers at once
+ * throughout, and the streams get 503 (Retry-After) within about the sync wait, without etcd. */
+static void test_frozen_etcd(void **state) {
+  fixture_t *f = *state;
+  enum { N = 20 };
+  int fds[N];
+  pid_t etcd = etcd_fixture_pid(f->env->fx, 0);
+  assert_true(etcd > 0);
+  assert_int_equal(status_of(f->coord.port, "/v1/jobs/nosuch/events", TOKEN), 404);
+  assert_int_equal(kill(etcd, SIGSTOP), 0);
+  f->frozen = etcd;
+  for (int i = 0; i < N; i++) {
+    char req[256];
+    fds[i] = raw_connect(NULL, f->coord.port, 10);
+    assert_true(fds[i] >= 0);
+    int n = snprintf(req, sizeof req,
+                     "GET /v1/jobs/nosuch%d/events HTTP/1.0\r\nHost: x\r\n"
+                     "Accept: text/event-stream\r\nAuthorization: Bearer %s\r\n\r\n",
+                     i, TOKEN);
+    assert_int_equal(send(fds[i], req, (size_t)n, MSG_NOSIGNAL), n);
+  }
+  double worst = 0;
+  for (double t0 = harness_now(); harness_now() - t0 < 3;) {
+    int st = 0;
+    double dt = raw_get_timed(NULL, f->coord.port, "/healthz", &st, 5);
+    if (st != 200)
+      dt = 99;
+    if (dt > worst)
+      worst = dt;
+    harness_sleep(0.05);
+  }
+  print_message("etcd frozen, %d streams of unknown jobs: /healthz worst %.1f ms\n", N,
+                worst * 1e3);
+  assert_true(worst < 1.0);
+  /* Each stream is answered, still without etcd: 503, retry. */
+  for (int i = 0; i < N; i++) {
+    char buf[2048];
+    size_t len = 0;
+    for (double t0 = harness_now(); len < sizeof buf - 1 && harness_now() - t0 < 5;) {
+      struct pollfd p = {.fd = fds[i], .events = POLLIN};
+      if (poll(&p, 1, 100) <= 0)
+        continue;
+      ssize_t n = recv(fds[i], buf + len, sizeof buf - 1 - len, 0);
+      if (n <= 0)
+        break;
+      len += (size_t)n;
+    }
+    buf[len] = '\0';
+    if (strncmp(buf, "HTTP/1.", 7) != 0 || atoi(buf + 9) != 503 || !strstr(buf, "Retry-After: 1"))
+      fail_msg("stream %d: got \"%.80s\", want 503 with Retry-After", i, buf);
+    close(fds[i]);
+  }
+  assert_int_equal(kill(etcd, SIGCONT), 0);
+  f->frozen = 0;
+  /* etcd back: an unknown job's stream is 404 again */
+  int st = 0;
+  for (double t0 = harness_now(); st != 404 && harness_now() - t0 < 15; harness_sleep(0.2))
+    st = status_of(f->coord.port, "/v1/jobs/nosuch/events", TOKEN);
+  assert_int_equal(st, 404);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_token), cmocka_unit_test(test_stream_right_after_create),
-      cmocka_unit_test(test_order), cmocka_unit_test(test_slow_client),
-      cmocka_unit_test(test_watch), cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_token),
+      cmocka_unit_test(test_stream_right_after_create),
+      cmocka_unit_test(test_left_not_dropped),
+      cmocka_unit_test(test_order),
+      cmocka_unit_test(test_slow_client),
+      cmocka_unit_test(test_watch),
+      cmocka_unit_test(test_resume),
+      cmocka_unit_test(test_snapshot_over_buffer),
+      cmocka_unit_test(test_frozen_etcd),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
