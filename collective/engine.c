@@ -382,8 +382,12 @@ int wagma_comm_step(wagma_comm_t *c, float *model, wagma_round_stats_t *stats) {
     for (wg_entry_t *e = c->entries; e; e = e->next)
       if (e->global && e->round > r && e->state != WG_ENTRY_VOID)
         jump_to = e->round;
-  if (jump_to && jump_to + 1 > c->model_global)
-    c->model_global = jump_to + 1;
+  if (jump_to && jump_to + 1 > c->model_global) {
+    if (!c->jump_global) /* the oldest claim's value: what the model surely includes */
+      c->model_global_before_jump = c->model_global;
+    c->jump_global = jump_to + 1;
+    c->model_global = jump_to + 1; /* claimed ahead of the correction: see jump_global */
+  }
   uint64_t version = model_version(c, r);
   /* Behind: a peer runs more than tau rounds ahead of my model, or my model misses the last
    * global round (left out of it) while a peer is past it. */

@@ -194,6 +194,8 @@ int wg_global_barrier(wagma_comm_t *c, float *model, uint64_t g, wagma_round_sta
   pthread_mutex_lock(&c->mu);
   wg_engine_store_global(c, g, model);
   c->model_global = g + 1;
+  if (c->jump_global <= c->model_global)
+    c->jump_global = 0; /* the model holds a global mean as new as the jump claimed */
   pthread_mutex_unlock(&c->mu);
   /* A correction that arrived during the allreduce (an outstanding round of mine that ended
    * late) goes on top of the mean, like any late correction. */
@@ -260,6 +262,8 @@ int wg_global_catch_up(wagma_comm_t *c, float *model, uint64_t r, uint64_t *next
     pthread_mutex_lock(&c->mu);
     wg_engine_store_global(c, g, model);
     c->model_global = g + 1;
+    if (c->jump_global <= c->model_global)
+      c->jump_global = 0; /* the model holds a global mean as new as the jump claimed */
     pthread_mutex_unlock(&c->mu);
     wg_snapshot_publish(c, model, g, 0);
   }

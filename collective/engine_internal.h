@@ -170,7 +170,12 @@ struct wagma_comm {
   float *global_mean; /* (mu) the latest global mean, count floats */
   uint64_t global_round;
   int have_global;
-  uint64_t model_global;          /* (mu) newest global round whose mean the model includes, +1 */
+  uint64_t model_global; /* (mu) newest global round whose mean the model includes, +1 */
+  /* (mu) A wait-avoiding step that jumped over global round G raised model_global to G + 1
+   * before G's correction came: jump_global = G + 1 and model_global_before_jump what it was
+   * (0: no such jump pending). If G becomes void for me, model_global goes back, so that the
+   * next step sees the global round I missed and catches up. */
+  uint64_t jump_global, model_global_before_jump;
   wagma_comm_counters_t counters; /* (mu) */
   wg_out_t *outbox, *outbox_tail; /* (mu) */
 

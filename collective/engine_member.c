@@ -123,6 +123,12 @@ void wg_member_void(wagma_comm_t *c, wg_entry_t *e, const char *why) {
   if (e->state != WG_ENTRY_WAITING)
     return;
   e->state = WG_ENTRY_VOID;
+  if (e->global && c->jump_global == e->round + 1 && c->model_global == e->round + 1) {
+    /* a step jumped over this global round counting on its correction, which will not come:
+     * the model does not include its mean (the next step catches up) */
+    c->model_global = c->model_global_before_jump;
+    c->jump_global = 0;
+  }
   if (c->outstanding == e) {
     c->outstanding = NULL;
     wg_snapshot_unpin(c);

@@ -100,6 +100,8 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
   s->acc_n++;
   if (global && round + 1 > s->acc_global)
     s->acc_global = round + 1;
+  if (global && c->jump_global <= round + 1)
+    c->jump_global = 0; /* the correction a jump counted on came (engine_internal.h) */
   if (s->front == s->pinned) {
     /* The snapshot is still the contribution: it becomes the mean exactly. The mean goes into
      * a buffer that is neither pinned (a flush may still be reading it for the CONTRIB's

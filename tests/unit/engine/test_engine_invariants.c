@@ -5,7 +5,10 @@
  *    models 0/100/200/300): rank 0 must end at 150, not A(0) + A(1) - C = 175;
  *  - a round ends the same way for all its contributors: a member whose leader stalls for
  *    longer than any member timeout still applies the late RESULT (P = 2, models 0 and 100
- *    must end as 50 and 50, not 50 and 100). */
+ *    must end as 50 and 50, not 50 and 100);
+ *  - a member that jumped over a wait-avoiding global round it contributed to, and was then
+ *    left out of it, catches up at its next step (it used to count the round as in its model
+ *    and train on without its mean). */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -183,10 +186,133 @@ static void test_stalled_leader_result_applied_by_all(void **state) {
   }
 }
 
+/* ---- a jump over a global round that then goes void ------------------------------------- */
+
+static wg_transport_t *g_raw; /* rank 0 of the jump test, driven by hand */
+
+static int raw_take(unsigned kinds, uint64_t round, double wait_s, wg_message_t **m) {
+  wg_match_t k;
+  wg_match_any(&k);
+  k.kinds = kinds;
+  if (round != WG_ANY)
+    k.round = round;
+  return fake_transport.recv(g_raw, &k, wg_now() + wait_s, m);
+}
+
+static void raw_send(int kind, uint64_t round, uint32_t flags, uint64_t seq, uint64_t aux,
+                     const void *payload, size_t len) {
+  wg_frame_header_t h = {0};
+  h.kind = (uint32_t)kind;
+  h.round = round;
+  h.flags = flags;
+  h.seq = seq;
+  h.aux = aux;
+  assert_int_equal(fake_transport.send(g_raw, 1, &h, payload, len), 0);
+}
+
+/* Rank 0's answers while rank 1 steps: EXCLUDED to every contribution; to a catch-up request,
+ * the mean of global round 3 (every weight 7) as of round 6. */
+typedef struct jump_answers {
+  int catchup_requests;
+} jump_answers_t;
+
+static void *answer_rank1(void *arg) {
+  jump_answers_t *a = arg;
+  wg_message_t *m = NULL;
+  unsigned kinds = (1u << WG_FRAME_CONTRIB) | (1u << WG_FRAME_CATCHUP_REQ);
+  while (raw_take(kinds, WG_ANY, 1.5, &m) == 0) {
+    if (m->header.kind == WG_FRAME_CATCHUP_REQ) {
+      float mean[COUNT];
+      for (int i = 0; i < COUNT; i++)
+        mean[i] = 7.0f;
+      a->catchup_requests++;
+      raw_send(WG_FRAME_CATCHUP_REP, 3, 0, m->header.seq, 6, mean, sizeof mean);
+    } else if (!(m->header.flags & WG_CONTRIB_DECLINE)) {
+      raw_send(WG_FRAME_RESULT, m->header.round, WG_RESULT_EXCLUDED, (uint64_t)-1, 0, NULL, 0);
+    }
+    wg_message_free(m);
+    m = NULL;
+  }
+  return NULL;
+}
+
+/* One step of rank 1 while rank 0 answers. */
+static wagma_round_stats_t step_answered(wagma_comm_t *c, float *model, jump_answers_t *a) {
+  pthread_t th;
+  wagma_round_stats_t st;
+  assert_int_equal(pthread_create(&th, NULL, answer_rank1, a), 0);
+  assert_int_equal(wagma_comm_step(c, model, &st), 0);
+  pthread_join(th, NULL);
+  return st;
+}
+
+static void test_jump_over_a_void_global_round_catches_up(void **state) {
+  (void)state;
+  wagma_plan_t plan;
+  assert_int_equal(fake_plan(2, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING, &plan), 0); /* global: 3, 7 */
+  fake_world_init(2);
+  wg_transport_config_t cfg = {0};
+  cfg.plan = &plan;
+  cfg.rank = 0;
+  cfg.epoch = plan.epoch;
+  assert_int_equal(fake_transport.open(&cfg, &g_raw), 0);
+  wagma_comm_options_t o;
+  wagma_comm_options_init(&o);
+  o.plan = &plan;
+  o.rank = 1;
+  o.count = COUNT;
+  o.round_deadline_floor_s = 0.2;
+  o.global_timeout_s = 5;
+  wagma_comm_t *c = NULL;
+  assert_int_equal(wg_comm_create_with(&o, &fake_transport, &c), 0);
+  float model[COUNT];
+  for (int i = 0; i < COUNT; i++)
+    model[i] = 100.0f;
+  jump_answers_t a = {0};
+  wagma_round_stats_t st = step_answered(c, model, &a); /* round 0, left out */
+  assert_int_equal(st.next_round, 1);
+
+  /* Rank 0 activates global round 3: rank 1's round thread contributes at once. */
+  raw_send(WG_FRAME_ACTIVATE, 3, 0, (uint64_t)-1, 0, NULL, 0);
+  wg_message_t *m = NULL;
+  assert_int_equal(raw_take(1u << WG_FRAME_CONTRIB, 3, 3.0, &m), 0);
+  wg_message_free(m);
+  /* Its compute thread, at round 1, jumps over round 3 (its correction is to come). */
+  assert_int_equal(wagma_comm_step(c, model, &st), 0);
+  assert_int_equal(st.next_round, 4);
+  /* ... which does not come: round 3 ends without it. */
+  wagma_comm_counters_t before, after;
+  wagma_comm_counters(c, &before);
+  raw_send(WG_FRAME_RESULT, 3, WG_RESULT_EXCLUDED, (uint64_t)-1, 0, NULL, 0);
+  double until = wg_now() + 3.0;
+  do {
+    usleep(10000);
+    wagma_comm_counters(c, &after);
+  } while (after.rounds_left_out == before.rounds_left_out && wg_now() < until);
+  assert_true(after.rounds_left_out > before.rounds_left_out);
+  /* Rank 0 is past round 3 (it activates round 5). */
+  raw_send(WG_FRAME_ACTIVATE, 5, 0, (uint64_t)-1, 0, NULL, 0);
+  if (raw_take(1u << WG_FRAME_CONTRIB, 5, 1.0, &m) == 0) {
+    if (!(m->header.flags & WG_CONTRIB_DECLINE))
+      raw_send(WG_FRAME_RESULT, 5, WG_RESULT_EXCLUDED, (uint64_t)-1, 0, NULL, 0);
+    wg_message_free(m);
+  }
+  /* At round 4 rank 1 sees the global round it missed and catches up on its mean. */
+  st = step_answered(c, model, &a);
+  assert_int_equal(a.catchup_requests, 1);
+  assert_int_equal(st.caught_up, 1);
+  for (int i = 0; i < COUNT; i++)
+    assert_true(model[i] == 7.0f);
+  wagma_comm_destroy(c);
+  fake_transport.close(g_raw);
+  fake_world_free();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_leader_contributes_a_snapshot_to_one_round),
       cmocka_unit_test(test_stalled_leader_result_applied_by_all),
+      cmocka_unit_test(test_jump_over_a_void_global_round_catches_up),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
