@@ -19,6 +19,9 @@
 #define WG_TCP_RCVBUF_BYTES (4 << 20) /* SO_RCVBUF of every data-plane socket (tcp_mesh.c) */
 /* A dialer drops a handshake that takes longer than this; an acceptor allows 1 s more. */
 #define WG_TCP_HELLO_TIMEOUT_S 3.0
+/* An acceptor drops a connection whose step 1 has not arrived this long after the accept (a
+ * dialer sends it as soon as it is connected). */
+#define WG_TCP_HELLO_SILENT_S 1.0
 
 /* The HELLO handshake (tcp_mesh.c), three HELLO frames whose seq is the step:
  *   1 dialer -> acceptor: payload nonce_d
@@ -160,11 +163,15 @@ struct wg_transport {
 
 /* Connects the mesh (tcp_mesh.c): binds plan->members[t->rank].address, dials the members
  * of lower rank, accepts the members of higher rank, runs the HELLO handshake with auth's
- * secret on each connection, until all are connected or deadline. Fills peers[].fd (blocking
- * mode undefined, caller sets it) only with connections that completed the handshake; members
- * left unconnected keep fd -1. cancelled (may be NULL) is polled at least every 50 ms.
- * Returns 0, WAGMA_EINVAL (bad address), WAGMA_EIO (cannot bind or listen) or
- * WAGMA_ECANCELED (cancelled returned non-zero). */
+ * secret on each connection, until all are connected or deadline. Host names are resolved
+ * once each, off the calling thread (short-lived resolver threads), and never past deadline.
+ * Fills peers[].fd (blocking mode undefined, caller sets it) only with connections that
+ * completed the handshake; members left unconnected (their name did not resolve either) keep
+ * fd -1. cancelled (may be NULL) is polled at least every 50 ms. Returns 0, WAGMA_EINVAL (a
+ * malformed own address, or an own host name that failed to resolve until deadline),
+ * WAGMA_ETIMEDOUT (the resolver gave no answer for the own host name by deadline), WAGMA_EIO
+ * (cannot bind or listen, or start a resolver thread) or WAGMA_ECANCELED (cancelled returned
+ * non-zero). */
 int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
                         const wg_transport_auth_t *auth, double deadline, int (*cancelled)(void *),
                         void *cancel_user);

@@ -16,18 +16,41 @@
  *
  * A refused connection is closed, counted in frames_rejected and logged with its remote
  * address; a dialer whose connection fails (refused, reset, a proof that does not verify, the
- * wrong epoch: an old process still on the port) retries with backoff until the deadline. A
- * handshake that takes longer than WG_TCP_HELLO_TIMEOUT_S is dropped, so a silent connection
- * holds an accept slot only that long.
+ * wrong epoch: an old process still on the port) retries with backoff until the deadline.
  *
- * Runs on the thread that calls open, before the progress thread exists, with its own epoll
- * set; no locks. Reads the secret from the caller's auth only during wg_tcp_mesh_connect and
- * keeps no copy. In a sealed mesh (auth->seal, HELLO flag WG_HELLO_F_SEAL on both sides, or
- * the pair is refused) each completed connection is keyed here, from the secret and its two
- * nonces (seal_connection, tcp_seal.c). Invariant: only the handshake's own bytes are read from a
- * connection here (a header, then exactly the payload length of its step, checked before it is
- * read), so frames a faster peer sends right after its handshake stay in the socket for the
- * progress thread. */
+ * Floods. Whoever can reach the port, secret or not, must not keep the members from
+ * connecting. A connection waits for its handshake in one of (higher ranks + 64) accept slots;
+ * one source address (IPv4 address, IPv6 /64) holds at most (higher ranks + 8) of them. A new
+ * connection never waits for a slot and is never refused for want of one: at its source's cap
+ * it takes the place of that source's worst connection, with every slot taken the place of the
+ * worst of all. Worst, in this order: waited on longer than MESH_GRACE_S (a member answers
+ * within a round trip), from the source holding the most slots, step 1 not received, the
+ * oldest; a candidate without step 1 is read once before it goes, so a member whose step 1 is
+ * already in the socket keeps its place. Step 1 must arrive within WG_TCP_HELLO_SILENT_S of
+ * the accept (a dialer sends it once connected), the whole handshake within
+ * WG_TCP_HELLO_TIMEOUT_S + 1 s. A wake-up accepts at most MESH_ACCEPT_BATCH connections, after
+ * its other events, so a flood starves neither handshakes in progress nor the cancel poll.
+ * Each dropped connection counts in frames_rejected; one WARN line sums them up.
+ *
+ * Host names. Each distinct host name this rank needs (its own, those of the ranks it dials) is
+ * resolved once, off the loop, by up to RESOLVE_THREADS detached resolver threads, which write
+ * an eventfd when an answer comes in; a failed name is asked again every RESOLVE_RETRY_S
+ * until the mesh is done. IP literals are parsed here. The loop dials a rank once its address
+ * is known (over up to MESH_MAX_ADDRS of them, the next one after each failure) and binds once
+ * its own is; a name without an answer by the deadline leaves its rank unconnected (an ERROR
+ * line), or, its own, fails the open.
+ *
+ * Threads: the handshakes run on the thread that calls open, before the progress thread
+ * exists, with their own epoll set and no locks. The resolver threads block every signal and
+ * share only a resolver_t with it (its mutex guards all of it; the last of the mesh and the
+ * threads to let go frees it, so a thread still inside getaddrinfo when open returns touches
+ * nothing else and ends by itself). Reads the secret from the caller's auth only during
+ * wg_tcp_mesh_connect and keeps no copy. In a sealed mesh (auth->seal, HELLO flag WG_HELLO_F_SEAL
+ * on both sides, or the pair is refused) each completed connection is keyed here, from the secret
+ * and its two nonces (seal_connection, tcp_seal.c). Invariant: only the handshake's own bytes are
+ * read from a connection here (a header, then exactly the payload length of its step, checked
+ * before it is read), so frames a faster peer sends right after its handshake stay in the socket
+ * for the progress thread. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -36,12 +59,16 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -52,7 +79,16 @@
 #include "tcp_internal.h"
 #include "wagma/log_internal.h"
 
-#define MAX_AUTH_WARNINGS 8 /* refused handshakes logged at WARN per open; the rest at DEBUG */
+#define MAX_AUTH_WARNINGS 8    /* refused handshakes logged at WARN per open; the rest at DEBUG */
+#define MESH_ACCEPT_SPARE 64   /* accept slots beyond one per higher rank */
+#define MESH_SOURCE_SPARE 8    /* slots one source address may hold beyond one per higher rank */
+#define MESH_GRACE_S 0.2       /* a peer waited on longer than this goes first when room is made */
+#define MESH_ACCEPT_BATCH 64   /* connections accepted per wake-up */
+#define MESH_BACKLOG 1024      /* listen backlog (the kernel caps it at net.core.somaxconn) */
+#define MESH_MAX_ADDRS 4       /* addresses kept per rank */
+#define MESH_CANCEL_POLL_MS 50 /* cancelled is polled at least this often */
+#define RESOLVE_THREADS 4      /* resolver threads at most per open */
+#define RESOLVE_RETRY_S 0.5    /* a name that failed is asked again after this long */
 
 enum slot_kind { SLOT_DIAL, SLOT_ACCEPT };
 enum slot_state {
@@ -78,7 +114,46 @@ typedef struct mesh_slot {
   double retry_at;
   double backoff;
   char remote[WAGMA_ADDRESS_MAX + 32]; /* "host:port" of the other end, for logs */
+  /* accept slots only */
+  double since;     /* since when the peer owes us bytes: the accept, or step 2 sent */
+  double accepted;  /* when it was accepted */
+  uint64_t src_key; /* its source address (source_key) */
+  int src_n;        /* slots in use by that source, this one included */
 } mesh_slot_t;
+
+/* Where a rank is: its own address (bound) or one it dials. */
+enum addr_state { ADDR_WAIT, ADDR_READY, ADDR_BAD };
+typedef struct mesh_addr {
+  int state; /* ADDR_WAIT: its host name is being resolved (resolver entry `name`) */
+  int name;
+  int err, logged; /* the resolver's last error for it; the last one logged */
+  uint16_t port;
+  int n, next; /* addresses, and the one the next dial uses (mod n) */
+  struct sockaddr_storage sa[MESH_MAX_ADDRS];
+  socklen_t len[MESH_MAX_ADDRS];
+} mesh_addr_t;
+
+/* The resolver threads' work, shared with the mesh under lock. */
+enum name_state { NAME_PENDING, NAME_BUSY, NAME_OK, NAME_FAILED };
+typedef struct resolve_name {
+  char host[WAGMA_ADDRESS_MAX];
+  int state;
+  int err;         /* getaddrinfo's last error while NAME_FAILED */
+  double retry_at; /* NAME_FAILED: asked again then */
+  int n;           /* NAME_OK: addresses (port 0) */
+  struct sockaddr_storage sa[MESH_MAX_ADDRS];
+  socklen_t len[MESH_MAX_ADDRS];
+} resolve_name_t;
+
+typedef struct resolver {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* CLOCK_MONOTONIC; a thread waits on it to ask a failed name again */
+  int refs;            /* the mesh and each running thread; the last one frees */
+  int stop;            /* the mesh is done: the threads end at their next turn */
+  int wakefd;          /* eventfd, written after every answer; closed with the resolver */
+  int n, cap;
+  resolve_name_t names[];
+} resolver_t;
 
 typedef struct mesh {
   struct wg_transport *t;
@@ -91,11 +166,16 @@ typedef struct mesh {
   mesh_slot_t *dials;   /* nranks entries, used for ranks below mine */
   mesh_slot_t *accepts; /* naccepts entries */
   int naccepts;
-  int missing; /* peers without a connection yet */
-  int nwarned; /* refused handshakes logged at WARN so far */
+  int per_source;              /* accept slots one source address may hold */
+  int missing;                 /* peers without a connection yet */
+  int nwarned;                 /* refused handshakes logged at WARN so far */
+  unsigned long long nevicted; /* connections dropped to make room */
+  mesh_addr_t *addrs;          /* ranks 0..rank: the ones dialed, and mine */
+  resolver_t *res;             /* NULL when every address is an IP literal */
 } mesh_t;
 
-static const int listen_tag; /* epoll data.ptr of the listening socket */
+static const int listen_tag;   /* epoll data.ptr of the listening socket */
+static const int resolver_tag; /* epoll data.ptr of the resolver's eventfd */
 
 int wg_tcp_parse_address(const char *address, char *host, size_t host_len, char *port,
                          size_t port_len) {
@@ -303,55 +383,295 @@ static void format_remote(const struct sockaddr *sa, socklen_t len, char *out, s
     snprintf(out, out_len, "%s:%s", host, port);
 }
 
-static int bind_listener(mesh_t *m) {
-  struct wg_transport *t = m->t;
-  char host[WAGMA_ADDRESS_MAX], port[16];
-  const char *address = m->plan->members[t->rank].address;
-  if (wg_tcp_parse_address(address, host, sizeof host, port, sizeof port) != 0) {
-    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: bad address '%s'", t->rank, address);
-    return WAGMA_EINVAL;
+/* ---------------------------------------------------------------- addresses and names */
+
+static void copy_addrs(const struct addrinfo *res, struct sockaddr_storage *sa, socklen_t *len,
+                       int *n) {
+  *n = 0;
+  for (const struct addrinfo *ai = res; ai != NULL && *n < MESH_MAX_ADDRS; ai = ai->ai_next) {
+    if ((ai->ai_family != AF_INET && ai->ai_family != AF_INET6) || ai->ai_addrlen > sizeof *sa)
+      continue;
+    memcpy(&sa[*n], ai->ai_addr, ai->ai_addrlen);
+    len[*n] = ai->ai_addrlen;
+    (*n)++;
   }
+}
+
+static void set_port(struct sockaddr_storage *sa, uint16_t port) {
+  if (sa->ss_family == AF_INET)
+    ((struct sockaddr_in *)sa)->sin_port = htons(port);
+  else if (sa->ss_family == AF_INET6)
+    ((struct sockaddr_in6 *)sa)->sin6_port = htons(port);
+}
+
+static void resolver_unref(resolver_t *r) {
+  pthread_mutex_lock(&r->lock);
+  int last = --r->refs == 0;
+  pthread_mutex_unlock(&r->lock);
+  if (!last)
+    return;
+  pthread_cond_destroy(&r->cond);
+  pthread_mutex_destroy(&r->lock);
+  if (r->wakefd >= 0)
+    close(r->wakefd);
+  free(r);
+}
+
+/* A resolver thread: asks getaddrinfo, outside the lock, for the next name that is pending or
+ * due again, until none is left to ask or the mesh stops it. */
+static void *resolver_main(void *arg) {
+  resolver_t *r = arg;
+  pthread_mutex_lock(&r->lock);
+  while (!r->stop) {
+    double now = wg_now(), wake = INFINITY;
+    resolve_name_t *e = NULL;
+    for (int i = 0; i < r->n && e == NULL; i++) {
+      resolve_name_t *c = &r->names[i];
+      if (c->state == NAME_PENDING || (c->state == NAME_FAILED && c->retry_at <= now))
+        e = c;
+      else if (c->state == NAME_FAILED && c->retry_at < wake)
+        wake = c->retry_at;
+    }
+    if (e == NULL) {
+      if (isinf(wake))
+        break; /* all answered, or being asked by another thread */
+      struct timespec ts = {.tv_sec = (time_t)floor(wake)};
+      ts.tv_nsec = (long)((wake - floor(wake)) * 1e9);
+      pthread_cond_timedwait(&r->cond, &r->lock, &ts);
+      continue;
+    }
+    e->state = NAME_BUSY;
+    char host[WAGMA_ADDRESS_MAX];
+    memcpy(host, e->host, sizeof host);
+    pthread_mutex_unlock(&r->lock);
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    pthread_mutex_lock(&r->lock);
+    if (rc == 0)
+      copy_addrs(res, e->sa, e->len, &e->n);
+    if (rc == 0 && e->n > 0) {
+      e->state = NAME_OK;
+    } else {
+      e->state = NAME_FAILED;
+      e->err = rc != 0 ? rc : EAI_NONAME;
+      e->retry_at = wg_now() + RESOLVE_RETRY_S;
+    }
+    if (res != NULL)
+      freeaddrinfo(res);
+    uint64_t one = 1;
+    ssize_t w = write(r->wakefd, &one, sizeof one);
+    (void)w; /* the counter cannot overflow; a failure only delays the mesh to its next turn */
+  }
+  pthread_mutex_unlock(&r->lock);
+  resolver_unref(r);
+  return NULL;
+}
+
+/* The resolver entry of host, added if new. Ownership: the first name creates m->res, which
+ * holds the mesh's reference until resolver_stop. -1 when out of memory. */
+static int resolver_add(mesh_t *m, const char *host) {
+  struct wg_transport *t = m->t;
+  if (m->res == NULL) {
+    int cap = t->rank + 1;
+    resolver_t *r = calloc(1, sizeof *r + (size_t)cap * sizeof r->names[0]);
+    if (r == NULL)
+      return -1;
+    pthread_mutex_init(&r->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    r->refs = 1;
+    r->wakefd = -1;
+    r->cap = cap;
+    m->res = r;
+  }
+  resolver_t *r = m->res;
+  for (int i = 0; i < r->n; i++)
+    if (strcmp(r->names[i].host, host) == 0)
+      return i;
+  if (r->n >= r->cap)
+    return -1;
+  snprintf(r->names[r->n].host, sizeof r->names[r->n].host, "%s", host);
+  r->names[r->n].state = NAME_PENDING;
+  return r->n++;
+}
+
+/* Starts the resolver threads (every signal blocked in them), each holding a reference to
+ * m->res that it drops when it ends. 0 or WAGMA_EIO. */
+static int resolver_start(mesh_t *m) {
+  struct wg_transport *t = m->t;
+  resolver_t *r = m->res;
+  r->wakefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = (void *)&resolver_tag};
+  if (r->wakefd < 0 || epoll_ctl(m->epfd, EPOLL_CTL_ADD, r->wakefd, &ev) != 0)
+    return WAGMA_EIO;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int started = 0;
+  for (int i = 0; i < r->n && i < RESOLVE_THREADS; i++) {
+    pthread_t th;
+    pthread_mutex_lock(&r->lock);
+    r->refs++;
+    pthread_mutex_unlock(&r->lock);
+    if (pthread_create(&th, &attr, resolver_main, r) != 0) {
+      pthread_mutex_lock(&r->lock);
+      r->refs--;
+      pthread_mutex_unlock(&r->lock);
+      break;
+    }
+    started++;
+  }
+  pthread_attr_destroy(&attr);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (started == 0) {
+    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: cannot start a resolver thread",
+            t->rank);
+    return WAGMA_EIO;
+  }
+  return 0;
+}
+
+/* The mesh is done with the resolver: its threads end at their next turn, the last frees it. */
+static void resolver_stop(resolver_t *r) {
+  pthread_mutex_lock(&r->lock);
+  r->stop = 1;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  resolver_unref(r);
+}
+
+static void log_addr(mesh_t *m, int r, int level, const char *what) {
+  struct wg_transport *t = m->t;
+  const char *address = m->plan->members[r].address;
+  if (r == t->rank)
+    wg_logf(t->log, t->log_user, level, "rank %d: its own address '%s' %s", t->rank, address, what);
+  else
+    wg_logf(t->log, t->log_user, level, "rank %d: the address '%s' of rank %d %s", t->rank, address,
+            r, what);
+}
+
+/* Reads rank r's plan address into m->addrs[r]: an IP literal (or no host) here, a host name
+ * handed to the resolver. A malformed address: WAGMA_EINVAL for my own, logged and never
+ * dialed for another rank's. 0, WAGMA_EINVAL or WAGMA_ENOMEM. */
+static int addr_init(mesh_t *m, int r) {
+  struct wg_transport *t = m->t;
+  mesh_addr_t *a = &m->addrs[r];
+  char host[WAGMA_ADDRESS_MAX], port[16], why[160];
+  a->name = -1;
+  a->state = ADDR_BAD;
+  if (wg_tcp_parse_address(m->plan->members[r].address, host, sizeof host, port, sizeof port) !=
+          0 ||
+      strtoul(port, NULL, 10) > 65535) {
+    log_addr(m, r, WAGMA_LOG_ERROR, "is not host:port");
+    return r == t->rank ? WAGMA_EINVAL : 0;
+  }
+  a->port = (uint16_t)strtoul(port, NULL, 10);
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res);
-  if (rc != 0) {
-    wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: cannot resolve '%s': %s", t->rank,
-            address, gai_strerror(rc));
-    return WAGMA_EINVAL;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | (r == t->rank ? AI_PASSIVE : 0);
+  int rc = getaddrinfo(host[0] ? host : NULL, port, &hints, &res); /* no lookup: numeric */
+  if (rc == 0) {
+    copy_addrs(res, a->sa, a->len, &a->n);
+    freeaddrinfo(res);
+    a->state = a->n > 0 ? ADDR_READY : ADDR_BAD;
+  } else if (rc == EAI_NONAME && host[0] != '\0') {
+    a->name = resolver_add(m, host); /* a host name */
+    if (a->name < 0)
+      return WAGMA_ENOMEM;
+    a->state = ADDR_WAIT;
   }
+  if (a->state == ADDR_BAD) {
+    snprintf(why, sizeof why, "is not usable: %s",
+             rc != 0 ? gai_strerror(rc) : "no IPv4 or IPv6 address");
+    log_addr(m, r, WAGMA_LOG_ERROR, why);
+    return r == t->rank ? WAGMA_EINVAL : 0;
+  }
+  return 0;
+}
+
+/* Takes the resolver's answers for the ranks still waiting on one; logs each new failure. */
+static void collect_names(mesh_t *m) {
+  struct wg_transport *t = m->t;
+  resolver_t *r = m->res;
+  if (r == NULL)
+    return;
+  uint64_t count;
+  while (read(r->wakefd, &count, sizeof count) > 0)
+    ;
+  pthread_mutex_lock(&r->lock);
+  for (int q = 0; q <= t->rank; q++) {
+    mesh_addr_t *a = &m->addrs[q];
+    if (a->state != ADDR_WAIT)
+      continue;
+    const resolve_name_t *e = &r->names[a->name];
+    if (e->state == NAME_OK) {
+      a->n = e->n;
+      for (int i = 0; i < e->n; i++) {
+        a->sa[i] = e->sa[i];
+        a->len[i] = e->len[i];
+        set_port(&a->sa[i], a->port);
+      }
+      a->state = ADDR_READY;
+    } else if (e->state == NAME_FAILED) {
+      a->err = e->err;
+    }
+  }
+  pthread_mutex_unlock(&r->lock);
+  for (int q = 0; q <= t->rank; q++) {
+    mesh_addr_t *a = &m->addrs[q];
+    if (a->state == ADDR_WAIT && a->err != 0 && a->err != a->logged) {
+      char why[200];
+      snprintf(why, sizeof why, "does not resolve yet (%s); asking again every %.1f s",
+               gai_strerror(a->err), RESOLVE_RETRY_S);
+      log_addr(m, q, WAGMA_LOG_WARN, why);
+      a->logged = a->err;
+    }
+  }
+}
+
+/* Binds and listens on my address, now resolved. 0 or WAGMA_EIO. */
+static int bind_listener(mesh_t *m) {
+  struct wg_transport *t = m->t;
+  const mesh_addr_t *a = &m->addrs[t->rank];
   int err = 0;
-  for (struct addrinfo *ai = res; ai != NULL && m->listen_fd < 0; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  for (int i = 0; i < a->n && m->listen_fd < 0; i++) {
+    const struct sockaddr_storage *sa = &a->sa[i];
+    int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
       err = errno;
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    int b = bind(fd, ai->ai_addr, ai->ai_addrlen);
+    int b = bind(fd, (const struct sockaddr *)sa, a->len[i]);
     if (b != 0 && errno == EADDRNOTAVAIL) {
       /* The plan address is not local (NAT, service IP): listen on every interface. */
-      struct sockaddr_storage any = {0};
-      memcpy(&any, ai->ai_addr, ai->ai_addrlen);
-      if (ai->ai_family == AF_INET)
+      struct sockaddr_storage any = *sa;
+      if (sa->ss_family == AF_INET)
         ((struct sockaddr_in *)&any)->sin_addr.s_addr = htonl(INADDR_ANY);
-      else if (ai->ai_family == AF_INET6)
+      else
         ((struct sockaddr_in6 *)&any)->sin6_addr = in6addr_any;
-      b = bind(fd, (struct sockaddr *)&any, ai->ai_addrlen);
+      b = bind(fd, (struct sockaddr *)&any, a->len[i]);
     }
-    if (b != 0 || listen(fd, t->nranks + 16) != 0) {
+    if (b != 0 || listen(fd, MESH_BACKLOG) != 0) {
       err = errno;
       close(fd);
       continue;
     }
     m->listen_fd = fd;
   }
-  freeaddrinfo(res);
   if (m->listen_fd < 0) {
     wg_logf(t->log, t->log_user, WAGMA_LOG_ERROR, "rank %d: cannot listen on %s: %s", t->rank,
-            address, strerror(err));
+            m->plan->members[t->rank].address, strerror(err));
     return WAGMA_EIO;
   }
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = (void *)&listen_tag};
@@ -371,12 +691,31 @@ static void slot_close(mesh_t *m, mesh_slot_t *s) {
 
 static void dial_failed(mesh_t *m, mesh_slot_t *s) {
   slot_close(m, s);
+  m->addrs[s->rank].next++; /* the next of its addresses, if it has several */
   s->state = SLOT_IDLE;
   s->retry_at = wg_now() + s->backoff;
   s->backoff = fmin(s->backoff * 2, 0.2);
 }
 
+/* Counts slot s in its source's slots (s in use, src_key set). */
+static void source_add(mesh_t *m, mesh_slot_t *s) {
+  s->src_n = 1;
+  for (int i = 0; i < m->naccepts; i++) {
+    mesh_slot_t *o = &m->accepts[i];
+    if (o != s && o->state != SLOT_FREE && o->src_key == s->src_key) {
+      o->src_n++;
+      s->src_n++;
+    }
+  }
+}
+
 static void accept_free(mesh_t *m, mesh_slot_t *s) {
+  if (s->state != SLOT_FREE)
+    for (int i = 0; i < m->naccepts; i++) {
+      mesh_slot_t *o = &m->accepts[i];
+      if (o != s && o->state != SLOT_FREE && o->src_key == s->src_key)
+        o->src_n--;
+    }
   slot_close(m, s);
   s->state = SLOT_FREE;
   s->rank = -1;
@@ -414,32 +753,21 @@ static void dial_send_nonce(mesh_t *m, mesh_slot_t *s) {
   s->state = SLOT_HELLO_WAIT;
 }
 
+/* Dials rank s->rank at the next of its addresses (resolved: no lookup here). */
 static void dial_start(mesh_t *m, mesh_slot_t *s) {
-  struct wg_transport *t = m->t;
-  char host[WAGMA_ADDRESS_MAX], port[16];
-  struct addrinfo hints = {0}, *res = NULL;
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  const char *address = m->plan->members[s->rank].address;
-  snprintf(s->remote, sizeof s->remote, "%s (rank %d)", address, s->rank);
-  if (wg_tcp_parse_address(address, host, sizeof host, port, sizeof port) != 0 ||
-      getaddrinfo(host[0] ? host : NULL, port, &hints, &res) != 0) {
-    wg_logf(t->log, t->log_user, WAGMA_LOG_DEBUG, "rank %d: cannot resolve '%s' of rank %d",
-            t->rank, address, s->rank);
-    dial_failed(m, s);
-    return;
-  }
-  s->fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  mesh_addr_t *a = &m->addrs[s->rank];
+  const struct sockaddr_storage *sa = &a->sa[a->next % a->n];
+  socklen_t salen = a->len[a->next % a->n];
+  snprintf(s->remote, sizeof s->remote, "%s (rank %d)", m->plan->members[s->rank].address, s->rank);
+  s->fd = socket(sa->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->fd < 0) {
-    freeaddrinfo(res);
     dial_failed(m, s);
     return;
   }
   tune_socket(s->fd);
   s->expires = wg_now() + WG_TCP_HELLO_TIMEOUT_S;
-  int rc = connect(s->fd, res->ai_addr, res->ai_addrlen);
+  int rc = connect(s->fd, (const struct sockaddr *)sa, salen);
   int err = errno;
-  freeaddrinfo(res);
   struct epoll_event ev = {.events = EPOLLOUT, .data.ptr = s};
   if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, s->fd, &ev) != 0) {
     dial_failed(m, s);
@@ -527,32 +855,106 @@ static int seal_connection(mesh_t *m, mesh_slot_t *s, int dialer, int acceptor) 
   return 0;
 }
 
+static void on_accept_event(mesh_t *m, mesh_slot_t *s);
+
+/* The source of a connection, as the accept slots count it: an IPv4 address (an IPv4-mapped
+ * IPv6 one too), or the /64 of an IPv6 address (one host's share of a network). */
+static uint64_t source_key(const struct sockaddr_storage *sa) {
+  if (sa->ss_family == AF_INET)
+    return 1ull << 32 | ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+  if (sa->ss_family != AF_INET6)
+    return 0;
+  const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+  static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (memcmp(b, v4mapped, sizeof v4mapped) == 0)
+    return 1ull << 32 | (uint64_t)b[12] << 24 | (uint64_t)b[13] << 16 | (uint64_t)b[14] << 8 |
+           b[15];
+  uint64_t k = 0;
+  for (int i = 0; i < 8; i++)
+    k = k << 8 | b[i];
+  return k | 1ull << 63;
+}
+
+/* 1 if connection a should give way before b (the order of the file's note on floods). */
+static int gives_way_before(const mesh_slot_t *a, const mesh_slot_t *b, double now) {
+  int late_a = now - a->since > MESH_GRACE_S, late_b = now - b->since > MESH_GRACE_S;
+  if (late_a != late_b)
+    return late_a;
+  if (a->src_n != b->src_n)
+    return a->src_n > b->src_n;
+  int silent_a = a->state == SLOT_HELLO_WAIT, silent_b = b->state == SLOT_HELLO_WAIT;
+  if (silent_a != silent_b)
+    return silent_a;
+  return a->since < b->since;
+}
+
+/* A free accept slot for a new connection from source key, made by dropping the connection
+ * that gives way first (from key's own slots when key is at its cap). */
+static mesh_slot_t *take_slot(mesh_t *m, uint64_t key) {
+  for (int tries = 0;; tries++) {
+    int same = 0;
+    mesh_slot_t *free_slot = NULL;
+    for (int i = 0; i < m->naccepts; i++) {
+      mesh_slot_t *s = &m->accepts[i];
+      if (s->state == SLOT_FREE && free_slot == NULL)
+        free_slot = s;
+      else if (s->state != SLOT_FREE && s->src_key == key)
+        same++;
+    }
+    int capped = same >= m->per_source;
+    if (!capped && free_slot != NULL)
+      return free_slot;
+    double now = wg_now();
+    mesh_slot_t *v = NULL;
+    for (int i = 0; i < m->naccepts; i++) {
+      mesh_slot_t *s = &m->accepts[i];
+      if (s->state == SLOT_FREE || (capped && s->src_key != key))
+        continue;
+      if (v == NULL || gives_way_before(s, v, now))
+        v = s;
+    }
+    if (v == NULL)
+      return free_slot;
+    if (v->state == SLOT_HELLO_WAIT && tries < 3) {
+      on_accept_event(m, v); /* its step 1 may be in the socket: then it stays */
+      if (v->state != SLOT_HELLO_WAIT)
+        continue;
+    }
+    m->nevicted++;
+    refuse(m, v, "dropped to make room: %s hold connections without a completed handshake",
+           capped ? "its address's accept slots all" : "all accept slots");
+    accept_free(m, v);
+    return v;
+  }
+}
+
 static void on_listen_event(mesh_t *m) {
-  for (;;) {
+  for (int k = 0; k < MESH_ACCEPT_BATCH; k++) {
     struct sockaddr_storage sa;
     socklen_t salen = sizeof sa;
     int fd = accept4(m->listen_fd, (struct sockaddr *)&sa, &salen, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0)
       return;
-    mesh_slot_t *s = NULL;
-    for (int i = 0; i < m->naccepts && s == NULL; i++)
-      if (m->accepts[i].state == SLOT_FREE)
-        s = &m->accepts[i];
+    uint64_t key = source_key(&sa);
+    mesh_slot_t *s = take_slot(m, key);
     if (s == NULL) {
-      close(fd); /* too many half-open connections: a flood, not a member */
+      close(fd);
       continue;
     }
     s->fd = fd;
     s->got = 0;
     s->rank = -1;
     s->state = SLOT_HELLO_WAIT;
-    /* A second more than a dialer allows itself, so a step 3 it sent in its time arrives in
-     * ours. */
-    s->expires = wg_now() + WG_TCP_HELLO_TIMEOUT_S + 1.0;
+    s->accepted = s->since = wg_now();
+    s->expires = s->accepted + WG_TCP_HELLO_SILENT_S;
+    s->src_key = key;
+    source_add(m, s);
     format_remote((struct sockaddr *)&sa, salen, s->remote, sizeof s->remote);
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = s};
     if (epoll_ctl(m->epfd, EPOLL_CTL_ADD, fd, &ev) != 0)
       accept_free(m, s);
+    else
+      on_accept_event(m, s); /* a member's step 1 is often there already */
   }
 }
 
@@ -576,6 +978,10 @@ static void accept_step1(mesh_t *m, mesh_slot_t *s) {
   }
   s->got = 0;
   s->state = SLOT_PROOF_WAIT;
+  s->since = wg_now();
+  /* A second more than a dialer allows itself, so a step 3 it sent in its time arrives in
+   * ours. */
+  s->expires = s->accepted + WG_TCP_HELLO_TIMEOUT_S + 1.0;
 }
 
 /* Acceptor, step 3 arrived: the connection becomes the claimed rank's only if its proof
@@ -632,7 +1038,10 @@ static double expire_handshakes(mesh_t *m, double now, double next) {
     if (s->state == SLOT_FREE)
       continue;
     if (s->expires <= now) {
-      refuse(m, s, "handshake not completed within %.0f s", WG_TCP_HELLO_TIMEOUT_S + 1.0);
+      if (s->state == SLOT_HELLO_WAIT)
+        refuse(m, s, "no HELLO within %.1f s", WG_TCP_HELLO_SILENT_S);
+      else
+        refuse(m, s, "handshake not completed within %.0f s", WG_TCP_HELLO_TIMEOUT_S + 1.0);
       accept_free(m, s);
     } else if (s->expires < next) {
       next = s->expires;
@@ -654,13 +1063,27 @@ static double expire_handshakes(mesh_t *m, double now, double next) {
   return next;
 }
 
-#define MESH_CANCEL_POLL_MS 50
+/* After the loop: logs the ranks whose name never resolved; my own makes the open fail
+ * (WAGMA_EINVAL when the resolver answered with an error, WAGMA_ETIMEDOUT when not at all). */
+static int report_unresolved(mesh_t *m) {
+  struct wg_transport *t = m->t;
+  int rc = 0;
+  for (int r = 0; r <= t->rank; r++) {
+    mesh_addr_t *a = &m->addrs[r];
+    if (a->state != ADDR_WAIT)
+      continue;
+    char why[200];
+    snprintf(why, sizeof why, "did not resolve within the connect timeout (%s)",
+             a->err != 0 ? gai_strerror(a->err) : "the resolver did not answer");
+    log_addr(m, r, WAGMA_LOG_ERROR, why);
+    if (r == t->rank)
+      rc = a->err != 0 ? WAGMA_EINVAL : WAGMA_ETIMEDOUT;
+  }
+  return rc;
+}
 
 static int mesh_run(mesh_t *m, double deadline, int (*cancelled)(void *), void *cancel_user) {
   struct wg_transport *t = m->t;
-  int rc = bind_listener(m);
-  if (rc != 0)
-    return rc;
   for (int r = 0; r < t->rank; r++) {
     mesh_slot_t *s = &m->dials[r];
     s->kind = SLOT_DIAL;
@@ -670,15 +1093,25 @@ static int mesh_run(mesh_t *m, double deadline, int (*cancelled)(void *), void *
     s->retry_at = 0;
     s->backoff = 0.01;
   }
-  while (m->missing > 0) {
+  for (;;) {
     if (cancelled && cancelled(cancel_user))
       return WAGMA_ECANCELED; /* the caller's connections are closed by wg_tcp_mesh_connect */
     double now = wg_now();
     if (now >= deadline)
       break;
+    collect_names(m);
+    if (m->listen_fd < 0 && m->addrs[t->rank].state == ADDR_READY) {
+      int rc = bind_listener(m);
+      if (rc != 0)
+        return rc;
+    }
+    if (m->missing == 0 && m->listen_fd >= 0)
+      break;
     double next = expire_handshakes(m, now, deadline);
     for (int r = 0; r < t->rank; r++) {
       mesh_slot_t *s = &m->dials[r];
+      if (m->addrs[r].state != ADDR_READY)
+        continue;
       if (s->state == SLOT_IDLE && s->retry_at <= now)
         dial_start(m, s);
       if (s->state == SLOT_IDLE && s->retry_at < next)
@@ -691,20 +1124,35 @@ static int mesh_run(mesh_t *m, double deadline, int (*cancelled)(void *), void *
       timeout_ms = MESH_CANCEL_POLL_MS;
     struct epoll_event events[32];
     int n = epoll_wait(m->epfd, events, 32, timeout_ms);
+    int listen_ready = 0;
     for (int i = 0; i < n; i++) {
       void *ptr = events[i].data.ptr;
       if (ptr == &listen_tag) {
-        on_listen_event(m);
+        listen_ready = 1; /* after the handshakes in progress */
         continue;
       }
+      if (ptr == &resolver_tag)
+        continue; /* collect_names, next turn */
       mesh_slot_t *s = ptr;
       if (s->kind == SLOT_DIAL)
         on_dial_event(m, s);
       else if (s->state != SLOT_FREE)
         on_accept_event(m, s);
     }
+    if (listen_ready)
+      on_listen_event(m);
   }
-  return 0;
+  return report_unresolved(m);
+}
+
+/* Reads every address this rank needs; starts the resolver for the host names among them. */
+static int mesh_addresses(mesh_t *m) {
+  for (int r = 0; r <= m->t->rank; r++) {
+    int rc = addr_init(m, r);
+    if (rc != 0)
+      return rc;
+  }
+  return m->res != NULL ? resolver_start(m) : 0;
 }
 
 int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
@@ -721,11 +1169,14 @@ int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
               .missing = t->nranks - 1};
   if (t->nranks <= 1)
     return 0;
-  m.naccepts = t->nranks + 32;
+  int higher = t->nranks - 1 - t->rank; /* the ranks that dial me */
+  m.naccepts = higher + MESH_ACCEPT_SPARE;
+  m.per_source = higher + MESH_SOURCE_SPARE;
   m.dials = calloc((size_t)t->nranks, sizeof *m.dials);
   m.accepts = calloc((size_t)m.naccepts, sizeof *m.accepts);
+  m.addrs = calloc((size_t)t->rank + 1, sizeof *m.addrs);
   m.epfd = epoll_create1(EPOLL_CLOEXEC);
-  if (m.dials == NULL || m.accepts == NULL || m.epfd < 0) {
+  if (m.dials == NULL || m.accepts == NULL || m.addrs == NULL || m.epfd < 0) {
     rc = m.epfd < 0 ? WAGMA_EIO : WAGMA_ENOMEM;
     goto out;
   }
@@ -735,7 +1186,14 @@ int wg_tcp_mesh_connect(struct wg_transport *t, const wagma_plan_t *plan,
     m.accepts[i].fd = -1;
     m.accepts[i].rank = -1;
   }
-  rc = mesh_run(&m, deadline, cancelled, cancel_user);
+  rc = mesh_addresses(&m);
+  if (rc == 0)
+    rc = mesh_run(&m, deadline, cancelled, cancel_user);
+  if (m.nevicted > 0)
+    wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+            "rank %d: %llu connections that had not completed a handshake were dropped to make "
+            "room for others (a connection flood?)",
+            t->rank, m.nevicted);
 out:
   for (int r = 0; m.dials != NULL && r < t->rank; r++)
     if (m.dials[r].state != SLOT_DONE && m.dials[r].fd >= 0)
@@ -747,8 +1205,11 @@ out:
     close(m.listen_fd);
   if (m.epfd >= 0)
     close(m.epfd);
+  if (m.res != NULL)
+    resolver_stop(m.res);
   free(m.dials);
   free(m.accepts);
+  free(m.addrs);
   for (int r = 0; r < t->nranks; r++)
     if (r != t->rank && t->peers[r].fd >= 0)
       tune_socket(t->peers[r].fd);

@@ -7,7 +7,7 @@
  * or epochs share a key, and a key never travels. Nonce: 4 zero bytes, then the direction's
  * frame counter (64-bit little-endian, from 0): frames arrive in the order they were sent
  * (one TCP stream per direction), so both sides count alike, and a frame replayed, dropped,
- * reordered or moved to another connection fails to open. Each frame: its 40-byte header in
+ * reordered or moved to another connection fails to open. Each frame: its 64-byte header in
  * clear (it says the payload's length) and authenticated as additional data, the payload
  * encrypted (same length), then the 16-byte tag.
  *
