@@ -421,14 +421,16 @@ static int newer_plan_waiting(wg_control_t *c) {
 
 /* Reads the data-plane secret of the job's plan epoch into secret (WAGMA_API_SECRET_LEN bytes).
  * The coordinator writes it in the plan's Txn, so it is there whenever the plan is; a failed
- * read is retried for up to 2 s (given up at once when a newer plan or a stop comes). Returns
- * its length, or 0 when there is none: the epoch then runs unauthenticated (a coordinator that
- * predates the secrets), which the collective logs as a warning. Every copy of the hex value
- * this code sees is wiped. */
+ * read is retried for up to SECRET_READ_S (given up at once when a newer plan or a stop
+ * comes). Returns its length, or 0 when there is none: the runner then refuses the epoch
+ * (reports this agent unavailable) rather than run its data plane unauthenticated. Every copy
+ * of the hex value this code sees is wiped. */
+#define SECRET_READ_S 5.0
+
 static size_t read_secret(wg_control_t *c, uint64_t epoch, uint8_t *secret) {
   char key[256];
   int e;
-  double deadline = wg_mono() + 2.0;
+  double deadline = wg_mono() + SECRET_READ_S;
   if (wagma_key_secret(&c->keys, c->job, epoch, key, sizeof key) != 0)
     return 0;
   for (;;) {
@@ -451,8 +453,8 @@ static size_t read_secret(wg_control_t *c, uint64_t epoch, uint8_t *secret) {
   }
   if (e)
     LOG(c, WAGMA_LOG_WARN,
-        "job %s: no data-plane secret for epoch %llu (%s: %s): its data plane will be "
-        "unauthenticated",
+        "job %s: no data-plane secret for epoch %llu (%s: %s): this agent will not run that "
+        "epoch",
         c->job, (unsigned long long)epoch, key,
         e == WAGMA_ENOTFOUND ? "not found" : wagma_etcd_errmsg(c->etcd));
   return 0;

@@ -448,6 +448,23 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   int e, all_joiners = 1, have_ck = j->have_ck;
   for (int i = 0; i < j->plan.nranks; i++)
     all_joiners &= j->plan.members[i].joiner;
+  if (!j->secret_len) {
+    /* The coordinator writes every plan's secret in the plan's own Txn: a plan without one
+     * here means this agent could not read it (etcd permissions, an etcd failure; the control
+     * thread logged why). Running the epoch unauthenticated would open its data plane to
+     * anyone who can reach the port: this agent drops out instead. */
+    char why[200];
+    snprintf(why, sizeof why,
+             "no data-plane secret for epoch %llu (unreadable in etcd): not running the data "
+             "plane unauthenticated",
+             (unsigned long long)j->epoch);
+    RLOG(r, WAGMA_LOG_ERROR, "job %s: %s; reporting this agent unavailable for the job", j->cfg.job,
+         why);
+    j->need_connect = 0;
+    j->unavailable = 1;
+    share_progress(r, WG_STATE_UNAVAILABLE, why, 1);
+    return;
+  }
   wagma_comm_options_init(&co);
   co.plan = &j->plan;
   co.rank = j->rank;
@@ -460,8 +477,8 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   co.cancelled = epoch_superseded;
   co.cancel_user = r;
   /* the epoch's secret: every member proves it in the handshake (docs/collective.md "Peer
-   * authentication"); none: unauthenticated, which the collective logs as a warning */
-  co.secret = j->secret_len ? j->secret : NULL;
+   * authentication") */
+  co.secret = j->secret;
   co.secret_len = j->secret_len;
   co.encrypt = r->opt->encrypt_data_plane; /* sealed frames (docs/collective.md "Encryption") */
   /* --transport nccl: large payloads over NCCL on the backend's device ("cuda" = device 0) */
@@ -559,10 +576,10 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   e = wg_job_state_to_host(j, j->sync_buf);
   if (e == 0)
     e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
-  if (e == WAGMA_EINVAL && weight == 0.0f) {
+  if (e == WAGMA_EINVAL && weight == 0.0f && !plan_joiner) {
     fresh = 1; /* nobody had a model: sync_buf is still this member's (seed) state */
     e = 0;
-  }
+  } /* a joiner's EINVAL: the plan's survivors were all out of reach, none gave a model */
   if (e == WAGMA_ECANCELED) {
     RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
          j->cfg.job, (unsigned long long)j->epoch);
@@ -571,6 +588,23 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   }
   if (e == 0 && (e = wg_job_state_from_host(j, j->sync_buf)) == 0) {
     j->have_model = 1;
+  } else if (plan_joiner) {
+    /* A joiner (the plan has members with the job's model) that got none: training on the
+     * seed would average it into theirs at full weight. This agent drops out (the
+     * coordinator replans without it); the job goes on with the members that have its model.
+     * (A member without a model in a fresh start keeps the seed, which all share.) */
+    char why[240];
+    snprintf(why, sizeof why,
+             "the joining sync of epoch %llu brought no model of the job (%s): not training "
+             "from the seed",
+             (unsigned long long)j->epoch, wagma_strerror(e));
+    RLOG(r, WAGMA_LOG_ERROR, "job %s: %s; reporting this agent unavailable for the job", j->cfg.job,
+         why);
+    close_comm(r);
+    j->have_model = 0;
+    j->unavailable = 1;
+    share_progress(r, WG_STATE_UNAVAILABLE, why, 1);
+    return;
   } else {
     wg_runner_warn_comm(r, "global sync", e);
   }

@@ -4,7 +4,8 @@
  * coordinator is ready (its /readyz pings etcd as the user), the agents register and a
  * 2-worker job trains to the end. A wrong password (agent) and a wrong CA (coordinator) end
  * the process with exit status 4 and a message that says why, well before
- * --etcd-startup-timeout; the password is on no command line. */
+ * --etcd-startup-timeout; the password is on no command line. An agent whose etcd user
+ * cannot read the job's secrets stays out of the job rather than run it unauthenticated. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -34,7 +35,8 @@ static const char *path(const char *name) {
 }
 
 /* The etcd flags of both daemons; password_file NULL = from the environment. */
-static int etcd_flags(const char **argv, int n, const char *ca, const char *password_file) {
+static int etcd_flags_as(const char **argv, int n, const char *ca, const char *password_file,
+                         const char *user) {
   static char files[5][320];
   snprintf(files[0], sizeof files[0], "%s", ca);
   snprintf(files[1], sizeof files[1], "%s", path("client.crt"));
@@ -46,7 +48,7 @@ static int etcd_flags(const char **argv, int n, const char *ca, const char *pass
   argv[n++] = "--etcd-key";
   argv[n++] = files[2];
   argv[n++] = "--etcd-user";
-  argv[n++] = "wagma";
+  argv[n++] = user;
   if (password_file != NULL) {
     snprintf(files[3], sizeof files[3], "%s", password_file);
     argv[n++] = "--etcd-password-file";
@@ -57,7 +59,12 @@ static int etcd_flags(const char **argv, int n, const char *ca, const char *pass
   return n;
 }
 
-static pid_t start_agent(const char *name, const char *password_file, const char *const *env) {
+static int etcd_flags(const char **argv, int n, const char *ca, const char *password_file) {
+  return etcd_flags_as(argv, n, ca, password_file, "wagma");
+}
+
+static pid_t start_agent_as(const char *name, const char *user, const char *password_file,
+                            const char *const *env) {
   const char *argv[40];
   char listen[64], log[320];
   int n = 0;
@@ -82,9 +89,13 @@ static pid_t start_agent(const char *name, const char *password_file, const char
   argv[n++] = "/nonexistent/wagma-test";
   argv[n++] = "--checkpoint-root";
   argv[n++] = g_tls.dir;
-  n = etcd_flags(argv, n, path("ca.crt"), password_file);
+  n = etcd_flags_as(argv, n, path("ca.crt"), password_file, user);
   argv[n] = NULL;
   return proc_spawn(argv, log, env);
+}
+
+static pid_t start_agent(const char *name, const char *password_file, const char *const *env) {
+  return start_agent_as(name, "wagma", password_file, env);
 }
 
 static void dump(const char *name) {
@@ -204,6 +215,79 @@ static void a_job_trains_over_tls_as_an_etcd_user(void **state) {
   }
 }
 
+/* An agent whose etcd user may read everything under /wagma/ but the secrets (<prefix>/secrets/)
+ * gets a plan without its epoch's secret: it never runs that data plane unauthenticated. It
+ * reports itself unavailable, saying why, and the job succeeds with the two other agents.
+ * (Before, it ran the epoch unauthenticated, with the collective's warning.) */
+static void an_agent_without_the_secret_stays_out(void **state) {
+  (void)state;
+  char url[256], *body = NULL, cmd[512];
+  http_result_t r;
+  assert_int_equal(etcd_fixture_etcdctl(g_tls.etcd, "role add blind"), 0);
+  assert_int_equal(etcd_fixture_etcdctl(g_tls.etcd, "role grant-permission blind readwrite "
+                                                    "/wagma/ /wagma/secrets/"),
+                   0);
+  assert_int_equal(etcd_fixture_etcdctl(g_tls.etcd, "role grant-permission blind readwrite "
+                                                    "/wagma/secrets0 /wagma0"),
+                   0);
+  assert_int_equal(etcd_fixture_etcdctl(g_tls.etcd, "user add blind:wagmapw --interactive=false"),
+                   0);
+  assert_int_equal(etcd_fixture_etcdctl(g_tls.etcd, "user grant-role blind blind"), 0);
+  pid_t blind = start_agent_as("agent-blind", "blind", path("password"), NULL);
+  assert_true(blind > 0);
+  double t0 = proc_now();
+  for (;; proc_sleep(0.2)) {
+    assert_int_equal(get("/v1/agents", &body), 200);
+    int in = strstr(body, "\"agent-blind\"") != NULL;
+    free(body);
+    if (in)
+      break;
+    if (proc_now() - t0 > 30) {
+      dump("agent-blind.log");
+      proc_stop(blind, SIGTERM, 10);
+      fail_msg("agent-blind did not register");
+    }
+  }
+  static const char job[] = "{\"name\":\"blind\",\"model\":\"softmax\",\"dataset\":"
+                            "\"synthetic\",\"algorithm\":\"allreduce\",\"workers\":3,"
+                            "\"min_workers\":2,\"batch_size\":32,\"iterations\":150}";
+  snprintf(url, sizeof url, "%s/v1/jobs", g_coordinator.base);
+  assert_int_equal(http_request("POST", url, job, strlen(job), "application/json", NULL, &r), 0);
+  assert_int_equal(r.status, 201);
+  http_result_free(&r);
+  int done = 0;
+  for (t0 = proc_now(); !done && proc_now() - t0 < 90; proc_sleep(0.3)) {
+    assert_int_equal(get("/v1/jobs/blind", &body), 200);
+    done = strstr(body, "\"state\":\"succeeded\"") != NULL;
+    if (strstr(body, "\"state\":\"failed\"")) {
+      fprintf(stderr, "job: %.600s\n", body);
+      free(body);
+      break;
+    }
+    free(body);
+  }
+  proc_stop(blind, SIGTERM, 10);
+  if (!done) {
+    dump("coordinator.log");
+    dump("agent-blind.log");
+  }
+  assert_true(done);
+  snprintf(cmd, sizeof cmd, "grep -q 'no data-plane secret for epoch' '%s/agent-blind.log'",
+           g_tls.dir);
+  if (tls_etcd_sh("%s", cmd) != 0) {
+    dump("agent-blind.log");
+    fail_msg("agent-blind does not say that it had no secret");
+  }
+  /* the collective's warning, or the runner's line of an epoch joined without a secret */
+  snprintf(cmd, sizeof cmd,
+           "grep -q -e 'is unauthenticated' -e 'data plane UNAUTHENTICATED' '%s/agent-blind.log'",
+           g_tls.dir);
+  if (tls_etcd_sh("%s", cmd) == 0) {
+    dump("agent-blind.log");
+    fail_msg("agent-blind ran a data plane unauthenticated");
+  }
+}
+
 /* Runs to its end (at most 30 s, far less than --etcd-startup-timeout): the exit status, and
  * whether its log says expect. */
 static int exits_with(pid_t pid, const char *log, const char *expect) {
@@ -246,6 +330,7 @@ static void a_wrong_ca_ends_the_coordinator(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_job_trains_over_tls_as_an_etcd_user),
+      cmocka_unit_test(an_agent_without_the_secret_stays_out),
       cmocka_unit_test(a_wrong_password_ends_the_agent),
       cmocka_unit_test(a_wrong_ca_ends_the_coordinator),
   };
