@@ -7,11 +7,15 @@
  * snapshot and pending correction (count floats each), and the active side's connections to
  * the passives of the epoch (used by the training thread only).
  * Threads: the training thread calls set_epoch, publish and average; the accept thread and the
- * connection threads serve. mu guards the epoch, rank, token, snapshot, pending and counters;
- * no socket I/O happens under it, so a stopped or slow active stalls only its own connection
- * thread. Every socket operation of the active side has a deadline (poll); a connection thread
- * sends under SO_SNDTIMEO and waits for requests without one (an idle active is normal).
- * close() shuts every socket down and joins every thread. */
+ * connection threads serve. mu guards the epoch, rank, token, snapshot, pending, the bounds of
+ * the connections and counters; no socket I/O happens under it, so a stopped or slow active
+ * stalls only its own connection thread. Every socket operation has a deadline (poll): the
+ * active side's its exchange deadline; a connection thread's the bounds of peer_io.h (a
+ * request's first byte within the idle bound, the frame bound before the first; the rest of
+ * the request within the frame bound; its reply within WG_PEER_REPLY_S), and keepalive ends
+ * the wait of a connection whose host vanished. A connection that misses one is closed with a
+ * log line and counted (dropped); its buffers, allocated at its first request, go with its
+ * thread. close() shuts every socket down and joins every thread. */
 #include "agent/adpsgd.h"
 #include "agent/peer_io.h"
 
@@ -35,7 +39,6 @@
 #define GOSSIP_MAGIC 0x44414757u /* "WGAD" little-endian */
 #define GOSSIP_VERSION 1u
 enum { KIND_REQUEST = 1, KIND_REPLY = 2, KIND_REFUSED = 3 };
-#define MAX_CONNECTIONS 1024
 /* A request for an epoch this passive has not entered yet waits this long for set_epoch: the
  * actives of a new epoch start asking as soon as their own endpoint exchange returns, a few
  * microseconds to milliseconds before every passive has set its epoch; refused, the active
@@ -79,6 +82,7 @@ struct wg_adpsgd {
   uint64_t token;
   float *snapshot, *pending;
   int pending_n;
+  double frame_s, idle_s; /* the bounds of a served connection (peer_io.h) */
   wg_adpsgd_counters_t counters;
 
   /* active side: training thread only */
@@ -140,36 +144,62 @@ static int serve_average(wg_adpsgd_t *g, const gossip_header_t *h, const float *
   return e;
 }
 
+/* Counts a connection that ends on a missed bound or a lost peer, and logs it (INFO for an
+ * idle one: a client that waited long between requests connects afresh; WARN else). */
+static void drop(wg_adpsgd_t *g, const char *peer, int e, int why, const char *what, double bound_s,
+                 int idle) {
+  if (e == WAGMA_EPEER && why == 0)
+    return; /* the active closed: the normal end */
+  pthread_mutex_lock(&g->mu);
+  int stopping = g->stopping;
+  if (!stopping)
+    g->counters.dropped++;
+  pthread_mutex_unlock(&g->mu);
+  if (!stopping)
+    wg_peer_log_drop(g->log, g->log_user, idle ? WAGMA_LOG_INFO : WAGMA_LOG_WARN, "adpsgd", peer, e,
+                     why, what, bound_s);
+}
+
 /* A connection thread of the server (peer_server.c): requests until the active closes, sends
- * something else, or close shuts the socket down. */
+ * something else, misses a bound, or close shuts the socket down. */
 static void serve_conn(void *user, int fd) {
   wg_adpsgd_t *g = user;
-  float *w = malloc(g->count * sizeof(float)), *reply = malloc(g->count * sizeof(float));
-  struct timeval tv = {.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  while (w && reply) {
+  float *w = NULL, *reply = NULL; /* count floats each, from the first request on */
+  char peer[WG_PEER_NAME_MAX];
+  wg_peer_name(fd, peer, sizeof peer);
+  for (int n = 0;; n++) {
     gossip_header_t h, out;
-    if (wg_peer_recv(fd, &h, sizeof h, -1) != 0)
+    pthread_mutex_lock(&g->mu);
+    double frame_s = g->frame_s, wait_s = n == 0 ? g->frame_s : g->idle_s;
+    pthread_mutex_unlock(&g->mu);
+    double frame_deadline;
+    int e = wg_peer_next_request(fd, &h, sizeof h, wait_s, frame_s, &frame_deadline), why = errno;
+    if (e) {
+      drop(g, peer, e, why,
+           frame_deadline == 0 ? (n == 0 ? "a first request" : "a request (idle connection)")
+                               : "a whole request header",
+           frame_deadline == 0 ? wait_s : frame_s, frame_deadline == 0 && n > 0);
       break;
+    }
     if (h.magic != GOSSIP_MAGIC || h.version != GOSSIP_VERSION || h.kind != KIND_REQUEST ||
-        h.count != g->count)
-      break; /* not our protocol, or another model: drop the connection */
-    if (wg_peer_recv(fd, w, g->count * sizeof(float), -1) != 0)
+        h.count != g->count) { /* not our protocol, or another model: drop the connection */
+      drop(g, peer, WAGMA_EPROTO, 0, NULL, 0, 0);
       break;
-    int e = serve_average(g, &h, w, reply);
-    header_init(&out, e ? KIND_REFUSED : KIND_REPLY, h.epoch, 0, e ? 0 : g->count);
-    if (send(fd, &out, sizeof out, MSG_NOSIGNAL) != (ssize_t)sizeof out)
+    }
+    if (!w &&
+        (!(w = malloc(g->count * sizeof(float))) || !(reply = malloc(g->count * sizeof(float)))))
       break;
-    if (!e) {
-      size_t len = g->count * sizeof(float), off = 0;
-      while (off < len) {
-        ssize_t n = send(fd, (char *)reply + off, len - off, MSG_NOSIGNAL);
-        if (n <= 0)
-          break;
-        off += (size_t)n;
-      }
-      if (off < len)
-        break;
+    if ((e = wg_peer_recv(fd, w, g->count * sizeof(float), frame_deadline))) {
+      drop(g, peer, e, errno, "the model of a request", frame_s, 0);
+      break;
+    }
+    int refused = serve_average(g, &h, w, reply);
+    header_init(&out, refused ? KIND_REFUSED : KIND_REPLY, h.epoch, 0, refused ? 0 : g->count);
+    double send_deadline = wg_mono() + WG_PEER_REPLY_S;
+    if ((e = wg_peer_send(fd, &out, sizeof out, send_deadline)) ||
+        (!refused && (e = wg_peer_send(fd, reply, g->count * sizeof(float), send_deadline)))) {
+      drop(g, peer, e, errno, "the active's read of the reply", WG_PEER_REPLY_S, 0);
+      break;
     }
   }
   free(w);
@@ -198,6 +228,8 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
   g->log_user = log_user;
   g->listen_fd = -1;
   g->rank = -1;
+  g->frame_s = wg_peer_frame_bound(1.0);
+  g->idle_s = WG_PEER_IDLE_S;
   g->snapshot = calloc(count, sizeof(float));
   g->pending = calloc(count, sizeof(float));
   g->reply = malloc(count * sizeof(float));
@@ -208,7 +240,7 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
             bind_host ? bind_host : "*", strerror(errno));
     goto fail;
   }
-  if ((e = wg_peer_server_start(g->listen_fd, MAX_CONNECTIONS, serve_conn, g, &g->server)))
+  if ((e = wg_peer_server_start(g->listen_fd, WG_PEER_MAX_CONNS, serve_conn, g, &g->server)))
     goto fail;
   *out = g;
   return 0;
@@ -260,6 +292,12 @@ uint16_t wg_adpsgd_port(const wg_adpsgd_t *g) {
   return g->port;
 }
 
+void wg_adpsgd_set_idle_bound(wg_adpsgd_t *g, double idle_s) {
+  pthread_mutex_lock(&g->mu);
+  g->idle_s = idle_s > 0 ? idle_s : WG_PEER_IDLE_S;
+  pthread_mutex_unlock(&g->mu);
+}
+
 int wg_adpsgd_set_epoch(wg_adpsgd_t *g, uint64_t epoch, int rank, int nranks,
                         const wg_adpsgd_peer_t *peers, uint64_t my_token, double deadline_s,
                         double backoff_s, const float *model) {
@@ -289,6 +327,7 @@ int wg_adpsgd_set_epoch(wg_adpsgd_t *g, uint64_t epoch, int rank, int nranks,
   g->rank = rank;
   g->nranks = nranks;
   g->token = my_token;
+  g->frame_s = wg_peer_frame_bound(g->deadline_s);
   memcpy(g->snapshot, model, g->count * sizeof(float));
   memset(g->pending, 0, g->count * sizeof(float));
   g->pending_n = 0;
@@ -338,6 +377,10 @@ static int exchange(wg_adpsgd_t *g, out_peer_t *p, uint64_t epoch, const float *
   gossip_header_t h;
   int e = 0;
   *sent = 0;
+  if (p->fd >= 0 && wg_peer_stale(p->fd)) { /* the passive closed it (idle bound): afresh */
+    close(p->fd);
+    p->fd = -1;
+  }
   if (p->fd < 0 && (e = wg_peer_connect(p->addr.host, p->addr.port, deadline, &p->fd)))
     return e;
   header_init(&h, KIND_REQUEST, epoch, p->addr.token, g->count);
@@ -438,6 +481,7 @@ void wg_adpsgd_counters(wg_adpsgd_t *g, wg_adpsgd_counters_t *out) {
   pthread_mutex_lock(&g->mu);
   *out = g->counters;
   pthread_mutex_unlock(&g->mu);
+  out->connections = (uint64_t)wg_peer_server_count(g->server);
 }
 
 /* ---- the per-epoch exchange of ports and tokens ------------------------------------------ */

@@ -25,6 +25,11 @@
  * conserved. Until then the peer is not asked again. Requests of another epoch
  * or with a wrong token are refused.
  *
+ * Every wait of the passive's connection threads is bounded too (agent/peer_io.h): a request's
+ * bytes within the frame bound (twice the epoch's exchange deadline, at least 2 s), requests at
+ * most WG_PEER_IDLE_S apart, TCP keepalive for a vanished host. A connection that misses one is
+ * closed and its thread ends; an active that finds its idle connection closed connects afresh.
+ *
  * Wire format (little-endian, native float32): a 40-byte header {magic "WGAD", version 1,
  * kind, epoch, token, count} then count floats. Kinds: average request (active -> passive,
  * the active's model), average reply (the passive's snapshot before the averaging), refused
@@ -50,11 +55,14 @@ typedef struct wg_adpsgd_peer {
 } wg_adpsgd_peer_t;
 
 typedef struct wg_adpsgd_counters {
-  uint64_t averaged; /* active: averagings done */
-  uint64_t skipped;  /* active: averagings given up (deadline, refusal, no peer) */
-  uint64_t served;   /* passive: averagings answered */
-  uint64_t refused;  /* passive: requests of another epoch or with a bad token */
-  uint64_t late;     /* active: replies collected after their deadline (in averaged too) */
+  uint64_t averaged;    /* active: averagings done */
+  uint64_t skipped;     /* active: averagings given up (deadline, refusal, no peer) */
+  uint64_t served;      /* passive: averagings answered */
+  uint64_t refused;     /* passive: requests of another epoch or with a bad token */
+  uint64_t late;        /* active: replies collected after their deadline (in averaged too) */
+  uint64_t dropped;     /* passive: connections closed on a missed bound, a lost peer or a
+                           protocol error (peer_io.h) */
+  uint64_t connections; /* passive: connections held now (their threads not yet joined) */
 } wg_adpsgd_counters_t;
 
 /* 1 when rank is active (even), 0 when passive (odd). */
@@ -70,12 +78,16 @@ int wg_adpsgd_open(const char *bind_host, size_t count, wagma_log_fn log, void *
 /* Stops the threads, closes every socket, frees. NULL is a no-op. */
 void wg_adpsgd_close(wg_adpsgd_t *g);
 uint16_t wg_adpsgd_port(const wg_adpsgd_t *g);
+/* The idle bound of the passive's connections (seconds between two requests; <= 0 = the
+ * default, WG_PEER_IDLE_S), from the next wait on. Tests shorten it. Any thread. */
+void wg_adpsgd_set_idle_bound(wg_adpsgd_t *g, double idle_s);
 
 /* Enters an epoch: my rank among nranks, the peers (nranks entries, mine ignored; copied),
  * my token (passives check it), the deadline of one exchange and the back-off of a suspect
  * peer, in seconds, and model (count floats, host) as the first snapshot. Requests of other
  * epochs are refused from now on, the pending correction is dropped (call publish() first to
- * keep it) and the active side's connections are closed. */
+ * keep it) and the active side's connections are closed. The frame bound of the passive's
+ * connections becomes wg_peer_frame_bound(deadline_s). */
 int wg_adpsgd_set_epoch(wg_adpsgd_t *g, uint64_t epoch, int rank, int nranks,
                         const wg_adpsgd_peer_t *peers, uint64_t my_token, double deadline_s,
                         double backoff_s, const float *model);

@@ -6,7 +6,11 @@
  * Owns: the accept thread, the accepted connections (fd and thread each) and their list, under
  * mu. The listening socket stays the endpoint's. Threads: the accept thread (polls every
  * 200 ms for stop, joins the connections that ended), one thread per connection; start and
- * stop are called from one thread of the endpoint. */
+ * stop are called from one thread of the endpoint, count from any.
+ * Invariants: every accepted socket has TCP_NODELAY and keepalive (wg_peer_keepalive); the
+ * limit counts the connections not yet joined, and the ended ones are joined before each
+ * accept, so a connection whose serve returned frees its slot for the next one. The serve
+ * functions bound their own waits (peer_io.h); stop shuts the sockets down to end them. */
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -75,18 +79,22 @@ static void *accept_main(void *arg) {
     struct pollfd pfd = {.fd = s->listen_fd, .events = POLLIN};
     int r = poll(&pfd, 1, 200);
     pthread_mutex_lock(&s->mu);
-    int stopping = s->stopping, full = s->nconns >= s->max_conns;
+    int stopping = s->stopping;
     pthread_mutex_unlock(&s->mu);
     if (stopping)
       break;
-    reap(s);
+    reap(s); /* before the limit is checked: an ended connection's slot is free */
     if (r <= 0)
       continue;
     int fd = accept(s->listen_fd, NULL, NULL);
     if (fd < 0)
       continue;
+    pthread_mutex_lock(&s->mu);
+    int full = s->nconns >= s->max_conns;
+    pthread_mutex_unlock(&s->mu);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    wg_peer_keepalive(fd); /* a peer whose host vanished ends its serve's wait */
     server_conn_t *c = full ? NULL : calloc(1, sizeof *c);
     if (!c) { /* over the limit (or out of memory): the peer sees the connection close */
       close(fd);
@@ -127,6 +135,13 @@ int wg_peer_server_start(int listen_fd, int max_conns, void (*serve)(void *user,
   }
   *out = s;
   return 0;
+}
+
+int wg_peer_server_count(wg_peer_server_t *s) {
+  pthread_mutex_lock(&s->mu);
+  int n = s->nconns;
+  pthread_mutex_unlock(&s->mu);
+  return n;
 }
 
 void wg_peer_server_stop(wg_peer_server_t *s) {

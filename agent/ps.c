@@ -7,11 +7,17 @@
  * pulled slice, the push statistics; the worker's connections to the shards of the epoch and the
  * versions of its last pull. Threads: the training thread calls set_epoch, pull, push, done and the
  * shard_* readers; the connection threads serve pulls and pushes. mu guards the epoch, the shard's
- * state and the statistics; no socket I/O happens under it. The worker's side is the training
- * thread's only. Every wait of the worker has a deadline; a connection thread waits for requests
- * without one (an idle worker is normal) and is woken by shutdown() at close. */
+ * state, the bounds of the connections and the statistics; no socket I/O happens under it. The
+ * worker's side is the training thread's only. Every wait has a deadline: the worker's its
+ * exchange deadline; a connection thread's the bounds of peer_io.h (a request's first byte
+ * within the idle bound, the frame bound before the first; the rest of it within the frame
+ * bound; its reply within WG_PEER_REPLY_S), and keepalive ends the wait of a connection whose
+ * host vanished. A connection that misses one is closed with a log line and counted (dropped);
+ * its buffer, allocated at its first request, goes with its thread. close() shuts the sockets
+ * down, which ends every wait, and joins the threads. */
 #include "agent/ps.h"
 
+#include <errno.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -30,7 +36,6 @@
 #define PS_MAGIC 0x53504757u /* "WGPS" little-endian */
 #define PS_VERSION 1u
 enum { KIND_PULL = 1, KIND_SLICE, KIND_PUSH, KIND_PUSHED, KIND_DONE, KIND_ACK, KIND_REFUSED };
-#define MAX_CONNECTIONS 1024
 
 typedef struct ps_header {
   uint32_t magic;
@@ -65,6 +70,9 @@ struct wg_ps {
   pthread_mutex_t mu;
   uint64_t epoch, token;
   int rank, nranks, shards;
+  double frame_s, idle_s; /* the bounds of a served connection (peer_io.h) */
+  uint64_t dropped;       /* connections closed on a missed bound, a lost peer, a bad frame */
+  int stopping;
   /* shard state (rank < shards) */
   size_t first, len;
   float *slice;       /* len floats */
@@ -178,19 +186,53 @@ static int serve_done(wg_ps_t *p, const ps_header_t *h) {
   return ok;
 }
 
+/* Counts a connection that ends on a missed bound or a lost peer, and logs it (INFO for an
+ * idle one: a client that waited long between requests connects afresh; WARN else). */
+static void drop(wg_ps_t *p, const char *peer, int e, int why, const char *what, double bound_s,
+                 int idle) {
+  if (e == WAGMA_EPEER && why == 0)
+    return; /* the worker closed: the normal end */
+  pthread_mutex_lock(&p->mu);
+  int stopping = p->stopping;
+  if (!stopping)
+    p->dropped++;
+  pthread_mutex_unlock(&p->mu);
+  if (!stopping)
+    wg_peer_log_drop(p->log, p->log_user, idle ? WAGMA_LOG_INFO : WAGMA_LOG_WARN, "ps", peer, e,
+                     why, what, bound_s);
+}
+
 /* A connection thread of the server (peer_server.c): pulls, pushes and done reports until the
- * worker closes, sends something else, or close shuts the socket down. */
+ * worker closes, sends something else, misses a bound, or close shuts the socket down. */
 static void serve_conn(void *user, int fd) {
   wg_ps_t *p = user;
-  float *buf = malloc(p->n * sizeof(float)); /* a slice is at most the model */
-  while (buf) {
+  float *buf = NULL; /* a slice is at most the model: n floats, from the first request on */
+  char peer[WG_PEER_NAME_MAX];
+  wg_peer_name(fd, peer, sizeof peer);
+  for (int n = 0;; n++) {
     ps_header_t h, out;
-    if (wg_peer_recv(fd, &h, sizeof h, -1) != 0)
+    pthread_mutex_lock(&p->mu);
+    double frame_s = p->frame_s, wait_s = n == 0 ? p->frame_s : p->idle_s;
+    pthread_mutex_unlock(&p->mu);
+    double frame_deadline;
+    int e = wg_peer_next_request(fd, &h, sizeof h, wait_s, frame_s, &frame_deadline), why = errno;
+    if (e) {
+      drop(p, peer, e, why,
+           frame_deadline == 0 ? (n == 0 ? "a first request" : "a request (idle connection)")
+                               : "a whole request header",
+           frame_deadline == 0 ? wait_s : frame_s, frame_deadline == 0 && n > 0);
       break;
-    if (h.magic != PS_MAGIC || h.version != PS_VERSION || h.count > p->n)
+    }
+    if (h.magic != PS_MAGIC || h.version != PS_VERSION || h.count > p->n) {
+      drop(p, peer, WAGMA_EPROTO, 0, NULL, 0, 0);
       break;
-    if (h.count && wg_peer_recv(fd, buf, h.count * sizeof(float), -1) != 0)
+    }
+    if (!buf && !(buf = malloc(p->n * sizeof(float))))
       break;
+    if (h.count && (e = wg_peer_recv(fd, buf, h.count * sizeof(float), frame_deadline))) {
+      drop(p, peer, e, errno, "the floats of a request", frame_s, 0);
+      break;
+    }
     uint64_t x = 0;
     int ok = 0;
     size_t send_floats = 0;
@@ -207,14 +249,18 @@ static void serve_conn(void *user, int fd) {
       ok = serve_done(p, &h);
       header_init(&out, ok ? KIND_ACK : KIND_REFUSED, h.epoch, 0);
     } else {
+      drop(p, peer, WAGMA_EPROTO, 0, NULL, 0, 0);
       break;
     }
     out.a = x;
     out.count = send_floats;
-    double deadline = wg_mono() + 5.0; /* a worker that stops reading costs this thread only */
-    if (wg_peer_send(fd, &out, sizeof out, deadline) != 0 ||
-        (send_floats && wg_peer_send(fd, buf, send_floats * sizeof(float), deadline) != 0))
+    double deadline = wg_mono() + WG_PEER_REPLY_S; /* a worker that stops reading costs this
+                                                       thread only */
+    if ((e = wg_peer_send(fd, &out, sizeof out, deadline)) ||
+        (send_floats && (e = wg_peer_send(fd, buf, send_floats * sizeof(float), deadline)))) {
+      drop(p, peer, e, errno, "the worker's read of the reply", WG_PEER_REPLY_S, 0);
       break;
+    }
   }
   free(buf);
 }
@@ -258,9 +304,11 @@ int wg_ps_open(const char *bind_host, size_t n, const wagma_optim_config_t *opti
   p->log_user = log_user;
   p->rank = -1;
   p->loss_ema = NAN;
+  p->frame_s = wg_peer_frame_bound(1.0);
+  p->idle_s = WG_PEER_IDLE_S;
   if ((e = wg_peer_listen(bind_host, &p->listen_fd, &p->port)))
     goto fail;
-  if ((e = wg_peer_server_start(p->listen_fd, MAX_CONNECTIONS, serve_conn, p, &p->server))) {
+  if ((e = wg_peer_server_start(p->listen_fd, WG_PEER_MAX_CONNS, serve_conn, p, &p->server))) {
     close(p->listen_fd);
     goto fail;
   }
@@ -275,6 +323,9 @@ fail:
 void wg_ps_close(wg_ps_t *p) {
   if (!p)
     return;
+  pthread_mutex_lock(&p->mu);
+  p->stopping = 1; /* the connections that end now are not dropped ones */
+  pthread_mutex_unlock(&p->mu);
   wg_peer_server_stop(p->server); /* shuts the connections down, joins their threads */
   close(p->listen_fd);
   close_peers(p);
@@ -290,6 +341,12 @@ void wg_ps_set_adaptive(wg_ps_t *p, int on) {
 
 uint16_t wg_ps_port(const wg_ps_t *p) {
   return p->port;
+}
+
+void wg_ps_set_idle_bound(wg_ps_t *p, double idle_s) {
+  pthread_mutex_lock(&p->mu);
+  p->idle_s = idle_s > 0 ? idle_s : WG_PEER_IDLE_S;
+  pthread_mutex_unlock(&p->mu);
 }
 
 int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards,
@@ -347,6 +404,7 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
   free_shard(p);
   p->epoch = epoch;
   p->token = my_token;
+  p->frame_s = wg_peer_frame_bound(p->deadline_s);
   p->rank = rank;
   p->nranks = nranks;
   p->shards = shards;
@@ -375,6 +433,10 @@ static int request(wg_ps_t *p, int k, ps_header_t *h, const float *payload, size
   int e = 0;
   if (s->addr.port == 0)
     return WAGMA_EPEER;
+  if (s->fd >= 0 && wg_peer_stale(s->fd)) { /* the shard closed it (idle bound): afresh */
+    close(s->fd);
+    s->fd = -1;
+  }
   if (s->fd < 0 && (e = wg_peer_connect(s->addr.host, s->addr.port, deadline, &s->fd)))
     goto out;
   h->token = s->addr.token;
@@ -466,7 +528,9 @@ void wg_ps_shard_stats(wg_ps_t *p, wg_ps_shard_stats_t *out) {
   out->max_iteration = p->max_iteration;
   out->loss = p->loss_ema;
   out->workers_done = p->workers_done;
+  out->dropped = p->dropped;
   pthread_mutex_unlock(&p->mu);
+  out->connections = wg_peer_server_count(p->server);
 }
 
 void wg_ps_shard_slice(wg_ps_t *p, float *model) {

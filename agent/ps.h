@@ -14,7 +14,8 @@
  * Recovery: a new epoch reassigns the shards (the first ranks of the new plan); every member
  * enters it with the epoch's opening global sync, so a slice restarts from the mean of the
  * members' copies (a dead shard's slice from the workers' latest pulls). The shards' optimizer
- * state starts afresh (docs/agent.md states what is lost).
+ * state starts afresh (docs/agent.md states what is lost). A shard's connection threads wait
+ * under the bounds of agent/peer_io.h (a stalled or vanished worker's connection is closed).
  *
  * Wire format: a 64-byte header {magic "WGPS", version 1, kind, epoch, token, a, b, count,
  * loss, rank} then count floats; the token is the shard's per-epoch secret (exchanged like
@@ -45,6 +46,9 @@ typedef struct wg_ps_shard_stats {
   uint64_t max_iteration; /* largest worker iteration pushed in this epoch */
   double loss;            /* mean of the pushes' batch losses (recent), NaN = none */
   int workers_done;       /* workers of this epoch that said done */
+  uint64_t dropped;       /* connections closed on a missed bound, a lost peer or a protocol
+                             error (peer_io.h; whole life, any role) */
+  int connections;        /* connections held now (their threads not yet joined) */
 } wg_ps_shard_stats_t;
 
 /* Binds an ephemeral port on bind_host and starts the endpoint's threads; n = model floats,
@@ -60,10 +64,14 @@ uint16_t wg_ps_port(const wg_ps_t *p);
 #define WG_PS_MEANSQ_DECAY 0.95f
 #define WG_PS_MEANSQ_EPS 1e-7f
 void wg_ps_set_adaptive(wg_ps_t *p, int on);
+/* The idle bound of the endpoint's connections (seconds between two requests; <= 0 = the
+ * default, WG_PEER_IDLE_S), from the next wait on. Tests shorten it. Any thread. */
+void wg_ps_set_idle_bound(wg_ps_t *p, double idle_s);
 
 /* Enters an epoch: rank among nranks, shards, the peers (their endpoints and tokens), my token,
  * the deadline of one exchange (s), and model (n floats, host): a shard takes its slice from it
- * and a fresh optimizer; a worker forgets its connections. */
+ * and a fresh optimizer; a worker forgets its connections. The frame bound of the endpoint's
+ * connections becomes wg_peer_frame_bound(deadline_s) (agent/peer_io.h). */
 int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards,
                     const wg_adpsgd_peer_t *peers, uint64_t my_token, double deadline_s,
                     const float *model);

@@ -216,8 +216,11 @@ void WG_NCCL(lane_init)(nc_t *t) {
     pthread_mutex_lock(&slot_mu);
     /* shrink only when someone left: NCCL refuses a shrink that excludes nobody
      * (ncclInvalidArgument, seen with 2.28.3 and 2.28.9), so the same members initialise
-     * afresh */
-    int can = slot_can_shrink(t, UINT64_MAX) && slot.nranks > t->nranks;
+     * afresh; and only the previous epoch's communicator: a member that sat out epochs since
+     * (rank 0 here) keeps an older one, which the others replaced (they could not shrink it,
+     * and the lane would stay off for the epoch) */
+    int can = slot_can_shrink(t, UINT64_MAX) && slot.nranks > t->nranks &&
+              slot.epoch + 1 == t->epoch;
     uint64_t old = slot.epoch;
     pthread_mutex_unlock(&slot_mu);
     int all = 1;

@@ -1,8 +1,11 @@
 /* The NCCL transport across epochs, between real processes on 127.0.0.1 over tests/fake_nccl:
  * epoch 1 of members a, b, c (fresh communicator, allreduce mean); c leaves, epoch 2 of a, b
  * shrinks epoch 1's communicator (broadcast); d joins, epoch 3 of a, b, d initialises afresh
- * (weighted average, d with weight 0). Also the start-up errors: no device, and NCCL chosen in
- * a build without it. */
+ * (weighted average, d with weight 0); c comes back as rank 0 of epoch 4 with a: its kept
+ * communicator (epoch 1's, which covers both) is stale, a holds epoch 3's, so epoch 4
+ * initialises afresh (c used to ask for a shrink of epoch 1 that a could not do, and the lane
+ * stayed off for the epoch). Also the start-up errors: no device, and NCCL chosen in a build
+ * without it. */
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -26,13 +29,13 @@
 
 typedef struct shared {
   int ports[NPROC];
-  volatile int stage;              /* 3: epoch 2 is over, d may start epoch 3 */
-  volatile int finished[4][NPROC]; /* [epoch][proc]: its collective returned */
+  volatile int stage;              /* 3: epoch 2 is over, d may start epoch 3; 4: c may come back */
+  volatile int finished[5][NPROC]; /* [epoch][proc]: its collective returned */
   int errors[NPROC];
-  int lane_up[NPROC][4]; /* [proc][epoch] */
-  int shrunk[NPROC][4];
-  uint64_t transfers[NPROC][4];
-  float result[NPROC][4]; /* buf[5] after each epoch's collective */
+  int lane_up[NPROC][5]; /* [proc][epoch] */
+  int shrunk[NPROC][5];
+  uint64_t transfers[NPROC][5];
+  float result[NPROC][5]; /* buf[5] after each epoch's collective */
 } shared_t;
 
 static shared_t *sh;
@@ -123,8 +126,11 @@ static void child(int me) {
       record_and_destroy(me, 1, comm, buf, e1, 3);
     comm = NULL;
   }
-  if (me == 2)
-    goto out;    /* c leaves */
+  if (me == 2) { /* c leaves, keeping epoch 1's communicator, and comes back in epoch 4 */
+    for (double until = proc_now() + 60; sh->stage != 4 && proc_now() < until;)
+      proc_sleep(0.01);
+    goto epoch4;
+  }
   if (me != 3) { /* epoch 2: a, b: members only left */
     const int e2[] = {0, 1};
     for (int i = 0; i < N; i++)
@@ -148,7 +154,22 @@ static void child(int me) {
       sh->errors[me]++;
     if (comm)
       record_and_destroy(me, 3, comm, buf, e3, 3);
+    comm = NULL;
+    if (me == 0)
+      sh->stage = 4;
   }
+  if (me != 0)
+    goto out;
+epoch4 : { /* epoch 4: c (rank 0) and a */
+  const int e4[] = {2, 0};
+  for (int i = 0; i < N; i++)
+    buf[i] = me == 2 ? 10.0f : 20.0f;
+  if (make_comm(me, 4, e4, 2, &comm) != 0 ||
+      wagma_comm_allreduce(comm, buf, N, WAGMA_REDUCE_MEAN) != 0)
+    sh->errors[me]++;
+  if (comm)
+    record_and_destroy(me, 4, comm, buf, e4, 2);
+}
 out:
   WG_NCCL(forget)(); /* the communicator kept for a next epoch that will not come */
   free(buf);
@@ -204,6 +225,13 @@ static void test_shrink_then_fresh_init(void **s) {
     assert_float_equal(sh->result[p][3], 3.0f, 1e-5);
   }
   assert_true(sh->transfers[3][3] > 0);
+  /* epoch 4: c's kept communicator is epoch 1's, a's epoch 3's: a fresh one, on the lane */
+  for (int p = 0; p < 3; p += 2) {
+    assert_true(sh->lane_up[p][4]);
+    assert_false(sh->shrunk[p][4]);
+    assert_true(sh->transfers[p][4] > 0);
+    assert_float_equal(sh->result[p][4], 15.0f, 1e-5);
+  }
   munmap(sh, sizeof *sh);
 }
 
