@@ -219,8 +219,8 @@ void WG_NCCL(lane_init)(nc_t *t) {
      * afresh; and only the previous epoch's communicator: a member that sat out epochs since
      * (rank 0 here) keeps an older one, which the others replaced (they could not shrink it,
      * and the lane would stay off for the epoch) */
-    int can = slot_can_shrink(t, UINT64_MAX) && slot.nranks > t->nranks &&
-              slot.epoch + 1 == t->epoch;
+    int can =
+        slot_can_shrink(t, UINT64_MAX) && slot.nranks > t->nranks && slot.epoch + 1 == t->epoch;
     uint64_t old = slot.epoch;
     pthread_mutex_unlock(&slot_mu);
     int all = 1;
