@@ -576,10 +576,18 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   e = wg_job_state_to_host(j, j->sync_buf);
   if (e == 0)
     e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
-  if (e == WAGMA_EINVAL && weight == 0.0f && !plan_joiner) {
-    fresh = 1; /* nobody had a model: sync_buf is still this member's (seed) state */
-    e = 0;
-  } /* a joiner's EINVAL: the plan's survivors were all out of reach, none gave a model */
+  if (e == WAGMA_EINVAL && weight == 0.0f) {
+    /* Every live member had weight 0: nobody had a model (a fresh start, whose members all
+     * hold the same seed), unless the plan's survivors are out of reach: then a joiner got
+     * no model and must not train from its seed (below). */
+    int survivor_lost = 0;
+    for (int i = 0; plan_joiner && i < j->plan.nranks; i++)
+      survivor_lost |= !j->plan.members[i].joiner && !wagma_comm_peer_alive(j->comm, i);
+    if (!survivor_lost) {
+      fresh = 1; /* sync_buf is still this member's (seed) state */
+      e = 0;
+    }
+  }
   if (e == WAGMA_ECANCELED) {
     RLOG(r, WAGMA_LOG_INFO, "job %s epoch %llu: global sync aborted (newer plan or stop)",
          j->cfg.job, (unsigned long long)j->epoch);

@@ -322,6 +322,15 @@ uint64_t wagma_comm_round(const wagma_comm_t *comm) {
   return atomic_load(&((wagma_comm_t *)comm)->cur_round);
 }
 
+int wagma_comm_peer_alive(const wagma_comm_t *comm, int rank) {
+  if (!comm || rank < 0 || rank >= comm->nranks)
+    return 0;
+  if (rank == comm->rank)
+    return 1;
+  wagma_comm_t *c = (wagma_comm_t *)comm;
+  return c->ops->peer_alive(c->tp, rank) != 0;
+}
+
 void wagma_comm_counters(const wagma_comm_t *comm, wagma_comm_counters_t *counters) {
   if (!counters)
     return;

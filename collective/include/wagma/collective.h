@@ -263,6 +263,9 @@ int wagma_comm_step(wagma_comm_t *comm, float *model, wagma_round_stats_t *stats
 uint64_t wagma_comm_round(const wagma_comm_t *comm);
 
 void wagma_comm_counters(const wagma_comm_t *comm, wagma_comm_counters_t *counters);
+/* 1 when the member of plan rank `rank` is connected and alive in this communicator (for
+ * rank == my own rank: 1), 0 when it is dead, never connected or out of range. Any thread. */
+int wagma_comm_peer_alive(const wagma_comm_t *comm, int rank);
 
 typedef enum wagma_reduce_op {
   WAGMA_REDUCE_SUM = 0,
