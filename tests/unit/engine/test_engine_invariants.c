@@ -306,6 +306,7 @@ static void test_jump_over_a_void_global_round_catches_up(void **state) {
   wagma_comm_destroy(c);
   fake_transport.close(g_raw);
   fake_world_free();
+  wagma_plan_free(&plan);
 }
 
 int main(void) {
