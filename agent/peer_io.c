@@ -230,3 +230,13 @@ int wg_peer_connect(const char *host, uint16_t port_num, double deadline, int *f
   freeaddrinfo(res);
   return e;
 }
+
+const char *wg_peer_missed(int n, double frame_deadline, double wait_s, double frame_s,
+                           double *bound_s, int *idle) {
+  int before_header = frame_deadline == 0;
+  *bound_s = before_header ? wait_s : frame_s;
+  *idle = before_header && n > 0;
+  if (!before_header)
+    return "a whole request header";
+  return n == 0 ? "a first request" : "a request (idle connection)";
+}

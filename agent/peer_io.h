@@ -68,6 +68,11 @@ void wg_peer_name(int fd, char *buf, size_t len);
  * wg_peer_recv's statuses. */
 int wg_peer_next_request(int fd, void *hdr, size_t hdr_len, double wait_s, double frame_s,
                          double *frame_deadline);
+/* What the n-th wait (from 0) of a served connection missed when wg_peer_next_request
+ * failed, for wg_peer_log_drop: its description, *bound_s its bound and *idle 1 when it was
+ * only an idle connection's wait (not a fault). */
+const char *wg_peer_missed(int n, double frame_deadline, double wait_s, double frame_s,
+                           double *bound_s, int *idle);
 /* The log line (at level) of a served connection that ends with e, naming endpoint ("adpsgd",
  * "ps"), the peer and, for WAGMA_ETIMEDOUT, what did not come (what) within bound_s; why =
  * errno as the failing call left it. Nothing for a peer that closed (WAGMA_EPEER, why 0). */

@@ -217,10 +217,10 @@ static void serve_conn(void *user, int fd) {
     double frame_deadline;
     int e = wg_peer_next_request(fd, &h, sizeof h, wait_s, frame_s, &frame_deadline), why = errno;
     if (e) {
-      drop(p, peer, e, why,
-           frame_deadline == 0 ? (n == 0 ? "a first request" : "a request (idle connection)")
-                               : "a whole request header",
-           frame_deadline == 0 ? wait_s : frame_s, frame_deadline == 0 && n > 0);
+      double bound_s;
+      int idle;
+      const char *what = wg_peer_missed(n, frame_deadline, wait_s, frame_s, &bound_s, &idle);
+      drop(p, peer, e, why, what, bound_s, idle);
       break;
     }
     if (h.magic != PS_MAGIC || h.version != PS_VERSION || h.count > p->n) {
