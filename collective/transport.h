@@ -1,5 +1,6 @@
-/* transport.h — private contract between the engine (engine.c, coll.c) and the transports
- * (tcp.c today, nccl later). Not installed; nothing outside collective/ includes it.
+/* transport.h — private contract between the engine (engine.c, coll.c) and the transports:
+ * TCP (tcp*.c, wg_tcp_transport) and NCCL (nccl*.c, wg_nccl_transport, in builds with NCCL;
+ * docs/design.md §6.4). Not installed; outside collective/ only white-box tests include it.
  *
  * A transport moves framed messages between the members of one epoch. It owns a progress
  * thread that writes queued frames and reads incoming ones into a mailbox; engine threads

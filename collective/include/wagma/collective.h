@@ -4,14 +4,16 @@
  *  1. Plans and groups (pure functions): from P ranks and a group size S, the L phases of
  *     non-overlapping groups that the wait-avoiding group allreduce cycles through, plus the
  *     JSON codec of a plan (the coordinator publishes plans in etcd with it, agents read them).
- *  2. The communicator: built from a plan, my rank and a transport (TCP today). It runs the
+ *  2. The communicator: built from a plan, my rank and a transport (wagma_transport_kind_t:
+ *     TCP, or NCCL for large payloads with the control on TCP, docs/design.md §6.4). It runs the
  *     wait-avoiding group allreduce of docs/design.md §5 on one fused float32 buffer, and plain
  *     blocking collectives (allreduce, broadcast, weighted average) on the same members.
  *
  * Threads: a communicator owns a transport progress thread and a round thread that answers
- * activations while the caller computes. All wagma_comm_* calls that take a buffer must come
- * from one caller thread (the "compute thread"); wagma_comm_counters and wagma_comm_abort may
- * be called from any.
+ * activations while the caller computes (with NCCL also a lane thread, plus one keeper thread
+ * per process for page-locked memory). All wagma_comm_* calls that take a buffer must come
+ * from one caller thread (the "compute thread"); wagma_comm_counters, wagma_comm_peer_alive
+ * and wagma_comm_abort may be called from any.
  *
  * Status: functions return 0 or a negative WAGMA_E* code (wagma/status.h). */
 #ifndef WAGMA_COLLECTIVE_H
