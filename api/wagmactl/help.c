@@ -22,7 +22,7 @@ static const char usage_text[] =
     "\n"
     "Global options (before or after the command):\n"
     "  --server URL       coordinator URL (env WAGMA_SERVER, default " WG_CTL_DEFAULT_SERVER ")\n"
-    "  --token T          bearer token for submit/scale/stop (env WAGMA_TOKEN)\n"
+    "  --token T          bearer token (submit, scale, stop, watch; env WAGMA_TOKEN)\n"
     "  --token-file F     read the token from the first line of F\n"
     "  --json             print the server's JSON answer unchanged (for scripts)\n"
     "  --timeout S        seconds for the whole request, connect included (default 10)\n"
