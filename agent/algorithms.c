@@ -61,6 +61,10 @@ static void note_round(wg_job_t *j, const wagma_round_stats_t *st) {
   }
 }
 
+/* How long a worker waits, without a warning, for a shard to enter the epoch they both
+ * entered (the shard leaves the epoch's opening sync a moment after it). */
+#define PS_ENTRY_GRACE_S 2.0
+
 static int is_ps(const wg_job_t *j) {
   return j->cfg.algorithm == WAGMA_ALGO_ASGD || j->cfg.algorithm == WAGMA_ALGO_DC_ASGD;
 }
@@ -128,8 +132,10 @@ static int worker_iteration(wg_runner_ctx_t *r) {
   if (e2) {
     /* a shard did not answer (dead, stopped, not in this epoch yet): the step trained nothing
      * and does not count; wait a little (a dead shard refuses at once) and try again, until
-     * the plan that follows its death reassigns the shard */
-    wg_runner_warn_comm(r, "parameter-server pull or push", e2);
+     * the plan that follows its death reassigns the shard. A shard that has not entered the
+     * epoch yet (it left the opening sync after this worker) is no fault for a while. */
+    if (e2 != WAGMA_EBUSY || wg_mono() - j->entered_at > PS_ENTRY_GRACE_S)
+      wg_runner_warn(r, "parameter-server pull or push", e2, wg_ps_last_error(j->ps));
     wg_sleep_s(0.02);
     return e2;
   }

@@ -88,6 +88,7 @@ struct wg_ps {
   /* worker side: training thread only */
   ps_shard_peer_t *peers; /* shards entries */
   double deadline_s;
+  char last_error[384]; /* of the last failed request */
 };
 
 void wg_ps_slice(size_t n, int shards, int k, size_t *first, size_t *len) {
@@ -116,6 +117,17 @@ static void header_init(ps_header_t *h, int kind, uint64_t epoch, uint64_t token
 static int request_ok(const wg_ps_t *p, const ps_header_t *h) {
   return h->epoch == p->epoch && h->token == p->token && p->rank >= 0 && p->rank < p->shards &&
          p->slice != NULL;
+}
+
+/* Why a request is refused (a refusal's a): the shard has not entered the request's epoch yet
+ * (REFUSED_NOT_YET: the worker came out of the epoch's opening sync first and tries again), or
+ * it will not serve it (REFUSED_NO). Takes mu. */
+enum { REFUSED_NO = 0, REFUSED_NOT_YET = 1 };
+static uint64_t refusal_code(wg_ps_t *p, const ps_header_t *h) {
+  pthread_mutex_lock(&p->mu);
+  int not_yet = h->epoch > p->epoch; /* set_epoch sets the epoch and the slice at once */
+  pthread_mutex_unlock(&p->mu);
+  return not_yet ? REFUSED_NOT_YET : REFUSED_NO;
 }
 
 /* A pull: the slice, its length and its version into out (under mu); dc-asgd keeps the
@@ -252,7 +264,7 @@ static void serve_conn(void *user, int fd) {
       drop(p, peer, WAGMA_EPROTO, 0, NULL, 0, 0);
       break;
     }
-    out.a = x;
+    out.a = ok ? x : refusal_code(p, &h);
     out.count = send_floats;
     double deadline = wg_mono() + WG_PEER_REPLY_S; /* a worker that stops reading costs this
                                                        thread only */
@@ -430,9 +442,11 @@ static int request(wg_ps_t *p, int k, ps_header_t *h, const float *payload, size
                    ps_header_t *reply, float *out, size_t out_cap) {
   ps_shard_peer_t *s = &p->peers[k];
   double deadline = wg_mono() + p->deadline_s;
-  int e = 0;
-  if (s->addr.port == 0)
+  int e = 0, refused = 0;
+  if (s->addr.port == 0) {
+    snprintf(p->last_error, sizeof p->last_error, "shard %d: no endpoint in this epoch", k);
     return WAGMA_EPEER;
+  }
   if (s->fd >= 0 && wg_peer_stale(s->fd)) { /* the shard closed it (idle bound): afresh */
     close(s->fd);
     s->fd = -1;
@@ -450,7 +464,9 @@ static int request(wg_ps_t *p, int k, ps_header_t *h, const float *payload, size
     goto out;
   }
   if (reply->kind == KIND_REFUSED) {
-    e = WAGMA_EPEER;
+    /* not in the epoch yet: try again (the caller decides for how long); else it left */
+    e = reply->a == REFUSED_NOT_YET ? WAGMA_EBUSY : WAGMA_EPEER;
+    refused = 1;
     goto out;
   }
   if (reply->count && (e = wg_peer_recv(s->fd, out, reply->count * sizeof(float), deadline)))
@@ -460,7 +476,17 @@ out:
     close(s->fd);
     s->fd = -1;
   }
+  if (e)
+    snprintf(p->last_error, sizeof p->last_error, "shard %d at %.255s:%u: %.64s", k, s->addr.host,
+             (unsigned)s->addr.port,
+             e == WAGMA_EBUSY ? "not in this epoch yet"
+             : refused        ? "refused the request"
+                              : wagma_strerror(e));
   return e;
+}
+
+const char *wg_ps_last_error(const wg_ps_t *p) {
+  return p->last_error;
 }
 
 int wg_ps_pull(wg_ps_t *p, float *model) {

@@ -21,7 +21,8 @@
  * loss, rank} then count floats; the token is the shard's per-epoch secret (exchanged like
  * adpsgd's). Kinds: pull (a = worker rank) -> slice (a = version, the floats); push (a =
  * version pulled, b = the worker's iteration, loss = its batch loss, rank, the gradient) -> pushed
- * (a = delay); done (a = worker rank: it reached the job's end) -> ack; refused. */
+ * (a = delay); done (a = worker rank: it reached the job's end) -> ack; refused (a = 1: the
+ * shard has not entered the request's epoch yet, 0: it will not serve it). */
 #ifndef WAGMA_AGENT_PS_H
 #define WAGMA_AGENT_PS_H
 
@@ -77,7 +78,9 @@ int wg_ps_set_epoch(wg_ps_t *p, uint64_t epoch, int rank, int nranks, int shards
                     const float *model);
 
 /* Worker: pulls every slice into model (n floats, host). 0, or the first shard's failure
- * (WAGMA_ETIMEDOUT, WAGMA_EPEER): the slices that came are in model, the others unchanged. */
+ * (WAGMA_ETIMEDOUT, WAGMA_EPEER; WAGMA_EBUSY: the shard has not entered this epoch yet, as
+ * happens for a moment at each epoch's start): the slices that came are in model, the others
+ * unchanged. */
 int wg_ps_pull(wg_ps_t *p, float *model);
 /* Worker: pushes grads (n floats, host) to every shard with the versions of the last pull,
  * iteration and loss; *max_delay = the largest delay the shards measured. 0 or the first
@@ -86,6 +89,9 @@ int wg_ps_push(wg_ps_t *p, const float *grads, uint64_t iteration, double loss,
                uint64_t *max_delay);
 /* Worker: tells every shard it reached the job's end. */
 int wg_ps_done(wg_ps_t *p);
+/* Worker: what the last failed pull, push or done met ("shard 0 at host:port: ..."), "" if
+ * none yet. Borrowed; valid until the next call on the worker side. */
+const char *wg_ps_last_error(const wg_ps_t *p);
 
 /* Shard: statistics (resets max_delay); its slice into model (n floats, host: the slice part
  * is written, the rest left alone). */

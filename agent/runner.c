@@ -60,6 +60,10 @@ struct wg_runner {
 #define RLOG(r, lvl, ...) wg_logf(wg_agent_log, (void *)(r)->opt->name, lvl, __VA_ARGS__)
 
 void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status) {
+  wg_runner_warn(r, what, status, NULL);
+}
+
+void wg_runner_warn(wg_runner_ctx_t *r, const char *what, int status, const char *detail) {
   wg_job_t *j = &r->job;
   if (status == WAGMA_ECANCELED)
     return; /* aborted by the control side for a newer plan or a stop: not a fault */
@@ -69,7 +73,9 @@ void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status) {
   j->last_comm_warn = wg_mono();
   RLOG(r, WAGMA_LOG_WARN, "job %s epoch %llu: %s: %s (%s)", j->cfg.job,
        (unsigned long long)j->epoch, what, wagma_strerror(status),
-       j->comm ? wagma_comm_last_error(j->comm) : "no communicator");
+       detail    ? detail
+       : j->comm ? wagma_comm_last_error(j->comm)
+                 : "no communicator");
 }
 
 /* ---- progress ---------------------------------------------------------------------------- */
@@ -623,6 +629,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   wagma_sampler_seek(&j->sampler, j->iteration * (uint64_t)j->cfg.batch_size);
   j->total_iterations = total_iterations(j);
   j->done = 0;
+  j->entered_at = wg_mono();
   wg_algo_enter_epoch(r);
   RLOG(r, WAGMA_LOG_INFO,
        "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
@@ -696,7 +703,7 @@ static void train_once(wg_runner_ctx_t *r) {
     return;
   }
   if (e && e != WAGMA_ETIMEDOUT && e != WAGMA_EPEER && e != WAGMA_EUNAVAIL && e != WAGMA_EIO &&
-      e != WAGMA_EEPOCH && e != WAGMA_EINVAL) {
+      e != WAGMA_EEPOCH && e != WAGMA_EINVAL && e != WAGMA_EBUSY) {
     RLOG(r, WAGMA_LOG_ERROR, "job %s: iteration failed: %s", j->cfg.job, wagma_strerror(e));
     wg_sleep_s(0.1);
   }

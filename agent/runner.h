@@ -33,7 +33,8 @@ typedef struct wg_job {
   int have_model; /* the model holds this job's training (not just an init) */
 
   /* the current epoch */
-  uint64_t epoch; /* plan epoch entered, 0 = none */
+  uint64_t epoch;    /* plan epoch entered, 0 = none */
+  double entered_at; /* when its opening sync ended (wg_mono) */
   wagma_plan_t plan;
   int rank; /* -1 when not a member */
   wagma_comm_t *comm;
@@ -126,6 +127,10 @@ int wg_job_state_to_host(wg_job_t *j, float *buf);
 int wg_job_state_from_host(wg_job_t *j, const float *buf);
 
 /* runner.c helpers used by algorithms.c */
+/* Logs a failed data-plane operation (what) at most every 2 s and counts it; detail says
+ * what it met (NULL: the communicator's last error). WAGMA_ECANCELED is not a fault: ignored. */
+void wg_runner_warn(wg_runner_ctx_t *r, const char *what, int status, const char *detail);
+/* wg_runner_warn of a communicator operation (the detail is its last error). */
 void wg_runner_warn_comm(wg_runner_ctx_t *r, const char *what, int status);
 
 #endif

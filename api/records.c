@@ -69,6 +69,125 @@ int wagma_job_status_set_members(wagma_job_status_t *st, const char *const *name
   return 0;
 }
 
+/* ---- job summary ---------------------------------------------------------------------- */
+
+void wagma_job_summary_of(wagma_job_summary_t *s, const wagma_progress_t *const *reports, int n,
+                          uint64_t iterations, double wall_time) {
+  double acc = 0, loss = 0;
+  memset(s, 0, sizeof *s);
+  s->accuracy_mean = s->accuracy_min = s->accuracy_max = NAN;
+  s->loss_mean = s->loss_min = s->loss_max = NAN;
+  s->iterations = iterations;
+  s->wall_time = wall_time > 0 ? wall_time : 0;
+  for (int i = 0; i < n; i++) {
+    const wagma_progress_t *p = reports[i];
+    if (!p)
+      continue;
+    s->members++;
+    if (isfinite(p->accuracy)) {
+      acc += p->accuracy;
+      s->accuracy_min = s->evaluated ? fmin(s->accuracy_min, p->accuracy) : p->accuracy;
+      s->accuracy_max = s->evaluated ? fmax(s->accuracy_max, p->accuracy) : p->accuracy;
+      s->evaluated++;
+    }
+    if (isfinite(p->loss)) {
+      loss += p->loss;
+      s->loss_min = s->with_loss ? fmin(s->loss_min, p->loss) : p->loss;
+      s->loss_max = s->with_loss ? fmax(s->loss_max, p->loss) : p->loss;
+      s->with_loss++;
+    }
+  }
+  if (s->evaluated)
+    s->accuracy_mean = acc / s->evaluated;
+  if (s->with_loss)
+    s->loss_mean = loss / s->with_loss;
+}
+
+int wagma_job_summary_format(const wagma_job_summary_t *s, char *buf, size_t len) {
+  char acc[96], loss[96];
+  if (s->evaluated == 1)
+    snprintf(acc, sizeof acc, "test accuracy %.4f (1 member)", s->accuracy_mean);
+  else if (s->evaluated)
+    snprintf(acc, sizeof acc, "test accuracy %.4f (%.4f-%.4f over %d members)", s->accuracy_mean,
+             s->accuracy_min, s->accuracy_max, s->evaluated);
+  else
+    snprintf(acc, sizeof acc, "no test accuracy reported");
+  if (s->with_loss)
+    snprintf(loss, sizeof loss, "loss %.4g", s->loss_mean);
+  else
+    snprintf(loss, sizeof loss, "no loss reported");
+  return snprintf(buf, len, "%s, %s, %llu iterations in %.1f s", acc, loss,
+                  (unsigned long long)s->iterations, s->wall_time);
+}
+
+/* {"mean","min","max"} or null */
+static json_t *stats_value(int n, double mean, double min, double max) {
+  return n ? json_pack("{s:f,s:f,s:f}", "mean", mean, "min", min, "max", max) : json_null();
+}
+
+static json_t *summary_value(const wagma_job_summary_t *s) {
+  return json_pack(
+      "{s:i,s:i,s:o,s:i,s:o,s:I,s:f}", "members", s->members, "evaluated", s->evaluated, "accuracy",
+      stats_value(s->evaluated, s->accuracy_mean, s->accuracy_min, s->accuracy_max), "with_loss",
+      s->with_loss, "loss", stats_value(s->with_loss, s->loss_mean, s->loss_min, s->loss_max),
+      "iterations", (json_int_t)s->iterations, "wall_time", s->wall_time);
+}
+
+/* {"mean","min","max"} (all numbers, min <= mean <= max, within [lo, hi]) or null when n is 0. */
+static int stats_from(const json_t *v, const char *field, int n, double lo, double hi, double *mean,
+                      double *min, double *max, wagma_api_error_t *err) {
+  char f[48];
+  int e;
+  if (!n) {
+    if (!json_is_null(v) && v)
+      return wg_api_fail(err, field, "must be null when no report has it");
+    *mean = *min = *max = NAN;
+    return 0;
+  }
+  if (!json_is_object(v))
+    return wg_api_fail(err, field, "must be an object {mean, min, max}");
+  snprintf(f, sizeof f, "%s.mean", field);
+  if ((e = wg_api_num(json_object_get(v, "mean"), f, lo, 0, hi, 0, mean, err)))
+    return e;
+  snprintf(f, sizeof f, "%s.min", field);
+  if ((e = wg_api_num(json_object_get(v, "min"), f, lo, 0, hi, 0, min, err)))
+    return e;
+  snprintf(f, sizeof f, "%s.max", field);
+  if ((e = wg_api_num(json_object_get(v, "max"), f, lo, 0, hi, 0, max, err)))
+    return e;
+  return 0;
+}
+
+static int summary_from(const json_t *v, wagma_job_summary_t *s, wagma_api_error_t *err) {
+  int64_t i64;
+  int e;
+  if (!json_is_object(v))
+    return wg_api_fail(err, "summary", "must be an object");
+  memset(s, 0, sizeof *s);
+  if ((e = wg_api_int(json_object_get(v, "members"), "summary.members", 0, WAGMA_API_MAX_WORKERS,
+                      &i64, err)))
+    return e;
+  s->members = (int)i64;
+  if ((e = wg_api_int(json_object_get(v, "evaluated"), "summary.evaluated", 0, s->members, &i64,
+                      err)))
+    return e;
+  s->evaluated = (int)i64;
+  if ((e = wg_api_int(json_object_get(v, "with_loss"), "summary.with_loss", 0, s->members, &i64,
+                      err)))
+    return e;
+  s->with_loss = (int)i64;
+  if ((e = stats_from(json_object_get(v, "accuracy"), "summary.accuracy", s->evaluated, 0, 1,
+                      &s->accuracy_mean, &s->accuracy_min, &s->accuracy_max, err)) ||
+      (e = stats_from(json_object_get(v, "loss"), "summary.loss", s->with_loss, -1e300, 1e300,
+                      &s->loss_mean, &s->loss_min, &s->loss_max, err)) ||
+      (e = wg_api_u64(json_object_get(v, "iterations"), "summary.iterations", U64MAX_JSON,
+                      &s->iterations, err)) ||
+      (e = wg_api_num(json_object_get(v, "wall_time"), "summary.wall_time", 0, 0, 1e12, 0,
+                      &s->wall_time, err)))
+    return e;
+  return 0;
+}
+
 json_t *wagma_job_status_to_value(const wagma_job_status_t *st) {
   json_t *o = json_object();
   json_t *m = json_array();
@@ -89,6 +208,8 @@ json_t *wagma_job_status_to_value(const wagma_job_status_t *st) {
   for (int i = 0; i < st->nmembers; i++)
     json_array_append_new(m, json_string(st->members[i]));
   json_object_set_new(o, "members", m);
+  if (st->summary.members > 0)
+    json_object_set_new(o, "summary", summary_value(&st->summary));
   return o;
 }
 
@@ -168,6 +289,9 @@ int wagma_job_status_from_json(const char *json, size_t len, wagma_job_status_t 
         }
       }
       s.nmembers = (int)n;
+    } else if (strcmp(key, "summary") == 0) {
+      if ((e = summary_from(v, &s.summary, err)))
+        goto out;
     }
   }
   *st = s;

@@ -60,6 +60,11 @@ int wagma_api_name_valid(const char *name) {
   return 1;
 }
 
+/* asgd and dc-asgd: workers push gradients to parameter-server shards without a barrier. */
+static int is_async_ps(wagma_algorithm_t a) {
+  return a == WAGMA_ALGO_ASGD || a == WAGMA_ALGO_DC_ASGD;
+}
+
 void wagma_job_spec_init(wagma_job_spec_t *s) {
   memset(s, 0, sizeof *s);
   s->model = WAGMA_MODEL_SOFTMAX;
@@ -269,8 +274,8 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
     s.min_workers = has_max && s.max_workers < s.workers ? s.max_workers : s.workers;
   if (!has_max)
     s.max_workers = s.workers;
-  if (s.optimizer.type == WAGMA_OPT_ADAM && !has_mom)
-    s.optimizer.momentum = 0;
+  if (!has_mom && (s.optimizer.type == WAGMA_OPT_ADAM || is_async_ps(s.algorithm)))
+    s.optimizer.momentum = 0; /* adam ignores it; asgd's pushes already act as momentum */
   if ((e = wagma_job_spec_validate(&s, err)))
     goto out;
   *spec = s;
@@ -401,6 +406,44 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
   json_object_set_new(ck, "path", json_string(s->checkpoint.path));
   json_object_set_new(o, "checkpoint", ck);
   return o;
+}
+
+/* Asynchronous SGD with W workers pushing is stable only for a small enough step: each push
+ * lands on a model that W - 1 others moved since it was pulled, which acts as momentum of
+ * about 1 - 1/W on top of the optimizer's (Mitliagkas et al., "Asynchrony begets momentum",
+ * 2016). Measured on 4 agents (docs/benchmarks.md, "Per-algorithm defaults"): MLP on
+ * Fashion-MNIST, 3 workers pushing, lr 0.05: momentum 0.8 trains (0.86), 0.9 ends at chance
+ * (asgd) or diverges (dc-asgd); lr 0.1 with momentum 0.7 reaches 0.44. The rule flags
+ * W x lr / (1 - momentum) >= 0.9, which separates those runs, with W the workers pushing at
+ * max_workers. */
+#define ASYNC_STEP_LIMIT 0.9
+
+int wagma_job_spec_warnings(const wagma_job_spec_t *s, char (*out)[WAGMA_API_WARNING_MAX],
+                            int max) {
+  int n = 0;
+  if (is_async_ps(s->algorithm) && s->optimizer.type == WAGMA_OPT_SGD && n < max) {
+    int shards = s->ps_shards < s->max_workers - 1 ? s->ps_shards : s->max_workers - 1;
+    int pushing = s->max_workers - (shards > 0 ? shards : 0);
+    double step = pushing * s->optimizer.lr / (1.0 - s->optimizer.momentum);
+    if (step >= ASYNC_STEP_LIMIT)
+      snprintf(out[n++], WAGMA_API_WARNING_MAX,
+               "optimizer: %s with %d workers pushing at lr %g and momentum %g is known to "
+               "stall at chance accuracy or diverge (workers x lr / (1 - momentum) = %.2f; "
+               "below %.1f trains): asynchronous pushes already act as momentum; use "
+               "momentum 0 (the default for %s) or a smaller lr",
+               wagma_algorithm_name(s->algorithm), pushing, s->optimizer.lr, s->optimizer.momentum,
+               step, ASYNC_STEP_LIMIT, wagma_algorithm_name(s->algorithm));
+  }
+  return n;
+}
+
+json_t *wagma_job_spec_warnings_value(const wagma_job_spec_t *spec) {
+  char w[WAGMA_API_WARNINGS_MAX][WAGMA_API_WARNING_MAX];
+  json_t *a = json_array();
+  int n = wagma_job_spec_warnings(spec, w, WAGMA_API_WARNINGS_MAX);
+  for (int i = 0; a && i < n; i++)
+    json_array_append_new(a, json_string(w[i]));
+  return a;
 }
 
 int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {

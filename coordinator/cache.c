@@ -318,6 +318,41 @@ static json_t *tl_entry(const cjob_t *j, int64_t rev, int type, double when) {
                    "time", when, "type", tl_names[type]);
 }
 
+/* A "state" entry to a terminal state: its "summary" (the status', when it has one) and the
+ * message "<msg> (<summary line>)". */
+static void tl_state_set(json_t *e, const wagma_job_status_t *st, const char *msg) {
+  char line[1024];
+  if (st->summary.members > 0) {
+    char sum[320];
+    wagma_job_summary_format(&st->summary, sum, sizeof sum);
+    snprintf(line, sizeof line, "%s (%s)", msg, sum);
+    json_t *v = wagma_job_status_to_value(st);
+    json_object_set(e, "summary", json_object_get(v, "summary"));
+    json_decref(v);
+  } else {
+    snprintf(line, sizeof line, "%s", msg);
+  }
+  json_object_set_new(e, "message", json_string(line));
+}
+
+/* A "submitted" entry of spec: "warnings" (wagma_job_spec_warnings) when the spec is known to
+ * train badly, each also in the message after msg. */
+static void tl_submitted_set(json_t *e, const wagma_job_spec_t *spec, const char *msg) {
+  char line[1600];
+  json_t *w = wagma_job_spec_warnings_value(spec);
+  int n = snprintf(line, sizeof line, "%s", msg);
+  size_t i;
+  json_t *x;
+  json_array_foreach(w, i, x) {
+    if (n > 0 && (size_t)n < sizeof line)
+      n += snprintf(line + n, sizeof line - (size_t)n, "; warning: %s", json_string_value(x));
+  }
+  if (json_array_size(w))
+    json_object_set(e, "warnings", w);
+  json_decref(w);
+  json_object_set_new(e, "message", json_string(line));
+}
+
 /* The bytes of one timeline entry as REST and the streams show it. */
 static size_t tl_entry_bytes(const json_t *e) {
   return json_dumpb(e, NULL, 0, WG_JSON_FLAGS) + 1;
@@ -484,7 +519,11 @@ static void seed_timeline(wg_cache_t *c, cjob_t *j) {
   int has_st = stkv && wagma_job_status_from_json(stkv->value, stkv->value_len, &st, &err) == 0;
   if (skv) {
     json_t *e = tl_entry(j, skv->create_revision, TL_SUBMITTED, has_st ? st.created : 0);
-    json_object_set_new(e, "message", json_string("submitted"));
+    wagma_job_spec_t spec;
+    if (wagma_job_spec_from_json(skv->value, skv->value_len, &spec, &err) == 0)
+      tl_submitted_set(e, &spec, "submitted");
+    else
+      json_object_set_new(e, "message", json_string("submitted"));
     tl_add(j, e);
   }
   char prefix[256];
@@ -525,7 +564,7 @@ static void seed_timeline(wg_cache_t *c, cjob_t *j) {
              st.reason[0] ? ": " : "", st.reason);
     json_object_set_new(e, "to", json_string(wagma_job_state_name(st.state)));
     json_object_set_new(e, "reason", json_string(st.reason));
-    json_object_set_new(e, "message", json_string(msg));
+    tl_state_set(e, &st, msg);
     tl_add(j, e);
   }
   if (has_st)
@@ -771,7 +810,7 @@ static void apply(change_t *ch, const wagma_etcd_kv_t *kv, int del) {
           snprintf(msg, sizeof msg, "submitted: %d workers (min %d, max %d), %s %s", ns.workers,
                    ns.min_workers, ns.max_workers, wagma_algorithm_name(ns.algorithm),
                    wagma_model_name(ns.model));
-          json_object_set_new(e, "message", json_string(msg));
+          tl_submitted_set(e, &ns, msg);
           if ((e = tl_add(j, e)))
             publish_value(c, j->id, 1, kv->mod_revision, "timeline", json_incref(e));
         } else if (wagma_job_spec_from_json(old->value, old->value_len, &os, &err) == 0 &&
@@ -801,7 +840,7 @@ static void apply(change_t *ch, const wagma_etcd_kv_t *kv, int del) {
           json_object_set_new(e, "from", json_string(wagma_job_state_name(os.state)));
           json_object_set_new(e, "to", json_string(wagma_job_state_name(ns.state)));
           json_object_set_new(e, "reason", json_string(ns.reason));
-          json_object_set_new(e, "message", json_string(msg));
+          tl_state_set(e, &ns, msg);
           if ((e = tl_add(j, e)))
             publish_value(c, j->id, 1, kv->mod_revision, "timeline", json_incref(e));
         }

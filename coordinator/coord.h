@@ -459,7 +459,12 @@ int wg_store_load_job(wg_coord_t *c, const char *id, wg_job_record_t *rec);
  * the old epoch past the new plan's start_round, which it counts again in the new epoch, and
  * the job's iteration must not go back when it does. */
 uint64_t wg_job_record_iteration(const wg_job_record_t *rec);
-/* The REST view of a job: {"id","spec","status","members"} (members only when with_members). */
+/* The job's result when it ends at `finished` (unix s): the final reports of its last epoch
+ * (those that reported "done" when any did, else those running or failed; never an agent's
+ * "unavailable"), status.summary. */
+void wg_job_record_summary(const wg_job_record_t *rec, double finished, wagma_job_summary_t *out);
+/* The REST view of a job: {"id","spec","status","warnings","members"} (members only when
+ * with_members; warnings: wagma_job_spec_warnings, [] when none). */
 json_t *wg_job_record_to_value(const wg_job_record_t *rec, int with_members);
 
 /* ---- server-sent events on the wire (sse.c, pure) ---------------------------------------- */

@@ -487,6 +487,7 @@ void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg
       rec.status.state = WAGMA_JOB_STOPPED;
       snprintf(rec.status.reason, sizeof rec.status.reason, "stopped by request");
       rec.status.finished = wg_wall();
+      wg_job_record_summary(&rec, rec.status.finished, &rec.status.summary);
       rec.status.iteration = wg_job_record_iteration(&rec);
       e = wagma_job_status_to_json(&rec.status, &json);
       wg_job_record_free(&rec);

@@ -24,7 +24,8 @@
  *   - terminal: nothing (its assignments are cleaned up below).
  *   - a current member reported progress state "failed" -> failed.
  *   - refused as above by too many agents and run by none -> failed.
- *   - every current member reported "done" (or iteration >= spec.iterations) -> succeeded;
+ *   - every current member reported "done" (a dead one: or iteration >= spec.iterations)
+ *     -> succeeded;
  *     so does a running job whose members all did except some whose agent key is gone (they
  *     died before the end), when a finished one is still registered (it holds the final
  *     model: no plan is made past the last iteration);
@@ -308,6 +309,7 @@ static void finish_job(pass_t *p, wg_job_record_t *j, wagma_job_state_t state, c
   snprintf(st.reason, sizeof st.reason, "%s", reason);
   st.finished = wg_wall();
   st.iteration = wg_job_record_iteration(j);
+  wg_job_record_summary(j, st.finished, &st.summary);
   if (write_job(p, j, &st, NULL, NULL, NULL, "finish job") == 0) {
     wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO, "job %s %s: %s", j->id,
             wagma_job_state_name(state), reason);
@@ -524,8 +526,11 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
         finish_job(p, j, WAGMA_JOB_FAILED, reason);
       goto out;
     }
+    /* A live member is done when it says so: between its last iteration and its "done" it
+     * averages the final model and evaluates it, and its final report carries the result
+     * (status.summary). One that died after reaching the last iteration counts as done. */
     if (pr && (pr->state == WAGMA_PROGRESS_DONE ||
-               (j->spec.iterations && pr->iteration >= j->spec.iterations))) {
+               (!alive && j->spec.iterations && pr->iteration >= j->spec.iterations))) {
       done++;
       done_alive += alive;
     } else if (!alive) {

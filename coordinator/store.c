@@ -127,6 +127,26 @@ uint64_t wg_job_record_iteration(const wg_job_record_t *rec) {
   return it;
 }
 
+void wg_job_record_summary(const wg_job_record_t *rec, double finished, wagma_job_summary_t *out) {
+  const wagma_progress_t **take =
+      calloc((size_t)(rec->nprogress ? rec->nprogress : 1), sizeof *take);
+  int n = 0, any_done = 0;
+  for (int i = 0; i < rec->nprogress; i++) {
+    const wagma_progress_t *p = &rec->progress[i].progress;
+    any_done |= p->epoch >= rec->status.epoch && p->state == WAGMA_PROGRESS_DONE;
+  }
+  for (int i = 0; take && i < rec->nprogress; i++) {
+    const wagma_progress_t *p = &rec->progress[i].progress;
+    if (p->epoch >= rec->status.epoch &&
+        (any_done ? p->state == WAGMA_PROGRESS_DONE : p->state != WAGMA_PROGRESS_UNAVAILABLE))
+      take[n++] = p;
+  }
+  double started = rec->status.started;
+  wagma_job_summary_of(out, take, n, wg_job_record_iteration(rec),
+                       started > 0 && finished > started ? finished - started : 0);
+  free(take);
+}
+
 static const wagma_progress_t *find_progress(const wg_job_record_t *rec, const char *agent) {
   /* etcd returns keys sorted, so progress entries are sorted by agent name. */
   int lo = 0, hi = rec->nprogress - 1;
@@ -152,6 +172,7 @@ json_t *wg_job_record_to_value(const wg_job_record_t *rec, int with_members) {
   json_object_set_new(o, "id", json_string(rec->id));
   json_object_set_new(o, "spec", wagma_job_spec_to_value(&rec->spec));
   json_object_set_new(o, "status", wagma_job_status_to_value(&st));
+  json_object_set_new(o, "warnings", wagma_job_spec_warnings_value(&rec->spec));
   if (!with_members)
     return o;
   json_t *members = json_array();

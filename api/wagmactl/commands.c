@@ -142,6 +142,11 @@ static int confirm(const wg_ctl_args_t *a, wg_ctl_response_t *res, const char *v
           wg_ctl_fmt_int(json_object_get(spec, "workers"), w, sizeof w),
           wg_ctl_fmt_int(json_object_get(spec, "min_workers"), mn, sizeof mn),
           wg_ctl_fmt_int(json_object_get(spec, "max_workers"), mx, sizeof mx));
+  size_t i;
+  json_t *x;
+  char w_line[1024];
+  json_array_foreach(json_object_get(job, "warnings"), i, x)
+      fprintf(err, "wagmactl: warning: %s\n", wg_ctl_fmt_str(x, w_line, sizeof w_line));
   json_decref(job);
   return code;
 }

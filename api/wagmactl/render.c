@@ -4,9 +4,11 @@
  * has one) and prints "-" for any field that is missing or null, so an older or newer
  * server still gets a useful table. Every string from the server goes through
  * wg_ctl_fmt_str (control characters replaced). Pure: JSON in, text out. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl.h"
+#include "wagma/api.h"
 
 #define CELL 256
 
@@ -90,6 +92,36 @@ int wg_ctl_render_jobs(const json_t *root, FILE *out) {
   return finish_table(t, rc, out);
 }
 
+/* "result:" — the status' summary of a finished job, when it has one. */
+static void job_result(const json_t *status, FILE *out) {
+  const json_t *sum = json_object_get(status, "summary");
+  if (!json_is_object(sum))
+    return;
+  wagma_job_status_t st;
+  char line[4 * CELL];
+  /* the summary as the API decodes it (ranges checked), the other fields of a minimal status */
+  json_t *v = json_pack("{s:s,s:O}", "state", "succeeded", "summary", sum);
+  char *text = v ? json_dumps(v, JSON_COMPACT) : NULL;
+  json_decref(v);
+  if (text && wagma_job_status_from_json(text, strlen(text), &st, NULL) == 0) {
+    wagma_job_summary_format(&st.summary, line, sizeof line);
+    wagma_job_status_free(&st);
+  } else {
+    snprintf(line, sizeof line, "- (a summary this wagmactl cannot read)");
+  }
+  free(text);
+  kv(out, "result:", line);
+}
+
+/* "warning:" lines — what the server says of a spec known to train badly. */
+static void job_warnings(const json_t *job, FILE *out) {
+  const json_t *w = json_object_get(job, "warnings");
+  char line[4 * CELL];
+  size_t i;
+  json_t *x;
+  json_array_foreach(w, i, x) kv(out, "warning:", wg_ctl_fmt_str(x, line, sizeof line));
+}
+
 static void job_summary(const json_t *job, FILE *out) {
   const json_t *spec = json_object_get(job, "spec");
   const json_t *status = json_object_get(job, "status");
@@ -152,6 +184,8 @@ static void job_summary(const json_t *job, FILE *out) {
   kv(out, "created:", wg_ctl_fmt_time(json_object_get(status, "created"), a, sizeof a));
   kv(out, "started:", wg_ctl_fmt_time(json_object_get(status, "started"), a, sizeof a));
   kv(out, "finished:", wg_ctl_fmt_time(json_object_get(status, "finished"), a, sizeof a));
+  job_result(status, out);
+  job_warnings(job, out);
 }
 
 /* One row per member. ALIVE (optional in the schema) is shown only when some member has it.

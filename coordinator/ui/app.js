@@ -138,6 +138,17 @@ async function getJSON(path) {
 
 // ---- the jobs list --------------------------------------------------------------------------
 
+// A finished job's result (status.summary, docs/api.md) in one line, as wagmactl get shows it.
+function summaryText(s) {
+  if (!s) return '';
+  const a = s.accuracy, f4 = (x) => x.toFixed(4);
+  const acc = !a ? 'no test accuracy reported'
+    : s.evaluated > 1 ? `test accuracy ${f4(a.mean)} (${f4(a.min)}-${f4(a.max)} over ${s.evaluated} members)`
+    : `test accuracy ${f4(a.mean)} (1 member)`;
+  const loss = s.loss ? `loss ${+s.loss.mean.toPrecision(4)}` : 'no loss reported';
+  return `${acc}, ${loss}, ${s.iterations} iterations in ${s.wall_time.toFixed(1)} s`;
+}
+
 function jobsView() {
   const jobs = new Map();
   const render = () => {
@@ -156,6 +167,8 @@ function jobsView() {
         el('td', {}, el('span', {class: 'mini'}, el('i', {style: `width:${pct}%`})),
           total ? `${it} / ${total}` : String(it)),
         el('td', {}, j.spec.algorithm), el('td', {}, j.spec.model),
+        el('td', {class: 'num', title: summaryText(j.status.summary)},
+          j.status.summary?.accuracy ? (100 * j.status.summary.accuracy.mean).toFixed(1) + '%' : ''),
         el('td', {}, j.status.reason || ''));
       tr.querySelector('i').style.width = pct + '%';
       tr.addEventListener('click', () => { location.hash = '#/job/' + encodeURIComponent(j.id); });
@@ -229,6 +242,12 @@ function jobView(id) {
     $('#job-iter').textContent = `iteration ${it}${total ? ' of ' + total : ''} · epoch ${j.status.epoch}` +
       ` · ${j.status.regroupings} regroupings`;
     $('#job-reason').textContent = j.status.reason || '';
+    const res = $('#job-result');
+    res.hidden = !j.status.summary;
+    res.textContent = j.status.summary ? 'result: ' + summaryText(j.status.summary) : '';
+    const warn = $('#job-warnings');
+    warn.hidden = !(j.warnings || []).length;
+    warn.replaceChildren(...(j.warnings || []).map((w) => el('li', {}, 'warning: ' + w)));
   }
 
   function renderMembers() {

@@ -104,10 +104,12 @@ typedef enum wagma_device { WAGMA_DEVICE_CPU = 0, WAGMA_DEVICE_CUDA } wagma_devi
 typedef struct wagma_optimizer_spec {
   wagma_optimizer_type_t type; /* default sgd */
   double lr;                   /* (0, 10], default 0.05 */
-  double momentum;             /* [0, 1), default 0.9 for sgd, ignored by adam */
-  int nesterov;                /* default false; needs momentum > 0 */
-  double weight_decay;         /* [0, 1), default 0 */
-  uint64_t warmup;             /* iterations of linear lr warmup, default 0 */
+  /* [0, 1); default 0.9 for sgd, 0 for sgd under asgd and dc-asgd (their asynchronous pushes
+   * already act as momentum: docs/api.md), 0 for adam (ignored there) */
+  double momentum;
+  int nesterov;        /* default false; needs momentum > 0 */
+  double weight_decay; /* [0, 1), default 0 */
+  uint64_t warmup;     /* iterations of linear lr warmup, default 0 */
 } wagma_optimizer_spec_t;
 
 typedef struct wagma_checkpoint_spec {
@@ -162,6 +164,17 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
 /* Validates cross-field rules (ranges, min <= workers <= max, checkpoint path). */
 int wagma_job_spec_validate(const wagma_job_spec_t *spec, wagma_api_error_t *err);
 
+/* Warnings about a valid spec that is known to train badly (e.g. asgd whose step size, with
+ * the momentum its asynchronous pushes already add, diverges or stalls; docs/api.md "Spec
+ * warnings"): at most max messages into out, each NUL-terminated; returns how many. A pure
+ * function of the spec: REST shows them with the job and in its "submitted" event. */
+#define WAGMA_API_WARNING_MAX 320 /* one warning, including the NUL */
+#define WAGMA_API_WARNINGS_MAX 4
+int wagma_job_spec_warnings(const wagma_job_spec_t *spec, char (*out)[WAGMA_API_WARNING_MAX],
+                            int max);
+/* The warnings as a JSON array of strings (empty when none). Ownership: the caller's. */
+json_t *wagma_job_spec_warnings_value(const wagma_job_spec_t *spec);
+
 /* Encodes every field (defaults included). Ownership: the caller owns the result. */
 json_t *wagma_job_spec_to_value(const wagma_job_spec_t *spec);
 int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json);
@@ -207,6 +220,18 @@ int wagma_job_state_from_name(const char *name, wagma_job_state_t *s);
 /* 1 for succeeded, failed, stopped. */
 int wagma_job_state_terminal(wagma_job_state_t s);
 
+/* A finished job's result at a glance: taken when the job ends from its last members' final
+ * reports (those that reported "done" when any did, else those of the last epoch). */
+typedef struct wagma_job_summary {
+  int members;                                      /* reports taken; 0 = no summary */
+  int evaluated;                                    /* of them, with a test accuracy */
+  double accuracy_mean, accuracy_min, accuracy_max; /* NaN when evaluated is 0 */
+  int with_loss;                                    /* of them, with a training loss */
+  double loss_mean, loss_min, loss_max;             /* NaN when with_loss is 0 */
+  uint64_t iterations;                              /* the job's iteration at its end */
+  double wall_time; /* seconds from its first plan to its end, 0 = it never started */
+} wagma_job_summary_t;
+
 typedef struct wagma_job_status {
   wagma_job_state_t state;
   char reason[WAGMA_API_REASON_MAX]; /* why the job is in this state, "" if nothing to say */
@@ -219,6 +244,7 @@ typedef struct wagma_job_status {
   double finished;                   /* terminal state reached, 0 = not yet */
   int nmembers;
   char (*members)[WAGMA_API_NAME_MAX]; /* member names in rank order, nmembers entries */
+  wagma_job_summary_t summary;         /* a finished job's result; members 0 = none (absent) */
 } wagma_job_status_t;
 
 /* Releases members and zeroes the status. */
@@ -284,6 +310,14 @@ int wagma_progress_to_json(const wagma_progress_t *p, char **json);
  * refused. */
 int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *p,
                              wagma_api_error_t *err);
+
+/* One line for people: "test accuracy 0.8713 (0.8702-0.8731 over 4 members), loss 0.2913,
+ * 1000 iterations in 12.3 s" ("no test accuracy reported" / "no loss reported" when none).
+ * Writes at most len bytes (NUL included); returns what snprintf returns. */
+int wagma_job_summary_format(const wagma_job_summary_t *s, char *buf, size_t len);
+/* The summary of n final reports (NULL entries skipped), the job's iteration and wall time. */
+void wagma_job_summary_of(wagma_job_summary_t *s, const wagma_progress_t *const *reports, int n,
+                          uint64_t iterations, double wall_time);
 
 /* ------------------------------------------------------------------------------------------
  * Checkpoint record (written by the job's rank 0 to <prefix>/jobs/<job>/checkpoint after each

@@ -287,6 +287,26 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
            json_string_value(json_object_get(status, "reason")) ?: "");
   v->epoch = uint_of(status, "epoch");
   v->iteration = uint_of(status, "iteration");
+  v->started = num_of(status, "started");
+  v->finished = num_of(status, "finished");
+  json_t *sum = json_object_get(status, "summary");
+  v->summary.accuracy_mean = v->summary.accuracy_min = v->summary.accuracy_max = NAN;
+  v->summary.loss_mean = NAN;
+  if (json_is_object(sum)) {
+    json_t *acc = json_object_get(sum, "accuracy"), *loss = json_object_get(sum, "loss");
+    v->summary.members = (int)uint_of(sum, "members");
+    v->summary.evaluated = (int)uint_of(sum, "evaluated");
+    v->summary.iterations = uint_of(sum, "iterations");
+    v->summary.wall_time = num_of(sum, "wall_time");
+    if (json_is_object(acc)) {
+      v->summary.accuracy_mean = num_of(acc, "mean");
+      v->summary.accuracy_min = num_of(acc, "min");
+      v->summary.accuracy_max = num_of(acc, "max");
+    }
+    if (json_is_object(loss))
+      v->summary.loss_mean = num_of(loss, "mean");
+  }
+  v->nwarnings = (int)json_array_size(json_object_get(o, "warnings"));
   json_t *members = json_object_get(o, "members"), *m;
   size_t i;
   json_array_foreach(members, i, m) {

@@ -111,10 +111,21 @@ typedef struct job_member {
   char error[256]; /* progress "error" */
 } job_member_t;
 
+/* status.summary of a finished job (docs/api.md); members 0 = none */
+typedef struct job_summary {
+  int members, evaluated;
+  double accuracy_mean, accuracy_min, accuracy_max, loss_mean; /* NaN when absent */
+  uint64_t iterations;
+  double wall_time;
+} job_summary_t;
+
 typedef struct job_view {
   char state[16];
   char reason[256];
   uint64_t epoch, iteration;
+  double started, finished;
+  job_summary_t summary;
+  int nwarnings; /* the job's "warnings" (spec known to train badly) */
   int nmembers;
   job_member_t members[CLUSTER_MAX_AGENTS];
 } job_view_t;
