@@ -9,7 +9,8 @@
  *  - the status summary of each finished job matches its members' final reports (mean, min,
  *    max of the accuracy over 4 members, the iterations, a wall time within started..finished),
  *    the "state" event of its timeline carries the same summary, and `wagmactl get` prints it
- *    on its "result:" line;
+ *    on its "result:" line; no agent logged a warning about the job's data plane (nothing
+ *    failed);
  *  - asgd with momentum 0.9 (the old default) is known to train badly: the job says so in
  *    its "warnings" and its "submitted" event, and it does train badly (failed, or a summary
  *    accuracy below 0.5): the warning is not crying wolf.
@@ -164,6 +165,16 @@ static void train_with_defaults(cluster_t *c, const char *algorithm, double want
   assert_int_equal(v.nwarnings, 0);
   assert_true(v.summary.accuracy_min > ACC_BOUND);
   check_summary(c, job, &v);
+  /* nothing failed, so no agent warned about its data plane (the workers of asgd and dc-asgd
+   * used to warn at every start: a shard not in the epoch yet) */
+  char needle[96];
+  snprintf(needle, sizeof needle, "job %s epoch", job);
+  for (int i = 0; i < c->nagents; i++) {
+    int n = cluster_agent_log_count(c, i, needle, "WARN");
+    if (n)
+      cluster_dump_logs(c);
+    assert_int_equal(n, 0);
+  }
 }
 
 static void test_wagma(void **state) {

@@ -309,6 +309,149 @@ static void test_status_codec(void **state) {
   }
 }
 
+/* The summary of final reports: mean, min, max over the reports that have each value; the
+ * codec round trip; absent without reports; a summary out of its ranges refused by field. */
+static void test_status_summary(void **state) {
+  (void)state;
+  wagma_progress_t p[4];
+  for (int i = 0; i < 4; i++)
+    wagma_progress_init(&p[i]);
+  p[0].accuracy = 0.80, p[0].loss = 0.5;
+  p[1].accuracy = 0.90, p[1].loss = 0.3;
+  p[2].loss = 0.4; /* no evaluation (NaN accuracy) */
+  const wagma_progress_t *r[] = {&p[0], NULL, &p[1], &p[2]};
+  wagma_job_status_t a = {0}, b = {0};
+  wagma_api_error_t err;
+  char *json = NULL, line[320];
+  a.state = WAGMA_JOB_SUCCEEDED;
+  wagma_job_summary_of(&a.summary, r, 4, 1000, 12.25);
+  assert_int_equal(a.summary.members, 3);
+  assert_int_equal(a.summary.evaluated, 2);
+  assert_int_equal(a.summary.with_loss, 3);
+  assert_true(fabs(a.summary.accuracy_mean - 0.85) < 1e-12);
+  assert_true(a.summary.accuracy_min == 0.80 && a.summary.accuracy_max == 0.90);
+  assert_true(fabs(a.summary.loss_mean - 0.4) < 1e-12);
+  assert_true(a.summary.loss_min == 0.3 && a.summary.loss_max == 0.5);
+  wagma_job_summary_format(&a.summary, line, sizeof line);
+  assert_string_equal(line, "test accuracy 0.8500 (0.8000-0.9000 over 2 members), loss 0.4, "
+                            "1000 iterations in 12.2 s");
+  assert_int_equal(wagma_job_status_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"summary\""));
+  assert_int_equal(wagma_job_status_from_json(json, strlen(json), &b, &err), 0);
+  assert_int_equal(b.summary.members, 3);
+  assert_int_equal(b.summary.evaluated, 2);
+  assert_true(fabs(b.summary.accuracy_mean - a.summary.accuracy_mean) < 1e-12);
+  assert_true(b.summary.loss_max == 0.5 && b.summary.iterations == 1000);
+  assert_true(b.summary.wall_time == 12.25);
+  free(json);
+  wagma_job_status_free(&b);
+
+  /* no reports: no summary in JSON */
+  wagma_job_summary_of(&a.summary, r, 0, 5, 1);
+  assert_int_equal(a.summary.members, 0);
+  assert_true(isnan(a.summary.accuracy_mean));
+  assert_int_equal(wagma_job_status_to_json(&a, &json), 0);
+  assert_null(strstr(json, "summary"));
+  free(json);
+  /* reports without accuracy or loss: null, and the line says so */
+  wagma_progress_init(&p[3]);
+  const wagma_progress_t *r1[] = {&p[3]};
+  wagma_job_summary_of(&a.summary, r1, 1, 7, 0);
+  wagma_job_summary_format(&a.summary, line, sizeof line);
+  assert_string_equal(line, "no test accuracy reported, no loss reported, 7 iterations in 0.0 s");
+  assert_int_equal(wagma_job_status_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"accuracy\":null"));
+  assert_int_equal(wagma_job_status_from_json(json, strlen(json), &b, &err), 0);
+  assert_int_equal(b.summary.members, 1);
+  assert_true(isnan(b.summary.accuracy_mean));
+  free(json);
+
+  static const struct {
+    const char *json, *field;
+  } bad[] = {
+      {"{\"state\":\"failed\",\"summary\":3}", "summary"},
+      {"{\"state\":\"failed\",\"summary\":{\"members\":-1}}", "summary.members"},
+      {"{\"state\":\"failed\",\"summary\":{\"members\":2,\"evaluated\":3,\"with_loss\":0}}",
+       "summary.evaluated"},
+      {"{\"state\":\"failed\",\"summary\":{\"members\":2,\"evaluated\":1,\"with_loss\":0,"
+       "\"accuracy\":{\"mean\":1.5,\"min\":0,\"max\":1},\"loss\":null,\"iterations\":1,"
+       "\"wall_time\":1}}",
+       "summary.accuracy.mean"},
+      {"{\"state\":\"failed\",\"summary\":{\"members\":2,\"evaluated\":0,\"with_loss\":0,"
+       "\"accuracy\":{\"mean\":0.5,\"min\":0,\"max\":1},\"loss\":null,\"iterations\":1,"
+       "\"wall_time\":1}}",
+       "summary.accuracy"},
+      {"{\"state\":\"failed\",\"summary\":{\"members\":2,\"evaluated\":0,\"with_loss\":0,"
+       "\"accuracy\":null,\"loss\":null,\"iterations\":1,\"wall_time\":-1}}",
+       "summary.wall_time"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    memset(&err, 0, sizeof err);
+    assert_int_equal(wagma_job_status_from_json(bad[i].json, strlen(bad[i].json), &b, &err),
+                     WAGMA_EINVAL);
+    if (strcmp(err.field, bad[i].field) != 0)
+      fprintf(stderr, "%s: field %s, wanted %s\n", bad[i].json, err.field, bad[i].field);
+    assert_string_equal(err.field, bad[i].field);
+  }
+}
+
+/* Per-algorithm defaults (asgd and dc-asgd: momentum 0) and the warning of a spec known to
+ * train badly: asgd / dc-asgd whose workers x lr / (1 - momentum) reaches 0.9. */
+static void test_spec_algorithm_defaults_and_warnings(void **state) {
+  (void)state;
+  wagma_job_spec_t s;
+  wagma_api_error_t err;
+  char w[WAGMA_API_WARNINGS_MAX][WAGMA_API_WARNING_MAX];
+  static const struct {
+    const char *algorithm;
+    double momentum;
+  } defaults[] = {{"wagma", 0.9},  {"allreduce", 0.9}, {"local-sgd", 0.9},
+                  {"adpsgd", 0.9}, {"asgd", 0.0},      {"dc-asgd", 0.0}};
+  for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++) {
+    char json[160];
+    snprintf(json, sizeof json, "{\"workers\":4,\"algorithm\":\"%s\"}", defaults[i].algorithm);
+    assert_int_equal(spec_parse(json, &s, &err), 0);
+    assert_true(fabs(s.optimizer.momentum - defaults[i].momentum) < 1e-12);
+    /* the defaults of every algorithm train: no warning */
+    assert_int_equal(wagma_job_spec_warnings(&s, w, WAGMA_API_WARNINGS_MAX), 0);
+    json_t *v = wagma_job_spec_warnings_value(&s);
+    assert_true(json_is_array(v) && json_array_size(v) == 0);
+    json_decref(v);
+  }
+  /* the measured cases (docs/benchmarks.md): 4 workers, 1 shard = 3 pushing */
+  static const struct {
+    const char *json;
+    int warned;
+  } cases[] = {
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"optimizer\":{\"momentum\":0.9}}", 1}, /* 1.50 */
+      {"{\"workers\":4,\"algorithm\":\"dc-asgd\",\"optimizer\":{\"momentum\":0.9}}", 1},
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"optimizer\":{\"lr\":0.1,\"momentum\":0.7}}",
+       1},                                                                            /* 1.00 */
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"optimizer\":{\"momentum\":0.8}}", 0}, /* 0.75 */
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"optimizer\":{\"momentum\":0.5}}", 0},
+      /* scaling up to max_workers counts */
+      {"{\"workers\":4,\"max_workers\":40,\"algorithm\":\"asgd\"}", 1},
+      /* more shards, fewer workers pushing */
+      {"{\"workers\":4,\"ps_shards\":3,\"algorithm\":\"asgd\",\"optimizer\":{\"momentum\":0.9}}",
+       0},
+      /* adam is not subject to the rule; the synchronous algorithms neither */
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"optimizer\":{\"type\":\"adam\"}}", 0},
+      {"{\"workers\":64,\"algorithm\":\"wagma\",\"optimizer\":{\"momentum\":0.99}}", 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    assert_int_equal(spec_parse(cases[i].json, &s, &err), 0);
+    int n = wagma_job_spec_warnings(&s, w, WAGMA_API_WARNINGS_MAX);
+    if (n != cases[i].warned)
+      fprintf(stderr, "%s: %d warnings, wanted %d\n", cases[i].json, n, cases[i].warned);
+    assert_int_equal(n, cases[i].warned);
+    if (n)
+      assert_non_null(strstr(w[0], "known to stall at chance accuracy or diverge"));
+  }
+  /* max 0: nothing written */
+  assert_int_equal(spec_parse(cases[0].json, &s, &err), 0);
+  assert_int_equal(wagma_job_spec_warnings(&s, w, 0), 0);
+}
+
 static void test_progress_codec(void **state) {
   (void)state;
   wagma_progress_t a, b;
@@ -773,6 +916,8 @@ int main(void) {
       cmocka_unit_test(test_spec_checkpoint_path),
       cmocka_unit_test(test_patch),
       cmocka_unit_test(test_status_codec),
+      cmocka_unit_test(test_status_summary),
+      cmocka_unit_test(test_spec_algorithm_defaults_and_warnings),
       cmocka_unit_test(test_progress_codec),
       cmocka_unit_test(test_plan_record_codec),
       cmocka_unit_test(test_checkpoint_record_codec),
