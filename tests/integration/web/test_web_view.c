@@ -3,8 +3,10 @@
  * headless Chromium (playwright-core, Debian's chromium): the job on the jobs list, its groups
  * drawn and changing phase, one agent killed by PID and its new epoch on the timeline with the
  * reason, the accuracy curve, a screenshot (WAGMA_WEB_SCREENSHOT names where; default
- * <build>/tests/integration/web/web-view.png). Skipped (exit 77) without chromium, node or
- * playwright-core, with the reason on stderr. Everything stopped by PID. */
+ * <build>/tests/integration/web/web-view.png); then a spec's warning on its page and the
+ * stopped job's result (status summary) on its page, timeline and the jobs list. Skipped (exit 77)
+ * without chromium, node or playwright-core, with the reason on stderr. Everything stopped by PID.
+ */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>

@@ -2,7 +2,9 @@
 // job, then runs this): opens the coordinator's web view in headless Chromium through
 // playwright-core (executablePath: Debian's chromium; no browser is ever downloaded), waits for
 // the groups to render and to change phase, kills one agent by PID, waits for the new epoch on
-// the timeline (with the reason the agent left), saves a screenshot. Exit 0 = every step seen;
+// the timeline (with the reason the agent left), saves a screenshot; then a job whose spec is
+// known to train badly shows its warning, and the stopped job its result (status summary) on
+// its page, its timeline and the jobs list. Exit 0 = every step seen;
 // 1 = a step did not happen in time (stderr says which); 77 = playwright-core missing.
 //   node web_view.mjs BASE_URL JOB AGENT_PID AGENT_NAME SCREENSHOT TOOLS_DIR
 import { createRequire } from 'module';
@@ -64,6 +66,32 @@ try {
   await page.waitForTimeout(600);
   await page.screenshot({ path: shot, fullPage: true });
   log(`screenshot ${shot}`);
+  // A spec known to train badly says so on its page: asgd with momentum 0.9 (pending: it asks
+  // for more agents than there are).
+  const post = await fetch(`${base}/v1/jobs`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ name: 'warned', model: 'softmax', dataset: 'synthetic', algorithm: 'asgd', workers: 10,
+      optimizer: { momentum: 0.9 } }) });
+  if (post.status !== 201) throw new Error(`POST warned: ${post.status}`);
+  // Stop the job: its status gets the summary of its members' last reports, which the page
+  // shows as its result (and the jobs list in its result column).
+  const del = await fetch(`${base}/v1/jobs/${job}`, { method: 'DELETE' });
+  if (!del.ok) throw new Error(`DELETE ${job}: ${del.status}`);
+  await page.waitForFunction(() => /^result: test accuracy 0\.\d{4} \(/.test(
+    document.querySelector('#job-result')?.textContent || ''), null, { timeout: 10000, polling: 100 });
+  log(`job page: ${await page.textContent('#job-result')}`);
+  const stoppedEntry = await page.textContent('#timeline li[data-type="state"]');
+  if (!stoppedEntry.includes('stopped') || !stoppedEntry.includes('test accuracy'))
+    throw new Error(`the stop on the timeline has no result: ${stoppedEntry}`);
+  await page.goto(`${base}/#/job/warned`, { waitUntil: 'load' });
+  await page.waitForFunction(() => !document.querySelector('#job-warnings')?.hidden &&
+    document.querySelector('#job-warnings li')?.textContent.includes('known to stall'), null,
+  { timeout: 10000, polling: 100 });
+  log(`warned job page: ${await page.textContent('#job-warnings li')}`);
+  await page.goto(`${base}/`, { waitUntil: 'load' });
+  await page.waitForFunction((j) => /^\d+\.\d%$/.test(
+    document.querySelector(`#jobs tr[data-job="${j}"] td:nth-child(8)`)?.textContent || ''), job,
+  { timeout: 10000, polling: 100 });
+  log(`jobs list result: ${await page.textContent(`#jobs tr[data-job="${job}"] td:nth-child(8)`)}`);
   ok = true;
 } catch (e) {
   console.error(`web_view: ${e.message}`);
