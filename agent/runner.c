@@ -47,6 +47,7 @@
 #include <openssl/crypto.h>
 
 #include "agent/runner.h"
+#include "wagma/fingerprint_internal.h"
 #include "wagma/log_internal.h"
 
 struct wg_runner {
@@ -284,30 +285,6 @@ static void evaluate(wg_runner_ctx_t *r, size_t count) {
     j->accuracy = (double)ev.correct / (double)ev.n;
 }
 
-/* A fingerprint of the parameters, the same function on every agent: their projections on 4
- * fixed pseudo-random +-1 vectors (one splitmix64 draw per parameter from a fixed seed; bit k
- * is the sign in projection k), then the L2 norm. Two members' models differ by about |x - y| in
- * each projection, so the spread of the fingerprints over the members measures how far apart the
- * models are (docs/api.md, progress "fingerprint"). */
-static void fingerprint(const float *p, size_t n, double *out, int *nout) {
-  uint64_t s = 0x5741474d41465031ull; /* fixed: "WAGMAFP1" */
-  double d[4] = {0, 0, 0, 0}, sq = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    double x = p[i];
-    for (int k = 0; k < 4; k++)
-      d[k] += (z >> k) & 1u ? x : -x;
-    sq += x * x;
-  }
-  for (int k = 0; k < 4; k++)
-    out[k] = d[k];
-  out[4] = sqrt(sq);
-  *nout = 5;
-}
-
 /* Ends the job on this member without a result to report: "failed" with why, so the job fails
  * loudly instead of succeeding with a model that is not the job's (docs/design.md §7). */
 static void finish_failed(wg_runner_ctx_t *r, const char *why) {
@@ -336,7 +313,7 @@ static void finish(wg_runner_ctx_t *r) {
   int e;
   float *params = wg_job_params_to_host(j, &e);
   if (params)
-    fingerprint(params, j->nparams, j->fingerprint, &j->nfingerprint);
+    wg_fingerprint(params, j->nparams, j->fingerprint, &j->nfingerprint);
   if (params && j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
     e = wg_algo_final_model(r, params);
     if (e == 0)

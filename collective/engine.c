@@ -208,6 +208,8 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   cfg.device = o->device;
   cfg.cancelled = o->cancelled;
   cfg.cancel_user = o->cancel_user;
+  cfg.use_listen_fd = o->use_listen_fd;
+  cfg.listen_fd = o->listen_fd;
   cfg.log = c->log;
   cfg.log_user = c->log_user;
   rc = ops->open(&cfg, &c->tp);

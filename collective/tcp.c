@@ -695,6 +695,7 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   t->rank = cfg->rank;
   t->nranks = cfg->plan->nranks;
   t->epoch = cfg->epoch;
+  t->listen_fd = cfg->use_listen_fd ? cfg->listen_fd : -1;
   t->max_payload = cfg->max_payload ? cfg->max_payload : WG_TCP_DEFAULT_MAX_PAYLOAD;
   t->max_queued = cfg->max_queued_bytes ? cfg->max_queued_bytes : WG_TCP_DEFAULT_MAX_QUEUED;
   t->connect_timeout_s =

@@ -133,7 +133,8 @@ struct wg_transport {
   size_t max_payload;
   size_t max_queued;
   double connect_timeout_s;
-  int sealed; /* every frame after the handshake is sealed (tcp_seal.c) */
+  int listen_fd; /* the caller's bound, listening socket (not ours: the mesh dups it), or -1 */
+  int sealed;    /* every frame after the handshake is sealed (tcp_seal.c) */
   wagma_log_fn log;
   void *log_user;
 

@@ -638,12 +638,24 @@ static void collect_names(mesh_t *m) {
   }
 }
 
-/* Binds and listens on my address, now resolved. 0 or WAGMA_EIO. */
+/* Binds and listens on my address, now resolved (or takes a dup of the caller's listening
+ * socket, t->listen_fd). 0 or WAGMA_EIO. */
 static int bind_listener(mesh_t *m) {
   struct wg_transport *t = m->t;
   const mesh_addr_t *a = &m->addrs[t->rank];
   int err = 0;
-  for (int i = 0; i < a->n && m->listen_fd < 0; i++) {
+  if (t->listen_fd >= 0) {
+    m->listen_fd = fcntl(t->listen_fd, F_DUPFD_CLOEXEC, 0);
+    /* O_NONBLOCK is shared with the caller's descriptor: it never accepts on it itself */
+    int fl = m->listen_fd >= 0 ? fcntl(m->listen_fd, F_GETFL) : -1;
+    if (fl < 0 || fcntl(m->listen_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+      err = errno;
+      if (m->listen_fd >= 0)
+        close(m->listen_fd);
+      m->listen_fd = -1;
+    }
+  }
+  for (int i = 0; i < a->n && m->listen_fd < 0 && t->listen_fd < 0; i++) {
     const struct sockaddr_storage *sa = &a->sa[i];
     int fd = socket(sa->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {

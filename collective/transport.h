@@ -114,6 +114,8 @@ typedef struct wg_transport_config {
   int device;                   /* NCCL: this rank's CUDA device (others ignore it) */
   int (*cancelled)(void *user); /* NULL, or polled during open: non-zero = give up (ECANCELED) */
   void *cancel_user;
+  /* use_listen_fd 1: accept on a dup of listen_fd, a bound, listening socket, not binding */
+  int use_listen_fd, listen_fd;
   wagma_log_fn log;
   void *log_user;
 } wg_transport_config_t;

@@ -169,6 +169,12 @@ typedef struct wagma_comm_options {
    * Called on the creating thread only. */
   int (*cancelled)(void *user);
   void *cancel_user;
+  /* use_listen_fd 1: listen_fd is a TCP socket already bound to my member's address and
+   * listening (e.g. the agent's, inherited by the training program it launched). The
+   * communicator accepts on a dup of it and never binds; the caller keeps listen_fd open across
+   * epochs, so the port cannot be lost between them. 0 (default): bind the address. */
+  int use_listen_fd;
+  int listen_fd;
 } wagma_comm_options_t;
 
 #define WAGMA_SECRET_MIN_LEN 16 /* bytes; shorter secrets are refused (WAGMA_EINVAL) */
