@@ -14,6 +14,8 @@
  *   adpsgd.c      AD-PSGD's pairwise averaging endpoint (its own header, adpsgd.h)
  *   ps.c          the asgd / dc-asgd parameter-server endpoint (its own header, ps.h)
  *   peer_io.c     TCP helpers with deadlines of those two endpoints (peer_io.h)
+ *   launcher.c    a program job: the user's program launched, supervised and talked to
+ *                 (launcher.h, worker/proto.h)
  *
  * The job config carries the api's kinds as they are (wagma_model_kind_t, wagma_dataset_kind_t,
  * wagma_algorithm_t, wagma_optimizer_type_t); runner.c maps the model kind to the training
@@ -96,6 +98,20 @@ typedef struct wg_agent_options {
   double progress_interval_s;
   double linger_s; /* how long a finished agent keeps its communicator for its peers */
   int log_level;
+  /* programs (launcher.c): --programs DIR, the executables found there at start (sorted,
+   * valid names, registered), --program-env NAME=VALUE (strings of argv), --program-grace,
+   * --program-connect-timeout */
+  char programs_dir[PATH_MAX];
+  int nprograms;
+  char programs[WAGMA_API_AGENT_PROGRAMS_MAX][WAGMA_API_PROGRAM_NAME_MAX];
+  int nprogram_env;
+  const char *program_env[32];
+  double program_grace_s;
+  double program_connect_timeout_s;
+  /* the data plane's socket, bound to --listen at start when --programs is given (a port in
+   * use fails the start) and used by every communicator (and inherited by programs); -1 =
+   * each communicator binds --listen itself */
+  int listen_fd;
 } wg_agent_options_t;
 
 void wg_agent_log(void *user, int level, const char *msg); /* stderr with a timestamp */
@@ -125,7 +141,8 @@ typedef struct wg_job_config {
   double dc_lambda;    /* dc-asgd: the delay compensation's lambda */
   int dc_adaptive;     /* dc-asgd: lambda / sqrt(mean square of g) */
   uint64_t checkpoint_every;
-  char checkpoint_dir[256]; /* spec checkpoint.path: relative to the checkpoint root */
+  char checkpoint_dir[256];     /* spec checkpoint.path: relative to the checkpoint root */
+  wagma_program_spec_t program; /* program.name "" = a built-in model job (runner.c) */
 } wg_job_config_t;
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */

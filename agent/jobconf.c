@@ -42,6 +42,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   cfg->checkpoint_every = spec.checkpoint.every;
   snprintf(cfg->checkpoint_dir, sizeof cfg->checkpoint_dir, "%s", spec.checkpoint.path);
   cfg->device = spec.device; /* the runner checks it against its own --device */
+  cfg->program = spec.program;
   return 0;
 }
 
@@ -115,6 +116,8 @@ char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {
   a.capacity = opt->capacity;
   snprintf(a.version, sizeof a.version, "%s", WG_AGENT_VERSION);
   a.started = started;
+  a.nprograms = opt->nprograms;
+  memcpy(a.programs, opt->programs, sizeof a.programs);
   if (wagma_agent_info_to_json(&a, &json) != 0)
     return NULL;
   return json;

@@ -7,13 +7,17 @@
  * signal: ask both to stop, revoke the lease first (the coordinator replans at once), then
  * join the runner within a deadline (it aborts its rounds: every wait in it is bounded) and
  * exit. */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -151,6 +155,17 @@ static void usage(FILE *f) {
           "  --slow-factor F         straggler: compute takes F times longer (default 1)\n"
           "  --sleep-prob P          transient imbalance: pause with probability P per step\n"
           "  --sleep-ms D            ... for D milliseconds (default 0)\n"
+          "  --programs DIR          the programs this agent can launch: each executable\n"
+          "                          file in DIR (named like a job name) is a program a job\n"
+          "                          spec can name (docs/programs.md); registered at start.\n"
+          "                          With it, --listen is bound at start (a port in use\n"
+          "                          fails the start, exit 2) and handed to the programs\n"
+          "  --program-env NAME=VALUE  set in every program's environment (repeatable, at\n"
+          "                          most 32), e.g. PYTHONPATH or WAGMA_LIBRARY\n"
+          "  --program-grace S       a program asked to stop gets SIGTERM, then SIGKILL S\n"
+          "                          seconds later (default 10)\n"
+          "  --program-connect-timeout S  a launched program that has not connected within S\n"
+          "                          seconds is killed and reported (default 30)\n"
           "  --log-level LEVEL       debug, info, warn or error (default info)\n"
           "  --help                  this text\n"
           "\n"
@@ -206,6 +221,89 @@ static int advertise_address(wg_agent_options_t *o) {
   return 0;
 }
 
+static int name_cmp(const void *a, const void *b) {
+  return strcmp(a, b);
+}
+
+/* --programs DIR: the executable regular files of DIR with a valid program name, sorted. A
+ * file whose name is not one is skipped (logged); DIR must exist. 0 or -1 with why. */
+static int scan_programs(wg_agent_options_t *o, char *why, size_t len) {
+  DIR *d = opendir(o->programs_dir);
+  if (!d) {
+    snprintf(why, len, "--programs %s: %s", o->programs_dir, strerror(errno));
+    return -1;
+  }
+  char real[PATH_MAX];
+  if (!realpath(o->programs_dir, real)) {
+    closedir(d);
+    snprintf(why, len, "--programs %s: %s", o->programs_dir, strerror(errno));
+    return -1;
+  }
+  snprintf(o->programs_dir, sizeof o->programs_dir, "%s", real);
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    struct stat st;
+    if (e->d_name[0] == '.' || fstatat(dirfd(d), e->d_name, &st, 0) != 0 || !S_ISREG(st.st_mode) ||
+        faccessat(dirfd(d), e->d_name, X_OK, 0) != 0)
+      continue;
+    if (!wagma_program_name_valid(e->d_name)) {
+      fprintf(stderr, "wagma-agent: --programs: skipping %s (not a valid program name)\n",
+              e->d_name);
+      continue;
+    }
+    if (o->nprograms == WAGMA_API_AGENT_PROGRAMS_MAX) {
+      fprintf(stderr, "wagma-agent: --programs: more than %d programs; the rest are skipped\n",
+              WAGMA_API_AGENT_PROGRAMS_MAX);
+      break;
+    }
+    snprintf(o->programs[o->nprograms++], WAGMA_API_PROGRAM_NAME_MAX, "%.63s", e->d_name);
+  }
+  closedir(d);
+  qsort(o->programs, (size_t)o->nprograms, sizeof o->programs[0], name_cmp);
+  return 0;
+}
+
+/* With --programs the data plane's socket is the agent's for its whole life: bound to
+ * --listen now (a port in use is a start-up error), inherited by the programs. */
+static int bind_listen(wg_agent_options_t *o, char *why, size_t len) {
+  char host[WAGMA_ADDRESS_MAX], port[16];
+  const char *colon = strrchr(o->listen, ':');
+  snprintf(host, sizeof host, "%.*s", (int)(colon - o->listen), o->listen);
+  snprintf(port, sizeof port, "%s", colon + 1);
+  if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+    memmove(host, host + 1, strlen(host));
+    host[strlen(host) - 1] = '\0';
+  }
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+  int g = getaddrinfo(host, port, &hints, &ai);
+  if (g != 0) {
+    snprintf(why, len, "--listen %s: %s", o->listen, gai_strerror(g));
+    return -1;
+  }
+  int fd = -1, err = 0;
+  for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) {
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        err = errno;
+        close(fd);
+        fd = -1;
+      }
+    } else {
+      err = errno;
+    }
+  }
+  freeaddrinfo(ai);
+  if (fd < 0) {
+    snprintf(why, len, "--listen %s: cannot bind: %s", o->listen, strerror(err));
+    return -1;
+  }
+  o->listen_fd = fd;
+  return 0;
+}
+
 #define FAIL(...)                                                                                  \
   do {                                                                                             \
     fprintf(stderr, "wagma-agent: " __VA_ARGS__);                                                  \
@@ -247,6 +345,10 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"sleep-prob", required_argument, 0, 'b'},
                                         {"sleep-ms", required_argument, 0, 'm'},
                                         {"log-level", required_argument, 0, 'v'},
+                                        {"programs", required_argument, 0, 1007},
+                                        {"program-env", required_argument, 0, 1008},
+                                        {"program-grace", required_argument, 0, 1009},
+                                        {"program-connect-timeout", required_argument, 0, 1010},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   double v;
@@ -270,6 +372,9 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->progress_interval_s = 1;
   o->linger_s = 60;
   o->log_level = WAGMA_LOG_INFO;
+  o->program_grace_s = 10;
+  o->program_connect_timeout_s = 30;
+  o->listen_fd = -1;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     switch (c) {
     case 'e': {
@@ -421,6 +526,28 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       else
         FAIL("--log-level must be debug, info, warn or error");
       break;
+    case 1007:
+      if (!optarg[0] || strlen(optarg) >= sizeof o->programs_dir)
+        FAIL("--programs must be a directory (1..%zu characters)", sizeof o->programs_dir - 1);
+      snprintf(o->programs_dir, sizeof o->programs_dir, "%s", optarg);
+      break;
+    case 1008: {
+      const char *eq = strchr(optarg, '=');
+      if (!eq || eq == optarg || strlen(optarg) >= 1100)
+        FAIL("--program-env must be NAME=VALUE (at most 1100 characters)");
+      if (o->nprogram_env >= (int)(sizeof o->program_env / sizeof *o->program_env))
+        FAIL("--program-env: at most %zu", sizeof o->program_env / sizeof *o->program_env);
+      o->program_env[o->nprogram_env++] = optarg;
+      break;
+    }
+    case 1009:
+      if (parse_double(optarg, 0, 3600, &o->program_grace_s))
+        FAIL("--program-grace must be 0..3600 seconds");
+      break;
+    case 1010:
+      if (parse_double(optarg, 0.1, 3600, &o->program_connect_timeout_s))
+        FAIL("--program-connect-timeout must be 0.1..3600 seconds");
+      break;
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return 2;
     }
@@ -457,6 +584,13 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   {
     char why[PATH_MAX + 128];
     if (wg_ckroot_open(o->checkpoint_root_arg, &o->checkpoint_root, why, sizeof why) != 0)
+      FAIL("%s", why);
+  }
+  if (o->programs_dir[0]) {
+    char why[PATH_MAX + 128];
+    if (scan_programs(o, why, sizeof why) != 0)
+      FAIL("%s", why);
+    if (bind_listen(o, why, sizeof why) != 0)
       FAIL("%s", why);
   }
   return 0;

@@ -46,6 +46,7 @@
 
 #include <openssl/crypto.h>
 
+#include "agent/launcher.h"
 #include "agent/runner.h"
 #include "wagma/fingerprint_internal.h"
 #include "wagma/log_internal.h"
@@ -467,6 +468,8 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   /* --transport nccl: large payloads over NCCL on the backend's device ("cuda" = device 0) */
   co.transport = r->opt->transport_nccl ? WAGMA_TRANSPORT_NCCL : WAGMA_TRANSPORT_TCP;
   co.device = 0;
+  co.use_listen_fd = r->opt->listen_fd >= 0; /* the agent's, bound at start (--programs) */
+  co.listen_fd = r->opt->listen_fd;
   double t0 = wg_mono();
   pthread_mutex_lock(&r->comm_log_mu);
   r->comm_error[0] = '\0';
@@ -748,6 +751,21 @@ static void *runner_main(void *arg) {
     pthread_mutex_unlock(&r->shared->mu);
     if (stop)
       break;
+    if (assigned && cfg.program.name[0]) { /* a program job: launcher.c runs it */
+      if (j->active || j->broken)
+        job_teardown(r);
+      if (!r->launcher && wg_launcher_new(r->opt, r->shared, &r->launcher) != 0) {
+        wait_shared(r, gen, 1.0);
+        continue;
+      }
+      wg_launcher_turn(r->launcher, &cfg, have_plan ? &plan : NULL, secret, secret_len, 0.05);
+      have_plan = 0; /* the launcher keeps it, with the secret, until the program has it */
+      OPENSSL_cleanse(secret, sizeof secret);
+      secret_len = 0;
+      continue;
+    }
+    if (wg_launcher_running(r->launcher))
+      wg_launcher_release(r->launcher, assigned ? "a job without a program" : "released");
     if (!assigned) {
       if (j->active || j->broken)
         job_teardown(r);
@@ -783,6 +801,8 @@ static void *runner_main(void *arg) {
   if (j->active && !j->done && !j->unavailable && j->rank >= 0)
     share_progress(r, WG_STATE_RUNNING, NULL, 1); /* (a non-member keeps its last report) */
   job_teardown(r);
+  wg_launcher_free(r->launcher); /* stops a program still running */
+  r->launcher = NULL;
   wagma_plan_free(&plan);
   OPENSSL_cleanse(secret, sizeof secret);
   pthread_mutex_lock(&self->mu);

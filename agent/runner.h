@@ -85,6 +85,7 @@ typedef struct wg_runner_ctx {
    * why wagma_comm_create failed, for the progress record */
   pthread_mutex_t comm_log_mu;
   char comm_error[200];
+  struct wg_launcher *launcher; /* a program job's (launcher.h), made at the first one */
 } wg_runner_ctx_t;
 
 /* algorithms.c: one iteration of the job's algorithm (compute, straggler delay, averaging).

@@ -418,6 +418,9 @@ static int enter_epoch(wagma_worker_t *w) {
       return fail(w, e, "out of memory copying the plan");
     w->epoch = w->cur.epoch;
     w->rank = wagma_plan_rank_of(&w->cur, w->cfg.agent);
+    w->cfg.group_size = w->cur.group_size;
+    snprintf(w->cfg.global_sync, sizeof w->cfg.global_sync, "%s",
+             w->cur.global_sync == WAGMA_GLOBAL_WAIT_AVOIDING ? "wait-avoiding" : "barrier");
     wagma_comm_options_t co;
     wagma_comm_options_init(&co);
     co.plan = &w->cur;
