@@ -1,0 +1,329 @@
+/* test_programs.c — programs launched by agents (issue 25, docs/programs.md): a real etcd, a
+ * real wagma-coordinator and 4 real wagma-agent processes on 127.0.0.1 with --programs DIR; DIR
+ * holds examples/c/minimal (logistic regression on libwagma) and small misbehaving programs.
+ *
+ *  - minimal trains under wagma, allreduce and local-sgd: the job succeeds, every member's test
+ *    accuracy is above ACC_BOUND and the members' final models agree (fingerprints), each
+ *    member's progress shows the program's epoch and iterations;
+ *  - arguments with shell metacharacters reach the program verbatim (it echoes its argv);
+ *  - a program that exits 1 at once fails the job with its stderr in the reason;
+ *  - one that never connects is killed after --program-connect-timeout and fails the job;
+ *  - one that writes garbage on the socket fails the job; its agent stays up and registered;
+ *  - SIGKILL of an agent: its program is gone within 1 s, the survivors' programs train on in
+ *    the next epoch (3 members);
+ *  - an agent whose --listen port is taken fails its start (exit 2) when it has --programs.
+ * Everything started is stopped by PID (cluster.c; the programs die with their agents). */
+#include <errno.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster.h"
+#include "process.h"
+
+#define ACC_BOUND 0.95
+
+static char programs_dir[256];
+static const char *agent_args[16];
+
+static void write_program(const char *name, const char *text) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", programs_dir, name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(text, f);
+  fclose(f);
+  chmod(path, 0755);
+}
+
+static int setup(void **state) {
+  snprintf(programs_dir, sizeof programs_dir, "/tmp/wagma-programs.XXXXXX");
+  if (!mkdtemp(programs_dir))
+    return -1;
+  char path[512];
+  snprintf(path, sizeof path, "%s/minimal", programs_dir);
+  if (symlink(getenv("WAGMA_MINIMAL_BIN"), path) != 0)
+    return -1;
+  write_program("fail", "#!/bin/sh\necho 'boom: the program cannot start' >&2\nexit 1\n");
+  write_program("sleeper", "#!/bin/sh\nexec sleep 120\n");
+  write_program("garbage",
+                "#!/usr/bin/python3\nimport os, socket, time\n"
+                "s = socket.socket(socket.AF_UNIX)\ns.connect(os.environ['WAGMA_AGENT_SOCKET'])\n"
+                "s.sendall(b'\\x05\\x00\\x00\\x00hello')\ntime.sleep(60)\n");
+  int n = 0;
+  agent_args[n++] = "--lease-ttl";
+  agent_args[n++] = "3";
+  agent_args[n++] = "--progress-interval";
+  agent_args[n++] = "0.2";
+  agent_args[n++] = "--programs";
+  agent_args[n++] = programs_dir;
+  agent_args[n++] = "--program-connect-timeout";
+  agent_args[n++] = "2";
+  agent_args[n++] = "--program-grace";
+  agent_args[n++] = "2";
+  agent_args[n] = NULL;
+  return cluster_group_setup(state, 4, agent_args);
+}
+
+static int teardown(void **state) {
+  int rc = cluster_group_teardown(state);
+  const char *names[] = {"minimal", "fail", "sleeper", "garbage"};
+  for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", programs_dir, names[i]);
+    unlink(path);
+  }
+  rmdir(programs_dir);
+  return rc;
+}
+
+/* Waits until the job is terminal; returns its view. */
+static void wait_end(cluster_t *c, const char *job, const char *want, job_view_t *v) {
+  if (cluster_job_wait_state(c, job, want, 60, v) != 0 || strcmp(v->state, want) != 0) {
+    fprintf(stderr, "job %s: %s (%s), wanted %s\n", job, v->state, v->reason, want);
+    cluster_dump_logs(c);
+  }
+  assert_string_equal(v->state, want);
+}
+
+static void train(cluster_t *c, const char *algorithm) {
+  job_view_t v;
+  char job[64];
+  snprintf(job, sizeof job, "prog-%s", algorithm);
+  assert_int_equal(cluster_job_submit(c,
+                                      "{\"name\":\"%s\",\"program\":{\"name\":\"minimal\"},"
+                                      "\"algorithm\":\"%s\",\"workers\":4,\"iterations\":600,"
+                                      "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32}",
+                                      job, algorithm),
+                   0);
+  wait_end(c, job, "succeeded", &v);
+  double spread = job_fingerprint_spread(&v);
+  fprintf(stderr, "  %s: accuracy %.4f (%.4f-%.4f over %d), spread %.2e, %.2f s\n", algorithm,
+          v.summary.accuracy_mean, v.summary.accuracy_min, v.summary.accuracy_max,
+          v.summary.evaluated, spread, v.summary.wall_time);
+  assert_int_equal(v.summary.evaluated, 4);
+  assert_true(v.summary.accuracy_min > ACC_BOUND);
+  assert_true(spread >= 0 && spread < 1e-5); /* the final average: one model */
+  for (int i = 0; i < v.nmembers; i++) {
+    assert_string_equal(v.members[i].state, "done");
+    assert_int_equal(v.members[i].iteration, 600);
+    assert_true(v.members[i].epoch >= 1);
+  }
+}
+
+static void test_wagma(void **state) {
+  train(*state, "wagma");
+}
+static void test_allreduce(void **state) {
+  train(*state, "allreduce");
+}
+static void test_local_sgd(void **state) {
+  train(*state, "local-sgd");
+}
+
+/* argv reaches the program as given: no shell in between. */
+static void test_args_verbatim(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  assert_int_equal(
+      cluster_job_submit(c, "{\"name\":\"prog-args\",\"program\":{\"name\":\"minimal\",\"args\":"
+                            "[\"--echo-args\",\"; rm -rf /tmp/x\",\"$(id)\",\"a b\",\"'q'\"]},"
+                            "\"workers\":1,\"iterations\":20}"),
+      0);
+  wait_end(c, "prog-args", "succeeded", &v);
+  const char *want[] = {"arg 2: ; rm -rf /tmp/x", "arg 3: $(id)", "arg 4: a b", "arg 5: 'q'"};
+  int member = cluster_agent_index(c, v.members[0].name);
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+    int n = cluster_agent_log_count(c, member, want[i], "prog-args");
+    if (n != 1)
+      fprintf(stderr, "\"%s\" in the log of %s: %d times\n", want[i], v.members[0].name, n);
+    assert_int_equal(n, 1);
+  }
+}
+
+static void test_exit_at_once(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  assert_int_equal(cluster_job_submit(c, "{\"name\":\"prog-fail\",\"program\":{\"name\":\"fail\"},"
+                                         "\"workers\":2,\"iterations\":20}"),
+                   0);
+  wait_end(c, "prog-fail", "failed", &v);
+  fprintf(stderr, "  reason: %s\n", v.reason);
+  assert_non_null(strstr(v.reason, "exited with status 1"));
+  assert_non_null(strstr(v.reason, "boom: the program cannot start"));
+}
+
+static void test_never_connects(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  double t0 = cluster_now();
+  assert_int_equal(cluster_job_submit(c, "{\"name\":\"prog-sleep\",\"program\":{\"name\":"
+                                         "\"sleeper\"},\"workers\":1,\"iterations\":20}"),
+                   0);
+  wait_end(c, "prog-sleep", "failed", &v);
+  fprintf(stderr, "  reason after %.1f s: %s\n", cluster_now() - t0, v.reason);
+  assert_non_null(strstr(v.reason, "did not connect within 2 s"));
+}
+
+static void test_garbage(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  if (access("/usr/bin/python3", X_OK) != 0)
+    skip();
+  assert_int_equal(cluster_job_submit(c, "{\"name\":\"prog-garbage\",\"program\":{\"name\":"
+                                         "\"garbage\"},\"workers\":1,\"iterations\":20}"),
+                   0);
+  wait_end(c, "prog-garbage", "failed", &v);
+  fprintf(stderr, "  reason: %s\n", v.reason);
+  assert_non_null(strstr(v.reason, "broke the protocol"));
+  /* its agent is up and registered */
+  int member = -1;
+  for (int i = 0; i < c->nagents; i++)
+    if (cluster_agent_log_count(c, i, "prog-garbage", "broke the protocol") > 0)
+      member = i;
+  assert_true(member >= 0);
+  assert_int_equal(kill(c->agent[member], 0), 0);
+  json_t *a = cluster_agent_get(c, c->agent_name[member]);
+  assert_non_null(a);
+  json_decref(a);
+}
+
+/* The pid of the program agent i launched for job (its log), or -1. */
+static pid_t program_pid(const cluster_t *c, int i, const char *job) {
+  char path[512], line[2048], needle[128];
+  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
+  snprintf(needle, sizeof needle, "job %s: launched program", job);
+  FILE *f = fopen(path, "r");
+  pid_t pid = -1;
+  while (f && fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, needle);
+    const char *q = p ? strstr(p, "(pid ") : NULL;
+    if (q)
+      pid = (pid_t)atoi(q + 5);
+  }
+  if (f)
+    fclose(f);
+  return pid;
+}
+
+/* Gone: no such process, or a zombie nobody reaped yet. */
+static int process_gone(pid_t pid) {
+  char path[64], stat[256];
+  if (kill(pid, 0) != 0 && errno == ESRCH)
+    return 1;
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return 1;
+  size_t n = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[n] = '\0';
+  const char *rp = strrchr(stat, ')');
+  return rp && rp[1] == ' ' && rp[2] == 'Z';
+}
+
+static void test_agent_killed(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  assert_int_equal(cluster_job_submit(c, "{\"name\":\"prog-churn\",\"program\":{\"name\":"
+                                         "\"minimal\"},\"workers\":4,\"min_workers\":2,"
+                                         "\"iterations\":100000000,\"group_size\":2}"),
+                   0);
+  assert_true(cluster_wait_training(c, "prog-churn", 0, 4, 50, 30, &v) >= 0);
+  int victim = cluster_agent_index(c, v.members[3].name);
+  pid_t prog = program_pid(c, victim, "prog-churn");
+  assert_true(prog > 0);
+  assert_int_equal(kill(prog, 0), 0);
+  uint64_t epoch = v.epoch;
+  assert_int_equal(kill(c->agent[victim], SIGKILL), 0);
+  double t0 = cluster_now();
+  while (!process_gone(prog) && cluster_now() - t0 < 1.0)
+    cluster_sleep(0.02);
+  fprintf(stderr, "  program %d of the killed agent gone after %.2f s\n", (int)prog,
+          cluster_now() - t0);
+  assert_true(process_gone(prog));
+  waitpid(c->agent[victim], NULL, 0);
+  c->agent[victim] = 0;
+  /* the survivors' programs train on in the next epoch, without a restart */
+  pid_t before[4];
+  for (int i = 0; i < 3; i++)
+    before[i] = program_pid(c, cluster_agent_index(c, v.members[i].name), "prog-churn");
+  double waited = cluster_wait_training(c, "prog-churn", epoch, 3, 50, 30, &v);
+  fprintf(stderr, "  3 members training in epoch %llu after %.1f s\n", (unsigned long long)v.epoch,
+          waited);
+  assert_true(waited >= 0);
+  for (int i = 0; i < 3; i++) {
+    int idx = cluster_agent_index(c, v.members[i].name);
+    pid_t now = program_pid(c, idx, "prog-churn");
+    int found = 0;
+    for (int k = 0; k < 3; k++)
+      found |= before[k] == now;
+    assert_true(found); /* the same process: never restarted */
+  }
+  assert_int_equal(cluster_job_stop(c, "prog-churn", 30), 0);
+}
+
+/* With --programs the agent binds --listen at start: a taken port fails the start. */
+static void test_port_in_use(void **state) {
+  cluster_t *c = *state;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(listen(fd, 1), 0);
+  socklen_t len = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &len);
+  char listen_addr[64], log[512];
+  snprintf(listen_addr, sizeof listen_addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+  snprintf(log, sizeof log, "%s/port-in-use.log", c->dir);
+  const char *argv[] = {getenv("WAGMA_AGENT_BIN"),
+                        "--etcd",
+                        etcd_fixture_endpoints(c->etcd),
+                        "--name",
+                        "taken",
+                        "--listen",
+                        listen_addr,
+                        "--programs",
+                        programs_dir,
+                        NULL};
+  double t0 = cluster_now();
+  pid_t pid = proc_spawn(argv, log, NULL);
+  int st = proc_wait(pid, 10);
+  close(fd);
+  assert_true(st >= 0 && WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 2);
+  assert_true(cluster_now() - t0 < 5);
+  FILE *f = fopen(log, "r");
+  char text[1024] = "";
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = '\0';
+  if (f)
+    fclose(f);
+  assert_non_null(strstr(text, "cannot bind"));
+}
+
+int main(void) {
+  if (!getenv("WAGMA_MINIMAL_BIN")) {
+    fprintf(stderr, "WAGMA_MINIMAL_BIN is not set (CMake sets it)\n");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_wagma),        cmocka_unit_test(test_allreduce),
+      cmocka_unit_test(test_local_sgd),    cmocka_unit_test(test_args_verbatim),
+      cmocka_unit_test(test_exit_at_once), cmocka_unit_test(test_never_connects),
+      cmocka_unit_test(test_garbage),      cmocka_unit_test(test_port_in_use),
+      cmocka_unit_test(test_agent_killed),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
