@@ -1,4 +1,4 @@
-/* test_programs.c — programs launched by agents (issue 25, docs/programs.md): a real etcd, a
+/* test_agent_programs.c — programs launched by agents (issue 25, docs/programs.md): a real etcd, a
  * real wagma-coordinator and 4 real wagma-agent processes on 127.0.0.1 with --programs DIR; DIR
  * holds examples/c/minimal (logistic regression on libwagma) and small misbehaving programs.
  *
