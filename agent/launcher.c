@@ -384,40 +384,20 @@ static void protocol_fault(wg_launcher_t *l, const char *why) {
 }
 
 static void on_message(wg_launcher_t *l, const wg_job_config_t *cfg, json_t *m) {
-  const char *type = wg_proto_type(m);
-  if (!l->hello) {
-    json_t *v = json_object_get(m, "version");
-    if (strcmp(type, "hello") != 0) {
-      protocol_fault(l, "its first message is not hello");
-      return;
-    }
-    if (!json_is_integer(v) || json_integer_value(v) != WG_PROTO_VERSION) {
-      protocol_fault(l, "it speaks another protocol version; this agent speaks 1");
-      return;
-    }
+  wagma_progress_t p;
+  char why[200];
+  int kind = wg_proto_program_message(m, l->hello, &p, why, sizeof why);
+  if (kind == WG_PROTO_HELLO) {
     l->hello = 1;
     if (send_config(l, cfg) != 0 || (l->have_plan && send_plan(l) != 0))
       protocol_fault(l, "it does not read its socket");
-    return;
-  }
-  if (strcmp(type, "progress") == 0) {
-    wagma_progress_t p;
-    wagma_api_error_t err;
-    char *text = json_dumps(json_object_get(m, "progress"), JSON_COMPACT);
-    int e = text ? wagma_progress_from_json(text, strlen(text), &p, &err) : WAGMA_ENOMEM;
-    free(text);
-    if (e) {
-      char why[200];
-      snprintf(why, sizeof why, "a bad progress record: %.60s: %.100s", err.field, err.message);
-      protocol_fault(l, why);
-      return;
-    }
+  } else if (kind == WG_PROTO_PROGRESS) {
     if (p.state != WAGMA_PROGRESS_RUNNING)
       l->reported_done = 1;
     share(l, &p, cfg->job);
-    return;
+  } else {
+    protocol_fault(l, why);
   }
-  protocol_fault(l, "an unknown message type");
 }
 
 /* ---- the turn -------------------------------------------------------------------------------- */

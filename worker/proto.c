@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "wagma/api.h"
 #include "wagma/clock_internal.h"
 #include "wagma/status.h"
 
@@ -128,4 +129,32 @@ int wg_proto_send(int fd, const json_t *msg, double deadline) {
 const char *wg_proto_type(const json_t *msg) {
   const char *t = json_string_value(json_object_get(msg, "type"));
   return t ? t : "";
+}
+
+int wg_proto_program_message(const json_t *msg, int hello_seen, struct wagma_progress *progress,
+                             char *why, size_t len) {
+  const char *type = wg_proto_type(msg);
+  if (!hello_seen) {
+    const json_t *v = json_object_get(msg, "version");
+    if (strcmp(type, "hello") != 0)
+      return fail(why, len, "its first message is not hello");
+    if (!json_is_integer(v) || json_integer_value(v) != WG_PROTO_VERSION)
+      return fail(why, len, "it speaks another protocol version; this agent speaks 1");
+    return WG_PROTO_HELLO;
+  }
+  if (strcmp(type, "progress") != 0)
+    return fail(why, len, "an unknown message type");
+  wagma_api_error_t err;
+  const json_t *rec = json_object_get(msg, "progress");
+  char *text = json_is_object(rec) ? json_dumps(rec, JSON_COMPACT) : NULL;
+  if (!text)
+    return fail(why, len, "a progress message without a record");
+  int e = wagma_progress_from_json(text, strlen(text), progress, &err);
+  free(text);
+  if (e) {
+    if (why && len)
+      snprintf(why, len, "a bad progress record: %.60s: %.100s", err.field, err.message);
+    return WAGMA_EPROTO;
+  }
+  return WG_PROTO_PROGRESS;
 }

@@ -47,4 +47,13 @@ int wg_proto_send(int fd, const json_t *msg, double deadline);
 /* The "type" of a message ("" when absent). Borrowed. */
 const char *wg_proto_type(const json_t *msg);
 
+/* The agent's reading of a program's message (the untrusted side of the protocol): before the
+ * hello (hello_seen 0) only a hello of WG_PROTO_VERSION is accepted; after it only progress,
+ * whose record must decode (wagma_progress_from_json) into *progress. Returns
+ * WG_PROTO_HELLO or WG_PROTO_PROGRESS, or WAGMA_EPROTO with why (len bytes). Pure. */
+enum { WG_PROTO_HELLO = 1, WG_PROTO_PROGRESS = 2 };
+struct wagma_progress;
+int wg_proto_program_message(const json_t *msg, int hello_seen, struct wagma_progress *progress,
+                             char *why, size_t len);
+
 #endif
