@@ -1,8 +1,8 @@
 /* api/records.c — codecs of the records kept in etcd besides the spec: job status
- * (coordinator), progress, checkpoint and agent registration (agents), assignment, plan
- * history entry and quarantine record (coordinator), and the REST error body. Decoders of
- * agent-written records ignore unknown fields (newer agents may add some); the status decoder is
- * strict about types only. Pure functions, thread-safe. */
+ * (coordinator), progress, checkpoint and agent registration with its programs (agents),
+ * assignment, plan history entry and quarantine record (coordinator), and the REST error
+ * body. Decoders of agent-written records ignore unknown fields (newer agents may add some);
+ * the status decoder is strict about types only. Pure functions, thread-safe. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -654,15 +654,67 @@ out:
 
 /* ---- agent registration and assignment -------------------------------------------------- */
 
+int wagma_agent_has_program(const wagma_agent_info_t *a, const char *name) {
+  int lo = 0, hi = a->nprograms;
+  while (name && name[0] && lo < hi) {
+    int mid = lo + (hi - lo) / 2, d = strcmp(a->programs[mid], name);
+    if (d == 0)
+      return 1;
+    if (d < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return 0;
+}
+
+static int cmp_program(const void *x, const void *y) {
+  return strcmp(x, y);
+}
+
+/* "programs": [names] into a (nprograms, programs sorted); absent = none. */
+static int decode_programs(const json_t *v, wagma_agent_info_t *a, wagma_api_error_t *err) {
+  char f[32];
+  size_t i;
+  json_t *item;
+  if (!json_is_array(v))
+    return wg_api_fail(err, "programs", "must be an array of program names");
+  if (json_array_size(v) > WAGMA_API_AGENT_PROGRAMS_MAX)
+    return wg_api_fail(err, "programs", "at most %d programs", WAGMA_API_AGENT_PROGRAMS_MAX);
+  json_array_foreach(v, i, item) {
+    int e;
+    snprintf(f, sizeof f, "programs[%zu]", i);
+    if ((e = wg_api_str(item, f, a->programs[i], sizeof a->programs[i], err)))
+      return e;
+    if (!wagma_program_name_valid(a->programs[i]))
+      return wg_api_fail(err, f,
+                         "must be a program name: 1-63 characters of [A-Za-z0-9._-], not "
+                         "starting with '.' or '-'");
+  }
+  a->nprograms = (int)json_array_size(v);
+  qsort(a->programs, (size_t)a->nprograms, sizeof a->programs[0], cmp_program);
+  for (int k = 1; k < a->nprograms; k++)
+    if (strcmp(a->programs[k - 1], a->programs[k]) == 0)
+      return wg_api_fail(err, "programs", "lists %s twice", a->programs[k]);
+  return 0;
+}
+
 json_t *wagma_agent_info_to_value(const wagma_agent_info_t *a) {
-  json_t *o = json_object();
-  if (!o)
+  json_t *o = json_object(), *progs = json_array();
+  if (!o || !progs) {
+    json_decref(o);
+    json_decref(progs);
     return NULL;
+  }
+  for (int i = 0; i < a->nprograms && i < WAGMA_API_AGENT_PROGRAMS_MAX; i++)
+    json_array_append_new(
+        progs, json_stringn(a->programs[i], strnlen(a->programs[i], sizeof a->programs[i])));
   json_object_set_new(o, "address", json_string(a->address));
   json_object_set_new(o, "device", json_string(wagma_device_name(a->device)));
   json_object_set_new(o, "capacity", json_integer(a->capacity));
   json_object_set_new(o, "version", json_string(a->version));
   json_object_set_new(o, "started", json_real(a->started));
+  json_object_set_new(o, "programs", progs);
   return o;
 }
 
@@ -710,6 +762,8 @@ int wagma_agent_info_from_json(const char *json, size_t len, wagma_agent_info_t 
     goto out;
   if ((v = json_object_get(root, "started")) &&
       (e = wg_api_num(v, "started", 0, 0, 1e12, 0, &a.started, err)))
+    goto out;
+  if ((v = json_object_get(root, "programs")) && (e = decode_programs(v, &a, err)))
     goto out;
   *out = a;
 out:

@@ -1,6 +1,8 @@
 /* api/spec.c — the job spec codec: defaults, strict decoding (unknown fields rejected, every
  * error names its field as a dotted path), cross-field validation, encoding with every field,
- * and the PATCH body (mutable fields only).
+ * the PATCH body (mutable fields only), and program names (a program job's "program" object
+ * and what it rules out: built-in model and dataset, the asynchronous algorithms, the
+ * gradient delay line, the built-in checkpoints).
  *
  * Defaults live in wagma_job_spec_init and are documented in api/openapi.yaml and docs/api.md;
  * keep the three in agreement. Pure functions, thread-safe. */
@@ -60,6 +62,15 @@ int wagma_api_name_valid(const char *name) {
   return 1;
 }
 
+int wagma_program_name_valid(const char *name) {
+  /* the job-name alphabet; a leading '.' already rules out "." and ".." */
+  return wagma_api_name_valid(name) && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+#define PROGRAM_NAME_RULE                                                                          \
+  "must be 1-63 characters of [A-Za-z0-9._-], not starting with '.' or '-' (a file name in "       \
+  "the agents' --programs directory: no '/', no '..')"
+
 /* asgd and dc-asgd: workers push gradients to parameter-server shards without a barrier. */
 static int is_async_ps(wagma_algorithm_t a) {
   return a == WAGMA_ALGO_ASGD || a == WAGMA_ALGO_DC_ASGD;
@@ -83,6 +94,51 @@ void wagma_job_spec_init(wagma_job_spec_t *s) {
   s->device = WAGMA_DEVICE_CPU;
   s->ps_shards = 1;
   s->dc_lambda = 0.04;
+  s->program.max_restarts = 3;
+}
+
+/* "program": {"name" (required), "args" (optional), "max_restarts" (optional)}. The arguments
+ * are kept verbatim (any UTF-8 but NUL: they become argv, never a shell's input). */
+static int decode_program(const json_t *obj, wagma_program_spec_t *pr, wagma_api_error_t *err) {
+  const char *key;
+  json_t *v;
+  char f[96];
+  int64_t i64;
+  int e, has_name = 0;
+  if (!json_is_object(obj))
+    return wg_api_fail(err, "program", "must be an object: {\"name\": ..., \"args\": [...]}");
+  json_object_foreach((json_t *)obj, key, v) {
+    wg_api_path(f, sizeof f, "program", key);
+    if (strcmp(key, "name") == 0) {
+      if ((e = wg_api_str(v, f, pr->name, sizeof pr->name, err)))
+        return e;
+      if (!wagma_program_name_valid(pr->name))
+        return wg_api_fail(err, f, PROGRAM_NAME_RULE);
+      has_name = 1;
+    } else if (strcmp(key, "args") == 0) {
+      size_t i;
+      json_t *a;
+      if (!json_is_array(v))
+        return wg_api_fail(err, f, "must be an array of strings");
+      if (json_array_size(v) > WAGMA_API_PROGRAM_ARGS_MAX)
+        return wg_api_fail(err, f, "at most %d arguments", WAGMA_API_PROGRAM_ARGS_MAX);
+      json_array_foreach(v, i, a) {
+        snprintf(f, sizeof f, "program.args[%zu]", i);
+        if ((e = wg_api_str(a, f, pr->args[i], sizeof pr->args[i], err)))
+          return e;
+      }
+      pr->nargs = (int)json_array_size(v);
+    } else if (strcmp(key, "max_restarts") == 0) {
+      if ((e = wg_api_int(v, f, 0, WAGMA_API_PROGRAM_RESTARTS_MAX, &i64, err)))
+        return e;
+      pr->max_restarts = (int)i64;
+    } else {
+      return wg_api_fail(err, f, "unknown field");
+    }
+  }
+  if (!has_name)
+    return wg_api_fail(err, "program.name", "is required");
+  return 0;
 }
 
 static int decode_optimizer(const json_t *obj, wagma_optimizer_spec_t *o, int *has_momentum,
@@ -160,6 +216,7 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
   int64_t i64;
   int en, e = 0;
   int has_workers = 0, has_min = 0, has_max = 0, has_iter = 0, has_epochs = 0, has_mom = 0;
+  int has_model = 0, has_dataset = 0, has_program = 0;
   wagma_job_spec_init(&s);
   if (!json_is_object(root))
     return wg_api_fail(err, "", "must be a JSON object");
@@ -176,10 +233,12 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
       if ((e = decode_enum_field(v, key, model_names, NELEM(model_names), &en, err)))
         goto out;
       s.model = (wagma_model_kind_t)en;
+      has_model = 1;
     } else if (strcmp(key, "dataset") == 0) {
       if ((e = decode_enum_field(v, key, dataset_names, NELEM(dataset_names), &en, err)))
         goto out;
       s.dataset = (wagma_dataset_kind_t)en;
+      has_dataset = 1;
     } else if (strcmp(key, "algorithm") == 0) {
       if ((e = decode_enum_field(v, key, algorithm_names, NELEM(algorithm_names), &en, err)))
         goto out;
@@ -255,6 +314,10 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
       if ((e = wg_api_int(v, key, 0, WAGMA_API_MAX_GRADIENT_DELAY, &i64, err)))
         goto out;
       s.gradient_delay = (int)i64;
+    } else if (strcmp(key, "program") == 0) {
+      if ((e = decode_program(v, &s.program, err)))
+        goto out;
+      has_program = 1;
     } else {
       e = wg_api_fail(err, key, "unknown field");
       goto out;
@@ -262,6 +325,16 @@ int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_
   }
   if (!has_workers) {
     e = wg_api_fail(err, "workers", "is required");
+    goto out;
+  }
+  if (has_program && has_model) {
+    e = wg_api_fail(err, "model", "a program job has no built-in model: give program or model");
+    goto out;
+  }
+  if (has_program && has_dataset) {
+    e = wg_api_fail(err, "dataset",
+                    "a program job has no built-in dataset (the program reads its own data): "
+                    "give program or dataset");
     goto out;
   }
   if (has_iter && has_epochs) {
@@ -308,6 +381,50 @@ static const char *checkpoint_path_problem(const char *path) {
   }
 }
 
+/* A program job's own fields, and what a program cannot do (yet): the asynchronous
+ * algorithms (the worker library's wrapper does wagma, allreduce and local-sgd), the built-in
+ * trainer's gradient delay line and checkpoints. */
+static int program_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
+  const wagma_program_spec_t *pr = &s->program;
+  if (pr->max_restarts < 0 || pr->max_restarts > WAGMA_API_PROGRAM_RESTARTS_MAX)
+    return wg_api_fail(err, "program.max_restarts", "must be between 0 and %d",
+                       WAGMA_API_PROGRAM_RESTARTS_MAX);
+  if (!memchr(pr->name, '\0', sizeof pr->name) ||
+      (pr->name[0] && !wagma_program_name_valid(pr->name)))
+    return wg_api_fail(err, "program.name", PROGRAM_NAME_RULE);
+  if (pr->nargs < 0 || pr->nargs > WAGMA_API_PROGRAM_ARGS_MAX)
+    return wg_api_fail(err, "program.args", "at most %d arguments", WAGMA_API_PROGRAM_ARGS_MAX);
+  for (int i = 0; i < pr->nargs; i++) {
+    char f[48];
+    snprintf(f, sizeof f, "program.args[%d]", i);
+    if (!memchr(pr->args[i], '\0', sizeof pr->args[i]))
+      return wg_api_fail(err, f, "must be at most %d characters", WAGMA_API_PROGRAM_ARG_MAX - 1);
+    json_t *utf8 = json_string(pr->args[i]); /* NULL: not UTF-8 (JSON could not carry it) */
+    if (!utf8)
+      return wg_api_fail(err, f, "must be UTF-8");
+    json_decref(utf8);
+  }
+  if (!pr->name[0]) {
+    if (pr->nargs)
+      return wg_api_fail(err, "program.name", "is required");
+    return 0;
+  }
+  if (s->algorithm != WAGMA_ALGO_WAGMA && s->algorithm != WAGMA_ALGO_ALLREDUCE &&
+      s->algorithm != WAGMA_ALGO_LOCAL_SGD)
+    return wg_api_fail(err, "algorithm",
+                       "%s is not available for programs yet (adpsgd, asgd and dc-asgd run only "
+                       "with a built-in model): a program job takes wagma, allreduce or "
+                       "local-sgd",
+                       wagma_algorithm_name(s->algorithm));
+  if (s->gradient_delay != 0)
+    return wg_api_fail(err, "gradient_delay",
+                       "must be 0 for a program job (the delay line is the built-in trainer's)");
+  if (s->checkpoint.every != 0)
+    return wg_api_fail(err, "checkpoint.every",
+                       "must be 0 for a program job: the program saves its own checkpoints");
+  return 0;
+}
+
 int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
   if (s->name[0] && !wagma_api_name_valid(s->name))
     return wg_api_fail(err, "name", "invalid name");
@@ -332,6 +449,9 @@ int wagma_job_spec_validate(const wagma_job_spec_t *s, wagma_api_error_t *err) {
     return wg_api_fail(err, "optimizer.nesterov", "applies to sgd only");
   if (!(s->optimizer.lr > 0 && s->optimizer.lr <= 10))
     return wg_api_fail(err, "optimizer.lr", "must be in (0, 10]");
+  int e = program_validate(s, err); /* before ps_shards: "asgd is not for programs" first */
+  if (e)
+    return e;
   if (s->ps_shards < 1 || s->ps_shards > WAGMA_API_MAX_PS_SHARDS)
     return wg_api_fail(err, "ps_shards", "must be between 1 and %d", WAGMA_API_MAX_PS_SHARDS);
   if ((s->algorithm == WAGMA_ALGO_ASGD || s->algorithm == WAGMA_ALGO_DC_ASGD) &&
@@ -374,8 +494,32 @@ json_t *wagma_job_spec_to_value(const wagma_job_spec_t *s) {
   }
   if (s->name[0]) /* "" = not chosen yet; a decoder would reject an empty name */
     json_object_set_new(o, "name", json_string(s->name));
-  json_object_set_new(o, "model", json_string(wagma_model_name(s->model)));
-  json_object_set_new(o, "dataset", json_string(wagma_dataset_name(s->dataset)));
+  if (s->program.name[0]) { /* a program job: no model, no dataset */
+    json_t *pr = json_object(), *args = json_array();
+    int ok = pr && args;
+    for (int i = 0; ok && i < s->program.nargs && i < WAGMA_API_PROGRAM_ARGS_MAX; i++) {
+      const char *a = s->program.args[i];
+      /* NULL when not UTF-8 (wagma_job_spec_validate refuses such a spec) */
+      ok = json_array_append_new(args, json_stringn(a, strnlen(a, WAGMA_API_PROGRAM_ARG_MAX))) == 0;
+    }
+    if (!ok) {
+      json_decref(pr);
+      json_decref(args);
+      json_decref(o);
+      json_decref(opt);
+      json_decref(ck);
+      return NULL;
+    }
+    json_object_set_new(
+        pr, "name",
+        json_stringn(s->program.name, strnlen(s->program.name, sizeof s->program.name)));
+    json_object_set_new(pr, "args", args);
+    json_object_set_new(pr, "max_restarts", json_integer(s->program.max_restarts));
+    json_object_set_new(o, "program", pr);
+  } else {
+    json_object_set_new(o, "model", json_string(wagma_model_name(s->model)));
+    json_object_set_new(o, "dataset", json_string(wagma_dataset_name(s->dataset)));
+  }
   json_object_set_new(o, "algorithm", json_string(wagma_algorithm_name(s->algorithm)));
   json_object_set_new(o, "workers", json_integer(s->workers));
   json_object_set_new(o, "min_workers", json_integer(s->min_workers));
@@ -457,7 +601,8 @@ int wagma_job_spec_to_json(const wagma_job_spec_t *spec, char **json) {
 static const char *const immutable_fields[] = {
     "name",        "model",      "dataset",        "algorithm",  "group_size", "staleness_bound",
     "global_sync", "optimizer",  "batch_size",     "iterations", "epochs",     "seed",
-    "device",      "checkpoint", "gradient_delay", "ps_shards",  "dc_lambda",  "dc_adaptive"};
+    "device",      "checkpoint", "gradient_delay", "ps_shards",  "dc_lambda",  "dc_adaptive",
+    "program"};
 
 int wagma_job_patch_from_json(const char *json, size_t len, wagma_job_patch_t *patch,
                               wagma_api_error_t *err) {

@@ -807,9 +807,11 @@ static void apply(change_t *ch, const wagma_etcd_kv_t *kv, int del) {
         if (!old) {
           json_t *e = tl_entry(j, kv->mod_revision, TL_SUBMITTED, now);
           char msg[160];
-          snprintf(msg, sizeof msg, "submitted: %d workers (min %d, max %d), %s %s", ns.workers,
+          /* "..., wagma lenet5" or, for a program job, "..., wagma program fmnist_cnn" */
+          snprintf(msg, sizeof msg, "submitted: %d workers (min %d, max %d), %s %s%s", ns.workers,
                    ns.min_workers, ns.max_workers, wagma_algorithm_name(ns.algorithm),
-                   wagma_model_name(ns.model));
+                   ns.program.name[0] ? "program " : "",
+                   ns.program.name[0] ? ns.program.name : wagma_model_name(ns.model));
           tl_submitted_set(e, &ns, msg);
           if ((e = tl_add(j, e)))
             publish_value(c, j->id, 1, kv->mod_revision, "timeline", json_incref(e));

@@ -17,7 +17,8 @@
  * or until it registers anew (records of an older registration, or expired ones of agents
  * that are gone, are deleted; an expired one of a present agent stays, so that the same
  * refusal does not quarantine it again). A job that
- * nobody has run and that MAX_REFUSALS agents (or every registered agent of its device)
+ * nobody has run and that MAX_REFUSALS agents (or every registered agent of its device, and
+ * program if it has one)
  * refused fails: the fault is the job's, and no agent is quarantined for it.
  *
  * Per job, oldest first (free agents go to the oldest jobs first):
@@ -37,10 +38,13 @@
  *     planned again.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
  *     i.e. lease expired - and those that refused the job drop out), cut to spec.workers
- *     (highest ranks leave), then free agents (name order, same device as the job, neither
- *     quarantined nor having refused the job) appended as joiners up to spec.workers. A job
- *     without members starts only when min_workers agents are free. The status reason names
- *     an agent that refused the job and why.
+ *     (highest ranks leave), then free agents (name order, same device as the job, listing
+ *     the job's program in their registration when it has one, neither quarantined nor
+ *     having refused the job) appended as joiners up to spec.workers. A job without members
+ *     starts only when min_workers agents are free; while it waits its reason says for what
+ *     ("waiting for N free cpu agents [with program P]", or "no live cpu agent has program P"
+ *     when no registered agent of its device has it). The status reason names an agent that
+ *     refused the job and why.
  *     If the membership changed: plan epoch + 1, start_round = the highest iteration an
  *     agent reported in the current epoch (never below the previous start_round), or on a
  *     fresh start with a checkpoint recorded the checkpoint's iteration; joiners marked (none
@@ -343,9 +347,35 @@ static int ran_without(const wg_job_record_t *j, const wg_progress_entry_t *pe) 
   return 0;
 }
 
-/* Whether agent a may join job j: same device, not quarantined, has not refused j. */
+/* A program job runs only on agents whose registration lists its program (the agent
+ * launches it from its --programs directory); a built-in job on any agent. */
+static int program_ok(const wg_job_record_t *j, const agent_rec_t *a) {
+  return !j->spec.program.name[0] || wagma_agent_has_program(&a->info, j->spec.program.name);
+}
+
+/* Whether agent a may join job j: same device, has its program, not quarantined, has not
+ * refused j. */
 static int eligible(const wg_job_record_t *j, const agent_rec_t *a) {
-  return device_ok(j, a) && !a->quarantined && !refusal(j, a);
+  return device_ok(j, a) && program_ok(j, a) && !a->quarantined && !refusal(j, a);
+}
+
+/* The reason of a job that cannot start for want of free agents (constant per situation:
+ * pending jobs are not rewritten at every pass). A program job that no registered agent of
+ * its device has: "no live <device> agent has program <name>"; otherwise "waiting for N free
+ * <device> agents", " with program <name>" for a program job. */
+static void waiting_reason(const snapshot_t *s, const wg_job_record_t *j, char *reason,
+                           size_t len) {
+  const char *device = wagma_device_name(j->spec.device), *prog = j->spec.program.name;
+  int has = !prog[0];
+  for (size_t i = 0; i < s->nagents && !has; i++)
+    has = device_ok(j, &s->agents[i]) && program_ok(j, &s->agents[i]);
+  if (!has)
+    snprintf(reason, len, "no live %s agent has program %s", device, prog);
+  else if (prog[0])
+    snprintf(reason, len, "waiting for %d free %s agents with program %s", j->spec.min_workers,
+             device, prog);
+  else
+    snprintf(reason, len, "waiting for %d free %s agents", j->spec.min_workers, device);
 }
 
 /* Appends "; agent <a> unavailable: <why>" for the first agent that refused j (current
@@ -448,7 +478,8 @@ static void reconcile_quarantine(pass_t *p) {
 }
 
 /* The job fails when agents refused it and none ran it: MAX_REFUSALS of them, or every
- * registered agent of its device (each refused it or is quarantined). 1 with reason set. */
+ * registered agent of its device (and program) (each refused it or is quarantined). 1 with
+ * reason set. */
 static int refused_by_all(snapshot_t *s, const wg_job_record_t *j, char *reason, size_t len) {
   int refusals = 0, servable = 0;
   for (int i = 0; i < j->nprogress; i++) {
@@ -619,8 +650,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   if (survivors == 0 && nfree < j->spec.min_workers) {
     /* Cannot start (or restart): stay or become pending. */
     /* Constant per job (no free count): pending jobs are not rewritten at every pass. */
-    snprintf(reason, sizeof reason, "waiting for %d free %s agents", j->spec.min_workers,
-             wagma_device_name(j->spec.device));
+    waiting_reason(s, j, reason, sizeof reason);
     append_refusal(s, j, reason, sizeof reason);
     if (p->leader && (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
                       strcmp(j->status.reason, reason) != 0)) {

@@ -33,11 +33,22 @@ int wg_snapshot_load(wg_coord_t *c, snapshot_t *s) {
   if ((e = wagma_etcd_range(c->etcd, root, &opt, &range)))
     return e;
   s->revision = range.revision;
-  s->agents = calloc(range.n + 1, sizeof *s->agents);
-  s->assigns = calloc(range.n + 1, sizeof *s->assigns);
-  s->jobs = calloc(range.n + 1, sizeof *s->jobs);
-  s->quarantines = calloc(range.n + 1, sizeof *s->quarantines);
-  s->secrets = calloc(range.n + 1, sizeof *s->secrets);
+  /* Sized by kind: an agent record (its programs) and a job record (its program's arguments)
+   * are several KiB each, too many to allocate one per key of a large cluster's tree. A job's
+   * keys are read into the slot after the last kept job, kept when it has a spec: at most
+   * one slot per spec key, plus one. */
+  size_t nkind[64] = {0}; /* by wagma_key_kind_t */
+  for (size_t k = 0; k < range.n; k++) {
+    wagma_key_kind_t kind =
+        wagma_key_parse(&c->keys, range.kvs[k].key, range.kvs[k].key_len, NULL, NULL);
+    if ((int)kind >= 0 && (int)kind < 64)
+      nkind[kind]++;
+  }
+  s->agents = calloc(nkind[WAGMA_KEY_AGENT] + 1, sizeof *s->agents);
+  s->assigns = calloc(nkind[WAGMA_KEY_ASSIGNMENT] + 1, sizeof *s->assigns);
+  s->jobs = calloc(nkind[WAGMA_KEY_JOB_SPEC] + 1, sizeof *s->jobs);
+  s->quarantines = calloc(nkind[WAGMA_KEY_QUARANTINE] + 1, sizeof *s->quarantines);
+  s->secrets = calloc(nkind[WAGMA_KEY_SECRET] + 1, sizeof *s->secrets);
   if (!s->agents || !s->assigns || !s->jobs || !s->quarantines || !s->secrets) {
     e = WAGMA_ENOMEM;
     goto out;

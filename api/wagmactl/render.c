@@ -47,6 +47,70 @@ static const char *join(const json_t *arr, const char *sep, char *buf, size_t le
   return buf;
 }
 
+/* What a job trains, for the MODEL column: the spec's model, or its program's name. */
+static const char *model_at(const json_t *spec, char *buf) {
+  const json_t *prog = json_object_get(spec, "program");
+  if (json_is_object(prog))
+    return str_at(prog, "name", buf);
+  return str_at(spec, "model", buf);
+}
+
+/* Appends arg to buf (at used, len bytes in all) as a shell would need it typed, for display
+ * only (the agent passes arguments as argv, never through a shell): as is when it is made of
+ * [A-Za-z0-9@%+=:,./_-] and not empty, else in single quotes (a ' as '\''); control
+ * characters show as '?'. Returns the new length, or len when it did not fit. */
+static size_t shell_quoted(char *buf, size_t used, size_t len, const char *arg) {
+  int plain = arg[0] != '\0';
+  for (const char *p = arg; *p && plain; p++)
+    plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+            strchr("@%+=:,./_-", *p) != NULL;
+  size_t n = used;
+#define PUT(ch)                                                                                    \
+  do {                                                                                             \
+    if (n + 1 >= len)                                                                              \
+      return len;                                                                                  \
+    buf[n++] = (ch);                                                                               \
+  } while (0)
+  if (!plain)
+    PUT('\'');
+  for (const unsigned char *p = (const unsigned char *)arg; *p; p++) {
+    if (*p == '\'' && !plain) {
+      PUT('\'');
+      PUT('\\');
+      PUT('\'');
+      PUT('\'');
+    } else {
+      PUT(*p < 0x20 || *p == 0x7f ? '?' : (char)*p);
+    }
+  }
+  if (!plain)
+    PUT('\'');
+#undef PUT
+  buf[n] = '\0';
+  return n;
+}
+
+/* "program NAME ARG..." (arguments shell-quoted for display) into buf; "..." at the end
+ * when it does not fit. */
+static const char *program_line(const json_t *prog, char *buf, size_t len) {
+  char name[CELL];
+  int w = snprintf(buf, len, "program %s", str_at(prog, "name", name));
+  size_t used = w > 0 && (size_t)w < len ? (size_t)w : len;
+  size_t i;
+  json_t *arg;
+  json_array_foreach(json_object_get(prog, "args"), i, arg) {
+    if (used + 1 >= len) { /* no room for the space and a NUL */
+      used = len;
+      break;
+    }
+    buf[used++] = ' ';
+    used = shell_quoted(buf, used, len, json_is_string(arg) ? json_string_value(arg) : "?");
+  }
+  if (used >= len && len > 4)
+    strcpy(buf + len - 4, "...");
+  return buf;
+}
+
 /* Prints t unless adding a row failed (rc != 0); frees t either way. Returns 0 or -1. */
 static int finish_table(wg_ctl_table_t *t, int rc, FILE *out) {
   if (rc == 0)
@@ -84,7 +148,7 @@ int wg_ctl_render_jobs(const json_t *root, FILE *out) {
                          int_at(status, "epoch", epoch),
                          int_at(status, "iteration", iter),
                          str_at(spec, "algorithm", algo),
-                         str_at(spec, "model", model),
+                         model_at(spec, model),
                          str_at(status, "reason", reason)};
     if ((rc = wg_ctl_table_add(t, row)) != 0)
       break;
@@ -163,8 +227,15 @@ static void job_summary(const json_t *job, FILE *out) {
              int_at(spec, "gradient_delay", e));
   }
   kv(out, "algorithm:", line);
-  snprintf(line, sizeof line, "%s on %s (%s), batch %s", str_at(spec, "model", a),
-           str_at(spec, "dataset", b), str_at(spec, "device", c), int_at(spec, "batch_size", d));
+  const json_t *prog = json_object_get(spec, "program");
+  if (json_is_object(prog)) { /* "program fmnist_cnn --lr 0.05 (cpu), batch 64" */
+    char cmd[4 * CELL];
+    snprintf(line, sizeof line, "%s (%s), batch %s", program_line(prog, cmd, sizeof cmd),
+             str_at(spec, "device", c), int_at(spec, "batch_size", d));
+  } else {
+    snprintf(line, sizeof line, "%s on %s (%s), batch %s", str_at(spec, "model", a),
+             str_at(spec, "dataset", b), str_at(spec, "device", c), int_at(spec, "batch_size", d));
+  }
   kv(out, "model:", line);
   snprintf(line, sizeof line, "%s, lr %s, momentum %s", str_at(opt, "type", a),
            wg_ctl_fmt_real(json_object_get(opt, "lr"), 4, b, sizeof b),
@@ -333,9 +404,9 @@ int wg_ctl_render_agents(const json_t *root, FILE *out) {
   const json_t *agents = json_object_get(root, "agents");
   if (!json_is_array(agents))
     return -1;
-  static const char *const headers[] = {"NAME",    "ADDRESS", "DEVICE",  "CAPACITY",
-                                        "VERSION", "JOB",     "STARTED", "HEALTHY"};
-  wg_ctl_table_t *t = wg_ctl_table_new(8, headers);
+  static const char *const headers[] = {"NAME", "ADDRESS", "DEVICE",   "CAPACITY", "VERSION",
+                                        "JOB",  "STARTED", "PROGRAMS", "HEALTHY"};
+  wg_ctl_table_t *t = wg_ctl_table_new(9, headers);
   if (!t)
     return -1;
   int rc = 0;
@@ -343,7 +414,7 @@ int wg_ctl_render_agents(const json_t *root, FILE *out) {
   json_t *ag;
   json_array_foreach(agents, i, ag) {
     char name[CELL], addr[CELL], dev[CELL], cap[CELL], ver[CELL], job[CELL], started[CELL],
-        health[CELL];
+        progs[CELL], health[CELL];
     const char *row[] = {str_at(ag, "name", name),
                          str_at(ag, "address", addr),
                          str_at(ag, "device", dev),
@@ -351,6 +422,7 @@ int wg_ctl_render_agents(const json_t *root, FILE *out) {
                          str_at(ag, "version", ver),
                          str_at(ag, "job", job),
                          wg_ctl_fmt_time(json_object_get(ag, "started"), started, CELL),
+                         join(json_object_get(ag, "programs"), ",", progs, sizeof progs),
                          health_at(ag, health)};
     if ((rc = wg_ctl_table_add(t, row)) != 0)
       break;

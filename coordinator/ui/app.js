@@ -149,6 +149,15 @@ function summaryText(s) {
   return `${acc}, ${loss}, ${s.iterations} iterations in ${s.wall_time.toFixed(1)} s`;
 }
 
+// What a job trains: its built-in model, or its program's name (the arguments in the title,
+// as argv: each JSON-quoted, never a shell's text).
+function modelCell(spec) {
+  const p = spec.program;
+  if (!p) return el('td', {}, spec.model || '');
+  const argv = [p.name, ...(p.args || [])].map((a) => JSON.stringify(a)).join(' ');
+  return el('td', {title: 'program ' + argv, 'data-program': p.name}, p.name);
+}
+
 function jobsView() {
   const jobs = new Map();
   const render = () => {
@@ -166,7 +175,7 @@ function jobsView() {
         el('td', {class: 'num'}, String(j.status.epoch)),
         el('td', {}, el('span', {class: 'mini'}, el('i', {style: `width:${pct}%`})),
           total ? `${it} / ${total}` : String(it)),
-        el('td', {}, j.spec.algorithm), el('td', {}, j.spec.model),
+        el('td', {}, j.spec.algorithm), modelCell(j.spec),
         el('td', {class: 'num', title: summaryText(j.status.summary)},
           j.status.summary?.accuracy ? (100 * j.status.summary.accuracy.mean).toFixed(1) + '%' : ''),
         el('td', {}, j.status.reason || ''));

@@ -112,6 +112,26 @@ typedef struct wagma_optimizer_spec {
   uint64_t warmup;     /* iterations of linear lr warmup, default 0 */
 } wagma_optimizer_spec_t;
 
+/* A program job: the agents launch the user's program (an executable in their --programs
+ * directory, named by its file name) with these arguments as argv, never through a shell; the
+ * program links the worker library. */
+#define WAGMA_API_PROGRAM_NAME_MAX 64 /* a program's name, including the NUL */
+#define WAGMA_API_PROGRAM_ARGS_MAX 32 /* argv entries after the name */
+#define WAGMA_API_PROGRAM_ARG_MAX 256 /* one argument, including the NUL */
+#define WAGMA_API_PROGRAM_RESTARTS_MAX 100
+typedef struct wagma_program_spec {
+  char name[WAGMA_API_PROGRAM_NAME_MAX]; /* "" = no program: a built-in model job */
+  int nargs;                             /* 0..WAGMA_API_PROGRAM_ARGS_MAX */
+  char args[WAGMA_API_PROGRAM_ARGS_MAX]
+           [WAGMA_API_PROGRAM_ARG_MAX]; /* verbatim, any bytes but NUL */
+  int max_restarts; /* restarts of a member's program that exits or dies, default 3, 0..100 */
+} wagma_program_spec_t;
+
+/* A valid program name: 1..63 bytes of [A-Za-z0-9._-], not "." or "..", not starting with '.'
+ * or '-' (so no '/', no "..", no space or shell character: a file name inside the agents'
+ * --programs directory). Returns 1 if valid. */
+int wagma_program_name_valid(const char *name);
+
 typedef struct wagma_checkpoint_spec {
   uint64_t every;                /* iterations between checkpoints, 0 = never (default) */
   char path[WAGMA_API_PATH_MAX]; /* directory; required when every > 0 */
@@ -119,9 +139,9 @@ typedef struct wagma_checkpoint_spec {
 
 typedef struct wagma_job_spec {
   char name[WAGMA_API_NAME_MAX]; /* the job id; default "job-<8 hex>" chosen by the server */
-  wagma_model_kind_t model;      /* default softmax */
-  wagma_dataset_kind_t dataset;  /* default fashion-mnist */
-  wagma_algorithm_t algorithm;   /* default wagma */
+  wagma_model_kind_t model;      /* default softmax; unused (and not encoded) with a program */
+  wagma_dataset_kind_t dataset;  /* default fashion-mnist; likewise */
+  wagma_algorithm_t algorithm;   /* default wagma; a program job: wagma, allreduce, local-sgd */
   int workers;                   /* target size, required, 1..10000 */
   int min_workers;               /* default = workers; 1 <= min_workers <= workers */
   int max_workers;               /* default = workers; workers <= max_workers <= 10000 */
@@ -148,6 +168,11 @@ typedef struct wagma_job_spec {
   double dc_lambda;
   /* dc-asgd: the paper's adaptive variant (lambda / sqrt(mean square of g)), default false */
   int dc_adaptive;
+  /* The user's program (program.name "" = none: the built-in model and dataset). A program
+   * job gives neither model nor dataset, its algorithm is wagma, allreduce or local-sgd, its
+   * gradient_delay 0 and checkpoint.every 0 (the program saves its own); it runs only on
+   * agents that list the program in their registration. Immutable. */
+  wagma_program_spec_t program;
 } wagma_job_spec_t;
 #define WAGMA_API_MAX_GRADIENT_DELAY 1024
 #define WAGMA_API_MAX_PS_SHARDS 64
@@ -161,7 +186,8 @@ int wagma_job_spec_from_json(const char *json, size_t len, wagma_job_spec_t *spe
                              wagma_api_error_t *err);
 int wagma_job_spec_from_value(const json_t *root, wagma_job_spec_t *spec, wagma_api_error_t *err);
 
-/* Validates cross-field rules (ranges, min <= workers <= max, checkpoint path). */
+/* Validates cross-field rules (ranges, min <= workers <= max, checkpoint path, a program
+ * job's name, arguments and restrictions). */
 int wagma_job_spec_validate(const wagma_job_spec_t *spec, wagma_api_error_t *err);
 
 /* Warnings about a valid spec that is known to train badly (e.g. asgd whose step size, with
@@ -372,17 +398,28 @@ int wagma_plan_record_from_json(const char *json, size_t len, wagma_plan_record_
  * Agent registration (written by the agent under its lease) and assignment (coordinator)
  * ---------------------------------------------------------------------------------------- */
 
+#define WAGMA_API_AGENT_PROGRAMS_MAX 64 /* programs an agent's registration lists */
+
 typedef struct wagma_agent_info {
   char address[WAGMA_API_ADDR_MAX]; /* "host:port" its collective listens on (required) */
   wagma_device_t device;            /* default cpu */
   int capacity;                     /* workers it can host, >= 1, default 1 */
   char version[32];                 /* wagma version, default "" */
   double started;                   /* unix seconds the agent started, default 0 */
+  int nprograms;                    /* 0..WAGMA_API_AGENT_PROGRAMS_MAX, default 0 */
+  /* the programs it can launch (--programs DIR), sorted by strcmp, no duplicates */
+  char programs[WAGMA_API_AGENT_PROGRAMS_MAX][WAGMA_API_PROGRAM_NAME_MAX];
 } wagma_agent_info_t;
 
+/* 1 when the registration lists program name (a binary search of the sorted list). */
+int wagma_agent_has_program(const wagma_agent_info_t *a, const char *name);
+
+/* "programs" is always encoded ([] when none). */
 json_t *wagma_agent_info_to_value(const wagma_agent_info_t *a);
 int wagma_agent_info_to_json(const wagma_agent_info_t *a, char **json);
-/* Required: address. Unknown fields are ignored. */
+/* Required: address. Unknown fields are ignored. "programs" (absent = none): an array of at
+ * most WAGMA_API_AGENT_PROGRAMS_MAX distinct wagma_program_name_valid names, in any order
+ * (decoded sorted); anything else refuses the record, naming "programs" or "programs[i]". */
 int wagma_agent_info_from_json(const char *json, size_t len, wagma_agent_info_t *a,
                                wagma_api_error_t *err);
 

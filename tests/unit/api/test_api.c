@@ -1,7 +1,7 @@
 /* Unit tests of wagma_api: job spec codec (defaults, round trip, a table of bad specs each
  * naming its field), PATCH bodies, status / progress / checkpoint / agent / assignment codecs,
- * the REST
- * error body, and the etcd key layout. */
+ * program jobs (names, arguments kept verbatim, what a program job may not say) and the
+ * programs of an agent's registration, the REST error body, and the etcd key layout. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -735,6 +735,353 @@ static void test_agent_and_assignment(void **state) {
   assert_string_equal(err.field, "job");
 }
 
+/* ---- programs (issue 25) ------------------------------------------------------------------ */
+
+static const char *const good_program_names[] = {
+    "fmnist_cnn", "a",
+    "train.py",   "A-1_b.c",
+    "x.",         "a..b",
+    "run-2",      "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijk" /* 63 */};
+/* as JSON string bodies (escapes allowed) */
+static const char *const bad_program_names[] = {
+    "a/b",
+    "..",
+    ".",
+    ".x",
+    "-x",
+    "",
+    "a b",
+    "a;b",
+    "$(x)",
+    "`id`",
+    "a\\nb",
+    "/bin/sh",
+    "../x",
+    "x/..",
+    "\\u00e9",
+    "sub/../../etc/passwd",
+    "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijkl" /* 64 */};
+
+static void test_program_names(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof good_program_names / sizeof *good_program_names; i++)
+    if (!wagma_program_name_valid(good_program_names[i]))
+      fail_msg("'%s' refused", good_program_names[i]);
+  static const char *const bad_raw[] = {"a/b", "..",   ".",       ".x",   "-x",   "",         "a b",
+                                        "a;b", "a\nb", "/bin/sh", "../x", "x/..", "\xc3\xa9", NULL};
+  for (size_t i = 0; i < sizeof bad_raw / sizeof *bad_raw; i++)
+    if (wagma_program_name_valid(bad_raw[i]))
+      fail_msg("'%s' accepted", bad_raw[i]);
+  char n64[65];
+  memset(n64, 'a', 64);
+  n64[64] = '\0';
+  assert_false(wagma_program_name_valid(n64));
+  n64[63] = '\0';
+  assert_true(wagma_program_name_valid(n64));
+
+  /* The same rule on "program.name" of a spec: 422 naming the field. */
+  char json[512];
+  wagma_job_spec_t s;
+  wagma_api_error_t err;
+  for (size_t i = 0; i < sizeof bad_program_names / sizeof *bad_program_names; i++) {
+    snprintf(json, sizeof json, "{\"workers\":1,\"program\":{\"name\":\"%s\"}}",
+             bad_program_names[i]);
+    if (spec_parse(json, &s, &err) != WAGMA_EINVAL || strcmp(err.field, "program.name") != 0)
+      fail_msg("%s: field '%s' (%s)", json, err.field, err.message);
+    assert_true(strlen(err.message) > 0);
+  }
+  for (size_t i = 0; i < sizeof good_program_names / sizeof *good_program_names; i++) {
+    snprintf(json, sizeof json, "{\"workers\":1,\"program\":{\"name\":\"%s\"}}",
+             good_program_names[i]);
+    if (spec_parse(json, &s, &err) != 0)
+      fail_msg("%s refused: %s: %s", json, err.field, err.message);
+    assert_string_equal(s.program.name, good_program_names[i]);
+  }
+}
+
+/* Arguments are argv entries, never a shell's text: whatever they hold comes back unchanged. */
+static void test_program_spec(void **state) {
+  (void)state;
+  wagma_job_spec_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL, *json2 = NULL;
+  assert_int_equal(spec_parse("{\"name\":\"p\",\"workers\":2,\"algorithm\":\"allreduce\","
+                              "\"program\":{\"name\":\"fmnist_cnn\",\"args\":[\"--lr\",\"0.05\"],"
+                              "\"max_restarts\":5}}",
+                              &a, &err),
+                   0);
+  assert_string_equal(a.program.name, "fmnist_cnn");
+  assert_int_equal(a.program.nargs, 2);
+  assert_string_equal(a.program.args[0], "--lr");
+  assert_string_equal(a.program.args[1], "0.05");
+  assert_int_equal(a.program.max_restarts, 5);
+  assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  /* the stored spec: the program where the model was, no model and no dataset */
+  assert_non_null(strstr(json, "{\"name\":\"p\",\"program\":{\"name\":\"fmnist_cnn\",\"args\":"
+                               "[\"--lr\",\"0.05\"],\"max_restarts\":5},\"algorithm\""));
+  assert_null(strstr(json, "\"model\""));
+  assert_null(strstr(json, "\"dataset\""));
+  assert_int_equal(spec_parse(json, &b, &err), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  assert_int_equal(wagma_job_spec_to_json(&b, &json2), 0);
+  assert_string_equal(json, json2);
+  free(json);
+  free(json2);
+
+  /* defaults: no arguments, 3 restarts; a built-in job has no "program" */
+  assert_int_equal(spec_parse("{\"workers\":1,\"program\":{\"name\":\"x\"}}", &a, &err), 0);
+  assert_int_equal(a.program.nargs, 0);
+  assert_int_equal(a.program.max_restarts, 3);
+  assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"program\":{\"name\":\"x\",\"args\":[],\"max_restarts\":3}"));
+  free(json);
+  assert_int_equal(spec_parse("{\"workers\":1}", &a, &err), 0);
+  assert_string_equal(a.program.name, "");
+  assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  assert_null(strstr(json, "\"program\""));
+  assert_non_null(strstr(json, "\"model\":\"softmax\",\"dataset\":\"fashion-mnist\""));
+  free(json);
+
+  /* shell metacharacters, quotes, spaces, an empty argument, UTF-8: verbatim, both ways */
+  static const char *const wild[] = {
+      "; rm -rf /",        "$(x)",    "`id`",        "'quoted'", "\"dq\"", "a b", "", "|&><*", "\\",
+      "\xc3\xa9t\xc3\xa9", "--x=a b", "line\nbreak", "~/$HOME"};
+  int nw = (int)(sizeof wild / sizeof *wild);
+  json_t *args = json_array();
+  for (int i = 0; i < nw; i++)
+    json_array_append_new(args, json_string(wild[i]));
+  json_t *body = json_pack("{s:i,s:{s:s,s:o}}", "workers", 1, "program", "name", "p", "args", args);
+  char *text = json_dumps(body, 0);
+  json_decref(body);
+  assert_int_equal(spec_parse(text, &a, &err), 0);
+  free(text);
+  assert_int_equal(a.program.nargs, nw);
+  for (int i = 0; i < nw; i++)
+    assert_string_equal(a.program.args[i], wild[i]);
+  assert_int_equal(wagma_job_spec_to_json(&a, &json), 0);
+  assert_int_equal(spec_parse(json, &b, &err), 0);
+  free(json);
+  assert_memory_equal(&a, &b, sizeof a);
+
+  /* 32 arguments and 255-byte ones pass; a 33rd or a 256th byte does not */
+  char big[WAGMA_API_PROGRAM_ARG_MAX + 1];
+  memset(big, 'x', sizeof big);
+  for (int n = 32; n <= 33; n++) {
+    args = json_array();
+    for (int i = 0; i < n; i++)
+      json_array_append_new(args, json_string(i == 2 ? "--lr" : "v"));
+    body = json_pack("{s:i,s:{s:s,s:o}}", "workers", 1, "program", "name", "p", "args", args);
+    text = json_dumps(body, 0);
+    json_decref(body);
+    int rc = spec_parse(text, &a, &err);
+    free(text);
+    if (n == 32) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(a.program.nargs, 32);
+    } else {
+      assert_int_equal(rc, WAGMA_EINVAL);
+      assert_string_equal(err.field, "program.args");
+    }
+  }
+  for (size_t len = 255; len <= 256; len++) {
+    body = json_pack("{s:i,s:{s:s,s:[s,s,s#]}}", "workers", 1, "program", "name", "p", "args", "a",
+                     "b", big, (int)len);
+    text = json_dumps(body, 0);
+    json_decref(body);
+    int rc = spec_parse(text, &a, &err);
+    free(text);
+    if (len == 255) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(strlen(a.program.args[2]), 255);
+    } else {
+      assert_int_equal(rc, WAGMA_EINVAL);
+      assert_string_equal(err.field, "program.args[2]");
+    }
+  }
+
+  /* what a program job may not say, each naming its field */
+  static const struct bad_spec bad[] = {
+      {"{\"workers\":1,\"program\":\"fmnist_cnn\"}", "program"},
+      {"{\"workers\":1,\"program\":{}}", "program.name"},
+      {"{\"workers\":1,\"program\":{\"args\":[\"x\"]}}", "program.name"},
+      {"{\"workers\":1,\"program\":{\"name\":7}}", "program.name"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"path\":\"/bin/sh\"}}", "program.path"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"command\":\"sh -c x\"}}", "program.command"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"args\":\"--lr 0.05\"}}", "program.args"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"args\":[\"a\",1]}}", "program.args[1]"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"max_restarts\":101}}", "program.max_restarts"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\",\"max_restarts\":-1}}", "program.max_restarts"},
+      {"{\"workers\":1,\"model\":\"mlp\",\"program\":{\"name\":\"p\"}}", "model"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\"},\"model\":\"softmax\"}", "model"},
+      {"{\"workers\":1,\"program\":{\"name\":\"p\"},\"dataset\":\"synthetic\"}", "dataset"},
+      {"{\"workers\":4,\"algorithm\":\"asgd\",\"program\":{\"name\":\"p\"}}", "algorithm"},
+      {"{\"workers\":4,\"algorithm\":\"dc-asgd\",\"program\":{\"name\":\"p\"}}", "algorithm"},
+      {"{\"workers\":4,\"algorithm\":\"adpsgd\",\"program\":{\"name\":\"p\"}}", "algorithm"},
+      {"{\"workers\":1,\"gradient_delay\":2,\"program\":{\"name\":\"p\"}}", "gradient_delay"},
+      {"{\"workers\":1,\"checkpoint\":{\"every\":10,\"path\":\"ck\"},\"program\":{\"name\":\"p\"}}",
+       "checkpoint.every"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = spec_parse(bad[i].json, &a, &err);
+    if (rc != WAGMA_EINVAL || strcmp(err.field, bad[i].field) != 0)
+      fail_msg("spec %zu %s: rc %d field '%s' (want '%s'): %s", i, bad[i].json, rc, err.field,
+               bad[i].field, err.message);
+    assert_true(strlen(err.message) > 0);
+  }
+  /* a NUL cannot reach an argument (nor a name): the JSON parser refuses it */
+  assert_int_equal(
+      spec_parse("{\"workers\":1,\"program\":{\"name\":\"p\",\"args\":[\"c\\u0000d\"]}}", &a, &err),
+      WAGMA_EINVAL);
+  assert_int_equal(spec_parse("{\"workers\":1,\"program\":{\"name\":\"a\\u0000b\"}}", &a, &err),
+                   WAGMA_EINVAL);
+  /* the algorithm's refusal says why and what a program may use */
+  assert_int_equal(
+      spec_parse("{\"workers\":4,\"algorithm\":\"asgd\",\"program\":{\"name\":\"p\"}}", &a, &err),
+      WAGMA_EINVAL);
+  assert_non_null(strstr(err.message, "not available for programs"));
+  assert_non_null(strstr(err.message, "wagma, allreduce or local-sgd"));
+  assert_non_null(strstr(
+      (spec_parse("{\"workers\":1,\"model\":\"mlp\",\"program\":{\"name\":\"p\"}}", &a, &err),
+       err.message),
+      "a program job has no built-in model"));
+  /* and the algorithms a program has */
+  static const char *const algos[] = {"wagma", "allreduce", "local-sgd"};
+  for (size_t i = 0; i < 3; i++) {
+    char j[160];
+    snprintf(j, sizeof j, "{\"workers\":2,\"algorithm\":\"%s\",\"program\":{\"name\":\"p\"}}",
+             algos[i]);
+    if (spec_parse(j, &a, &err) != 0)
+      fail_msg("%s refused: %s: %s", j, err.field, err.message);
+  }
+  /* built-in jobs keep what programs may not have */
+  assert_int_equal(spec_parse("{\"workers\":4,\"algorithm\":\"asgd\",\"gradient_delay\":2,"
+                              "\"checkpoint\":{\"every\":10,\"path\":\"ck\"},\"model\":\"mlp\"}",
+                              &a, &err),
+                   0);
+
+  /* wagma_job_spec_validate on a spec built in code */
+  assert_int_equal(spec_parse("{\"workers\":1,\"program\":{\"name\":\"p\"}}", &a, &err), 0);
+  b = a;
+  b.program.nargs = 33;
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program.args");
+  b = a;
+  b.program.nargs = 1;
+  memset(b.program.args[0], 'x', sizeof b.program.args[0]); /* no NUL */
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program.args[0]");
+  b = a;
+  b.program.nargs = 1;
+  snprintf(b.program.args[0], sizeof b.program.args[0], "\xff\xfe");
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program.args[0]");
+  b = a;
+  snprintf(b.program.name, sizeof b.program.name, "../x");
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program.name");
+  b = a;
+  b.program.name[0] = '\0';
+  b.program.nargs = 1;
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program.name");
+  b = a;
+  b.algorithm = WAGMA_ALGO_DC_ASGD;
+  assert_int_equal(wagma_job_spec_validate(&b, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "algorithm");
+
+  /* program is immutable */
+  wagma_job_patch_t p;
+  const char *imm = "{\"program\":{\"name\":\"other\"}}";
+  assert_int_equal(wagma_job_patch_from_json(imm, strlen(imm), &p, &err), WAGMA_EINVAL);
+  assert_string_equal(err.field, "program");
+  assert_non_null(strstr(err.message, "immutable"));
+  /* a PATCH keeps the program */
+  const char *scale = "{\"workers\":3}";
+  assert_int_equal(spec_parse("{\"workers\":2,\"max_workers\":4,\"program\":{\"name\":\"p\","
+                              "\"args\":[\"x y\"]}}",
+                              &a, &err),
+                   0);
+  assert_int_equal(wagma_job_patch_from_json(scale, strlen(scale), &p, &err), 0);
+  assert_int_equal(wagma_job_patch_apply(&p, &a, &err), 0);
+  assert_string_equal(a.program.name, "p");
+  assert_string_equal(a.program.args[0], "x y");
+}
+
+static void test_agent_programs(void **state) {
+  (void)state;
+  wagma_agent_info_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  const char *three = "{\"address\":\"h:1\",\"programs\":[\"train.py\",\"a\",\"fmnist_cnn\"]}";
+  assert_int_equal(wagma_agent_info_from_json(three, strlen(three), &a, &err), 0);
+  assert_int_equal(a.nprograms, 3);
+  assert_string_equal(a.programs[0], "a"); /* sorted */
+  assert_string_equal(a.programs[1], "fmnist_cnn");
+  assert_string_equal(a.programs[2], "train.py");
+  assert_true(wagma_agent_has_program(&a, "fmnist_cnn"));
+  assert_true(wagma_agent_has_program(&a, "a"));
+  assert_true(wagma_agent_has_program(&a, "train.py"));
+  assert_false(wagma_agent_has_program(&a, "fmnist"));
+  assert_false(wagma_agent_has_program(&a, "zzz"));
+  assert_false(wagma_agent_has_program(&a, ""));
+  assert_int_equal(wagma_agent_info_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"programs\":[\"a\",\"fmnist_cnn\",\"train.py\"]"));
+  assert_int_equal(wagma_agent_info_from_json(json, strlen(json), &b, &err), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  free(json);
+  /* none: absent or [] ("programs":[] encoded) */
+  const char *none = "{\"address\":\"h:1\"}", *empty = "{\"address\":\"h:1\",\"programs\":[]}";
+  assert_int_equal(wagma_agent_info_from_json(none, strlen(none), &a, &err), 0);
+  assert_int_equal(a.nprograms, 0);
+  assert_false(wagma_agent_has_program(&a, "a"));
+  assert_int_equal(wagma_agent_info_from_json(empty, strlen(empty), &b, &err), 0);
+  assert_memory_equal(&a, &b, sizeof a);
+  assert_int_equal(wagma_agent_info_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"programs\":[]"));
+  free(json);
+  /* 64 pass, 65 do not */
+  for (int n = 64; n <= 65; n++) {
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "p%02d", n - i);
+      json_array_append_new(arr, json_string(name));
+    }
+    json_t *o = json_pack("{s:s,s:o}", "address", "h:1", "programs", arr);
+    char *text = json_dumps(o, 0);
+    json_decref(o);
+    int rc = wagma_agent_info_from_json(text, strlen(text), &a, &err);
+    free(text);
+    if (n == 64) {
+      assert_int_equal(rc, 0);
+      assert_int_equal(a.nprograms, 64);
+      assert_string_equal(a.programs[0], "p01");
+      assert_true(wagma_agent_has_program(&a, "p64"));
+      assert_true(wagma_agent_has_program(&a, "p33"));
+    } else {
+      assert_int_equal(rc, WAGMA_EINVAL);
+      assert_string_equal(err.field, "programs");
+    }
+  }
+  static const struct bad_spec bad[] = {
+      {"{\"address\":\"h:1\",\"programs\":\"a\"}", "programs"},
+      {"{\"address\":\"h:1\",\"programs\":{\"a\":1}}", "programs"},
+      {"{\"address\":\"h:1\",\"programs\":[\"a/b\"]}", "programs[0]"},
+      {"{\"address\":\"h:1\",\"programs\":[\"ok\",\"..\"]}", "programs[1]"},
+      {"{\"address\":\"h:1\",\"programs\":[\"ok\",\"x\",\"-rf\"]}", "programs[2]"},
+      {"{\"address\":\"h:1\",\"programs\":[\"a b\"]}", "programs[0]"},
+      {"{\"address\":\"h:1\",\"programs\":[\"\"]}", "programs[0]"},
+      {"{\"address\":\"h:1\",\"programs\":[1]}", "programs[0]"},
+      {"{\"address\":\"h:1\",\"programs\":[\"a\",\"b\",\"a\"]}", "programs"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int rc = wagma_agent_info_from_json(bad[i].json, strlen(bad[i].json), &a, &err);
+    if (rc != WAGMA_EINVAL || strcmp(err.field, bad[i].field) != 0)
+      fail_msg("agent %zu %s: rc %d field '%s' (want '%s'): %s", i, bad[i].json, rc, err.field,
+               bad[i].field, err.message);
+  }
+}
+
 static void test_error_body(void **state) {
   (void)state;
   char *b = wagma_api_error_body("invalid_spec", "must be \"x\"", "optimizer.lr");
@@ -922,6 +1269,9 @@ int main(void) {
       cmocka_unit_test(test_plan_record_codec),
       cmocka_unit_test(test_checkpoint_record_codec),
       cmocka_unit_test(test_agent_and_assignment),
+      cmocka_unit_test(test_program_names),
+      cmocka_unit_test(test_program_spec),
+      cmocka_unit_test(test_agent_programs),
       cmocka_unit_test(test_error_body),
       cmocka_unit_test(test_keys),
       cmocka_unit_test(test_secret_keys),
