@@ -74,6 +74,7 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   p.time = wg_wall();
   snprintf(p.error, sizeof p.error, "%s", s->error);
   snprintf(p.role, sizeof p.role, "%s", s->role);
+  p.rejoin = s->rejoin;
   if (wagma_progress_to_json(&p, &json) != 0)
     return NULL;
   return json;

@@ -58,6 +58,7 @@ struct wg_launcher {
   int conn; /* the program's connection, -1 = none yet */
   wg_proto_buf_t rbuf;
   int hello;         /* its hello came: config sent */
+  int restarts;      /* of this job's program on this agent */
   int ended;         /* the program of this job ended (reported); not launched again */
   int reported_done; /* it said done (or failed): an exit after that is its normal end */
   out_pipe_t out[2];
@@ -143,6 +144,7 @@ static void share(wg_launcher_t *l, const wagma_progress_t *p, const char *job) 
   s->rounds_skipped = p->rounds_skipped;
   snprintf(s->error, sizeof s->error, "%s", p->error);
   snprintf(s->role, sizeof s->role, "%s", p->role[0] ? p->role : "worker");
+  s->rejoin = p->rejoin;
   l->shared->progress_dirty = 1;
   if (p->state != WAGMA_PROGRESS_RUNNING)
     l->shared->progress_urgent = 1;
@@ -400,6 +402,37 @@ static void on_message(wg_launcher_t *l, const wg_job_config_t *cfg, json_t *m) 
   }
 }
 
+/* The program died before it reported the job done and may restart: a new process, which
+ * enters only plans newer than the current one; the member asks the coordinator for one in
+ * which it is a joiner (progress "rejoin"), so that it gets the survivors' parameters and
+ * optimizer state (docs/programs.md). */
+static void restart(wg_launcher_t *l, const wg_job_config_t *cfg, const char *why) {
+  l->restarts++;
+  LLOG(l, WAGMA_LOG_WARN, "job %s: program %s %s; restarting it as a joiner (restart %d of %d)",
+       cfg->job, cfg->program.name, why, l->restarts, cfg->program.max_restarts);
+  wagma_progress_t p;
+  wagma_progress_init(&p);
+  p.state = WAGMA_PROGRESS_RUNNING;
+  p.epoch = l->plan.epoch;
+  p.rejoin = l->plan.epoch;
+  pthread_mutex_lock(&l->shared->mu);
+  p.iteration = strcmp(l->shared->progress.job, l->job) == 0 ? l->shared->progress.iteration : 0;
+  pthread_mutex_unlock(&l->shared->mu);
+  p.time = wg_wall();
+  snprintf(p.role, sizeof p.role, "worker");
+  share(l, &p, cfg->job);
+  l->ended = 0;
+  if (launch(l, cfg) != 0) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "cannot launch program %s again: %s", cfg->program.name,
+             strerror(errno));
+    report_failed(l, msg);
+    l->ended = 1;
+    return;
+  }
+  l->sent_epoch = l->plan.epoch; /* launch() cleared it: only newer plans go to this one */
+}
+
 /* ---- the turn -------------------------------------------------------------------------------- */
 
 static void new_plan(wg_launcher_t *l, const wagma_plan_t *plan, const uint8_t *secret,
@@ -420,7 +453,7 @@ static void forget_job(wg_launcher_t *l) {
   l->have_plan = 0;
   OPENSSL_cleanse(l->secret, sizeof l->secret);
   l->secret_len = 0;
-  l->ended = l->reported_done = 0;
+  l->ended = l->reported_done = l->restarts = 0;
   l->job[0] = '\0';
 }
 
@@ -503,10 +536,12 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
   int how = reap(l, why, sizeof why);
   if (how) {
     l->ended = 1;
-    if (!l->reported_done) {
+    if (!l->reported_done && l->restarts < cfg->program.max_restarts) {
+      restart(l, cfg, why);
+    } else if (!l->reported_done) {
       char msg[500];
-      snprintf(msg, sizeof msg, "program %.63s %.300s before it reported the job done",
-               cfg->program.name, why);
+      snprintf(msg, sizeof msg, "program %.63s %.300s before it reported the job done%s",
+               cfg->program.name, why, l->restarts ? " (and after every restart)" : "");
       report_failed(l, msg);
     } else {
       LLOG(l, WAGMA_LOG_INFO, "job %s: program %s ended (%s)", cfg->job, cfg->program.name, why);

@@ -350,6 +350,8 @@ json_t *wagma_progress_to_value(const wagma_progress_t *p) {
     json_object_set_new(o, "error", json_string(p->error));
   if (p->role[0])
     json_object_set_new(o, "role", json_string(p->role));
+  if (p->rejoin)
+    json_object_set_new(o, "rejoin", json_integer((json_int_t)p->rejoin));
   return o;
 }
 
@@ -425,6 +427,8 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
       u = &p.rounds_left_out;
     } else if (strcmp(key, "rounds_skipped") == 0) {
       u = &p.rounds_skipped;
+    } else if (strcmp(key, "rejoin") == 0) {
+      u = &p.rejoin;
     } else if (strcmp(key, "loss") == 0) {
       if ((e = num_or_null(v, key, &p.loss, err)))
         goto out;

@@ -408,11 +408,22 @@ static json_t *tl_add(cjob_t *j, json_t *e) {
   return e;
 }
 
-static int names_has(const wagma_plan_t *p, const char *name) {
+/* The member of plan p named name, or NULL. */
+static const wagma_member_t *member_named(const wagma_plan_t *p, const char *name) {
   for (int r = 0; p && r < p->nranks; r++)
     if (strcmp(p->members[r].name, name) == 0)
-      return 1;
-  return 0;
+      return &p->members[r];
+  return NULL;
+}
+
+static int names_has(const wagma_plan_t *p, const char *name) {
+  return member_named(p, name) != NULL;
+}
+
+/* A member of both plans that np marks a joiner: its program restarted (a "rejoin"). */
+static int rejoined(const wagma_plan_t *old, const wagma_plan_t *np, const char *name) {
+  const wagma_member_t *m = member_named(np, name);
+  return old && m && m->joiner && names_has(old, name);
 }
 
 static void add_person(json_t *arr, const char *agent, const char *reason) {
@@ -422,7 +433,7 @@ static void add_person(json_t *arr, const char *agent, const char *reason) {
 /* Why agent (rank in the plan of the epoch that ends, at address) is not in the next one: what
  * the view holds just before the new plan. */
 static void leave_reason(wg_cache_t *c, const cjob_t *j, const wagma_member_t *m, int rank,
-                         int workers, char *out, size_t len) {
+                         int workers, uint64_t old_epoch, char *out, size_t len) {
   char key[256];
   wagma_api_error_t err;
   const wagma_etcd_kv_t *akv = NULL;
@@ -439,6 +450,8 @@ static void leave_reason(wg_cache_t *c, const cjob_t *j, const wagma_member_t *m
   } else if (wagma_agent_info_from_json(akv->value, akv->value_len, &info, &err) == 0 &&
              strcmp(info.address, m->address) != 0) {
     snprintf(out, len, "it registered again at %s", info.address);
+  } else if (has_p && p.rejoin != 0 && p.rejoin == old_epoch) {
+    snprintf(out, len, "its program restarted (it rejoins with the survivors' model)");
   } else if (has_p && p.state == WAGMA_PROGRESS_UNAVAILABLE) {
     snprintf(out, len, "it cannot serve the job: %.200s", p.error);
   } else if (has_p && p.state == WAGMA_PROGRESS_FAILED) {
@@ -465,23 +478,25 @@ static json_t *epoch_entry(wg_cache_t *c, const cjob_t *j, const wagma_plan_t *o
     workers = spec.workers;
   int survivors = 0;
   for (int r = 0; old && r < old->nranks; r++) {
-    if (names_has(np, old->members[r].name)) {
+    if (names_has(np, old->members[r].name) && !rejoined(old, np, old->members[r].name)) {
       survivors++;
       continue;
     }
     if (observed)
-      leave_reason(c, j, &old->members[r], r, workers, why, sizeof why);
+      leave_reason(c, j, &old->members[r], r, workers, old->epoch, why, sizeof why);
     else
       snprintf(why, sizeof why, "not observed (before this coordinator watched)");
     add_person(left, old->members[r].name, why);
   }
   for (int r = 0; r < np->nranks; r++) {
-    if (old && names_has(old, np->members[r].name))
+    int back = rejoined(old, np, np->members[r].name);
+    if (old && names_has(old, np->members[r].name) && !back)
       continue;
     const char *reason =
-        !old && np->epoch <= 1 ? "first plan"
-        : !observed            ? "not observed (before this coordinator watched)"
-        : survivors == 0       ? "fresh start (no member survived)"
+        back                     ? "rejoined after its program restarted"
+        : !old && np->epoch <= 1 ? "first plan"
+        : !observed              ? "not observed (before this coordinator watched)"
+        : survivors == 0         ? "fresh start (no member survived)"
         : old && workers > old->nranks && r >= old->nranks - (int)json_array_size(left)
             ? "scaled up"
             : "free agent joined";

@@ -353,6 +353,15 @@ static int program_ok(const wg_job_record_t *j, const agent_rec_t *a) {
   return !j->spec.program.name[0] || wagma_agent_has_program(&a->info, j->spec.program.name);
 }
 
+/* The member on agent a asks to rejoin job j as a joiner: its program restarted and lost the
+ * model of the current epoch (progress "rejoin" = the job's epoch, written by a's current
+ * registration; docs/programs.md). */
+static int wants_rejoin(const wg_job_record_t *j, const agent_rec_t *a) {
+  const wg_progress_entry_t *pe = a ? find_entry(j, a->name) : NULL;
+  return pe && pe->progress.rejoin != 0 && pe->progress.rejoin == j->status.epoch &&
+         pe->mod > a->create_rev;
+}
+
 /* Whether agent a may join job j: same device, has its program, not quarantined, has not
  * refused j. */
 static int eligible(const wg_job_record_t *j, const agent_rec_t *a) {
@@ -599,11 +608,16 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   joiner = calloc((size_t)target, sizeof *joiner);
   if (!next || !joiner)
     goto out;
-  int n = 0, survivors = 0;
+  int n = 0, survivors = 0, rejoining = 0;
   for (int r = 0; r < ncur && n < target; r++) {
     agent_rec_t *a = wg_snapshot_agent(s, names[r]);
-    /* same registration address, and it did not say it cannot serve the job */
+    /* same registration address, it did not say it cannot serve the job, and its program did
+     * not restart (a rejoiner leaves the survivors and comes back below, as a joiner) */
     if (a && strcmp(a->info.address, addrs[r]) == 0 && !refusal(j, a)) {
+      if (wants_rejoin(j, a)) {
+        rejoining++;
+        continue;
+      }
       next[n++] = a;
       a->busy = 1;
     }
@@ -672,7 +686,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     joiner[n] = survivors > 0;
     next[n++] = a;
   }
-  int same = n == ncur && j->status.state == WAGMA_JOB_RUNNING;
+  int same = n == ncur && j->status.state == WAGMA_JOB_RUNNING && !rejoining;
   for (int r = 0; same && r < n; r++)
     same = strcmp(next[r]->name, names[r]) == 0 && strcmp(next[r]->info.address, addrs[r]) == 0;
   if (same)

@@ -325,6 +325,9 @@ typedef struct wagma_progress {
    * "passive" (adpsgd), "server" or "worker" (asgd, dc-asgd: a parameter-server shard or a
    * worker); "" = not reported (absent in JSON). One of WAGMA_API_ROLES. */
   char role[16];
+  /* a restarted program (docs/programs.md): the member lost its model of this epoch and asks
+   * the coordinator for a new epoch in which it is a joiner; 0 = none (absent in JSON) */
+  uint64_t rejoin;
 } wagma_progress_t;
 #define WAGMA_API_ROLES "worker", "active", "passive", "server"
 

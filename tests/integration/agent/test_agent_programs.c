@@ -9,6 +9,9 @@
  *  - a program that exits 1 at once fails the job with its stderr in the reason;
  *  - one that never connects is killed after --program-connect-timeout and fails the job;
  *  - one that writes garbage on the socket fails the job; its agent stays up and registered;
+ *  - SIGKILL of one member's program: the agent restarts it, the member rejoins as a joiner in
+ *    a new epoch (the timeline says so; the new process receives the model) within the lease
+ *    TTL + 1 s, the other members' programs keep their PIDs;
  *  - SIGKILL of an agent: its program is gone within 1 s, the survivors' programs train on in
  *    the next epoch (3 members);
  *  - an agent whose --listen port is taken fails its start (exit 2) when it has --programs.
@@ -234,6 +237,53 @@ static int process_gone(pid_t pid) {
   return rp && rp[1] == ' ' && rp[2] == 'Z';
 }
 
+/* The job's timeline (GET .../events) holds text. */
+static int timeline_has(const cluster_t *c, const char *job, const char *text) {
+  char path[128], *body = NULL;
+  long st = 0;
+  snprintf(path, sizeof path, "/v1/jobs/%s/events", job);
+  int has = cluster_http(c, "GET", path, NULL, &st, &body) == 0 && st == 200 && body &&
+            strstr(body, text) != NULL;
+  free(body);
+  return has;
+}
+
+static void test_program_killed_restarts(void **state) {
+  cluster_t *c = *state;
+  job_view_t v;
+  assert_int_equal(cluster_job_submit(c, "{\"name\":\"prog-restart\",\"program\":{\"name\":"
+                                         "\"minimal\"},\"workers\":4,\"iterations\":100000000,"
+                                         "\"group_size\":2}"),
+                   0);
+  assert_true(cluster_wait_training(c, "prog-restart", 0, 4, 50, 30, &v) >= 0);
+  uint64_t epoch = v.epoch;
+  pid_t pids[4];
+  int idx[4];
+  for (int i = 0; i < 4; i++) {
+    idx[i] = cluster_agent_index(c, v.members[i].name);
+    pids[i] = program_pid(c, idx[i], "prog-restart");
+    assert_true(pids[i] > 0);
+  }
+  assert_int_equal(kill(pids[1], SIGKILL), 0);
+  double waited = cluster_wait_training(c, "prog-restart", epoch, 4, 20, 30, &v);
+  fprintf(stderr, "  4 members training in epoch %llu %.2f s after the kill\n",
+          (unsigned long long)v.epoch, waited);
+  if (waited < 0)
+    cluster_dump_logs(c);
+  assert_true(waited >= 0 && waited <= 3 + 1);
+  /* a new process for the killed one, the same processes for the others */
+  pid_t again = program_pid(c, idx[1], "prog-restart");
+  assert_true(again > 0 && again != pids[1]);
+  for (int i = 0; i < 4; i++)
+    if (i != 1)
+      assert_int_equal(program_pid(c, idx[i], "prog-restart"), pids[i]);
+  assert_true(cluster_agent_log_count(c, idx[1], "restarting it as a joiner", "prog-restart") == 1);
+  assert_true(cluster_agent_log_count(c, idx[1], "joined: model received", "prog-restart") >= 1);
+  assert_true(timeline_has(c, "prog-restart", "rejoined after its program restarted"));
+  assert_true(timeline_has(c, "prog-restart", "its program restarted"));
+  assert_int_equal(cluster_job_stop(c, "prog-restart", 30), 0);
+}
+
 static void test_agent_killed(void **state) {
   cluster_t *c = *state;
   job_view_t v;
@@ -319,10 +369,15 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_wagma),        cmocka_unit_test(test_allreduce),
-      cmocka_unit_test(test_local_sgd),    cmocka_unit_test(test_args_verbatim),
-      cmocka_unit_test(test_exit_at_once), cmocka_unit_test(test_never_connects),
-      cmocka_unit_test(test_garbage),      cmocka_unit_test(test_port_in_use),
+      cmocka_unit_test(test_wagma),
+      cmocka_unit_test(test_allreduce),
+      cmocka_unit_test(test_local_sgd),
+      cmocka_unit_test(test_args_verbatim),
+      cmocka_unit_test(test_exit_at_once),
+      cmocka_unit_test(test_never_connects),
+      cmocka_unit_test(test_garbage),
+      cmocka_unit_test(test_port_in_use),
+      cmocka_unit_test(test_program_killed_restarts),
       cmocka_unit_test(test_agent_killed),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
