@@ -548,11 +548,9 @@ static void test_spec_ranges(void **state) {
   walk_ranges(&c, json_object_get(schemas, "JobSpecInput"), "", 0, &nposted, &nchecked);
   /* workers, min/max_workers, group_size, staleness_bound, batch_size, iterations, epochs,
    * eval_every, seed, optimizer.{lr,momentum,weight_decay,warmup}, checkpoint.every,
-   * gradient_delay, ps_shards, dc_lambda, name and checkpoint.path lengths; and, once the
-   * document has program jobs (issue 25), program.max_restarts and program.name's length. */
-  json_t *input = json_object_get(schemas, "JobSpecInput");
-  int with_program = json_object_get(json_object_get(input, "properties"), "program") != NULL;
-  assert_int_equal(nchecked, 20 + 2 * with_program);
+   * gradient_delay, ps_shards, dc_lambda, program.max_restarts, name, checkpoint.path and
+   * program.name lengths. */
+  assert_int_equal(nchecked, 22);
   int npatch = 0;
   walk_ranges(&c, json_object_get(schemas, "JobPatch"), "", 1, &nposted, &npatch);
   assert_int_equal(npatch, 4);
