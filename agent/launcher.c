@@ -462,7 +462,6 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
   char why[300];
   if (strcmp(l->job, cfg->job) != 0) {
     wg_launcher_release(l, "another job");
-    forget_job(l);
     snprintf(l->job, sizeof l->job, "%s", cfg->job);
   }
   if (plan)
@@ -550,8 +549,12 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
 }
 
 void wg_launcher_release(wg_launcher_t *l, const char *why) {
-  if (!l || l->pid <= 0)
+  if (!l || (l->pid <= 0 && !l->job[0]))
+    return; /* (called at every turn of a runner without a program job) */
+  if (l->pid <= 0) {
+    forget_job(l); /* a later assignment to the same job launches anew */
     return;
+  }
   char w[300];
   if (l->conn >= 0)
     send_json(l, json_pack("{s:s,s:s}", "type", "stop", "reason", why));
@@ -578,7 +581,7 @@ void wg_launcher_release(wg_launcher_t *l, const char *why) {
     }
   }
   LLOG(l, WAGMA_LOG_INFO, "job %s: program stopped (%s)", l->job, why);
-  l->ended = 1;
+  forget_job(l);
 }
 
 void wg_launcher_free(wg_launcher_t *l) {

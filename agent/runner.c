@@ -764,8 +764,7 @@ static void *runner_main(void *arg) {
       secret_len = 0;
       continue;
     }
-    if (wg_launcher_running(r->launcher))
-      wg_launcher_release(r->launcher, assigned ? "a job without a program" : "released");
+    wg_launcher_release(r->launcher, assigned ? "a job without a program" : "released");
     if (!assigned) {
       if (j->active || j->broken)
         job_teardown(r);

@@ -476,10 +476,15 @@ static int enter_epoch(wagma_worker_t *w) {
       continue;
     }
     w->iteration = w->cur.start_round;
+    char how[96];
+    if (w->joined)
+      snprintf(how, sizeof how, "joined: model and %zu floats of optimizer state received",
+               w->st.size ? w->st.size(w->st_user) : 0);
+    else
+      snprintf(how, sizeof how, "model kept");
     WLOG(w, WAGMA_LOG_INFO, "job %s: epoch %llu as rank %d/%d (%s), iteration %llu of %llu",
-         w->cfg.job, (unsigned long long)w->epoch, w->rank, w->cur.nranks,
-         w->joined ? "joined: model received" : "model kept", (unsigned long long)w->iteration,
-         (unsigned long long)w->total);
+         w->cfg.job, (unsigned long long)w->epoch, w->rank, w->cur.nranks, how,
+         (unsigned long long)w->iteration, (unsigned long long)w->total);
     report(w, WAGMA_PROGRESS_RUNNING, NULL);
     return 0;
   }

@@ -278,7 +278,7 @@ static void test_program_killed_restarts(void **state) {
     if (i != 1)
       assert_int_equal(program_pid(c, idx[i], "prog-restart"), pids[i]);
   assert_true(cluster_agent_log_count(c, idx[1], "restarting it as a joiner", "prog-restart") == 1);
-  assert_true(cluster_agent_log_count(c, idx[1], "joined: model received", "prog-restart") >= 1);
+  assert_true(cluster_agent_log_count(c, idx[1], "joined: model and", "prog-restart") >= 1);
   assert_true(timeline_has(c, "prog-restart", "rejoined after its program restarted"));
   assert_true(timeline_has(c, "prog-restart", "its program restarted"));
   assert_int_equal(cluster_job_stop(c, "prog-restart", 30), 0);
