@@ -3,7 +3,7 @@
 # Idempotent: packages already present are not fetched again; apt-get update runs
 # only when something is missing. Needs root (or sudo) on Debian 12.
 #   scripts/deps.sh          what scripts/test.sh and scripts/demo.sh need
-#   scripts/deps.sh --bench  plus the benchmarks' baselines and plotting (PyTorch, gnuplot)
+#   scripts/deps.sh --bench  plus the benchmarks' plotting (gnuplot)
 set -euo pipefail
 
 PACKAGES=(
@@ -16,9 +16,11 @@ PACKAGES=(
   libclang-rt-dev # libFuzzer runtime for .ci/run: only a Recommends of clang, which
   #                 --no-install-recommends skips
   libyaml-dev
+  python3-torch python3-numpy # the Python package (python/wagma, wagma.torch), its tests and
+  #                             examples/pytorch; always /usr/bin/python3 (Debian's interpreter)
 )
 if [ "${1:-}" = "--bench" ]; then
-  PACKAGES+=(python3-torch gnuplot-nox)
+  PACKAGES+=(gnuplot-nox)
 fi
 
 missing=()

@@ -65,7 +65,7 @@ def main():
     x_train, y_train = load(args.data_dir, "train")
     x_test, y_test = load(args.data_dir, "t10k")
 
-    job = wagma.torch.init()
+    job = wagma.torch.init(samples=len(x_train), batch_size=args.batch_size)
     torch.manual_seed(args.seed)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
