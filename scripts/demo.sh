@@ -7,14 +7,19 @@
 # Knobs (environment): WAGMA_DEMO_SKIP_DEPS=1 (do not run scripts/deps.sh),
 # WAGMA_DEMO_SKIP_BUILD=1, WAGMA_BUILD_DIR (default build), WAGMA_DEMO_MODEL (mlp | lenet5 |
 # softmax), WAGMA_DEMO_ALGORITHM (wagma | allreduce | local-sgd), WAGMA_DEMO_ITERATIONS (1000),
-# WAGMA_DEMO_DATASET (fashion-mnist | synthetic), WAGMA_DEMO_TIMEOUT (seconds, 900).
+# WAGMA_DEMO_DATASET (fashion-mnist | synthetic), WAGMA_DEMO_TIMEOUT (seconds, 900),
+# WAGMA_DEMO_PROGRAM=pytorch (train the PyTorch example examples/pytorch/fmnist_cnn.py as a
+# program launched by the agents, docs/programs.md, instead of the built-in model; needs
+# python3-torch, which scripts/deps.sh installs; WAGMA_DEMO_ITERATIONS defaults to 300 then).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${WAGMA_BUILD_DIR:-$ROOT/build}"
 MODEL="${WAGMA_DEMO_MODEL:-mlp}"
 ALGORITHM="${WAGMA_DEMO_ALGORITHM:-wagma}"
-ITERATIONS="${WAGMA_DEMO_ITERATIONS:-1000}"
+PROGRAM="${WAGMA_DEMO_PROGRAM:-}"
+case "$PROGRAM" in "" | pytorch) ;; *) echo "demo: WAGMA_DEMO_PROGRAM must be pytorch" >&2; exit 2 ;; esac
+ITERATIONS="${WAGMA_DEMO_ITERATIONS:-$([ -n "$PROGRAM" ] && echo 300 || echo 1000)}"
 DATASET="${WAGMA_DEMO_DATASET:-fashion-mnist}"
 TIMEOUT="${WAGMA_DEMO_TIMEOUT:-900}"
 AGENTS=4
@@ -53,7 +58,7 @@ fi
 if [ "${WAGMA_DEMO_SKIP_BUILD:-0}" != 1 ]; then
   say "building into $BUILD"
   cmake -S "$ROOT" -B "$BUILD" >/dev/null
-  cmake --build "$BUILD" -j"$(nproc)" --target wagma-coordinator wagma-agent >/dev/null
+  cmake --build "$BUILD" -j"$(nproc)" --target wagma-coordinator wagma-agent wagma_worker >/dev/null
 fi
 COORD="$BUILD/coordinator/wagma-coordinator"
 AGENT="$BUILD/agent/wagma-agent"
@@ -105,9 +110,17 @@ PIDS+=($!)
 API="http://127.0.0.1:$REST"
 wait_http "$API/healthz" 30
 
+PROGRAM_ARGS=()
+if [ -n "$PROGRAM" ]; then # the agents launch the example from a programs directory
+  mkdir -p "$TMP/programs"
+  ln -s "$ROOT/examples/pytorch/fmnist_cnn.py" "$TMP/programs/fmnist_cnn"
+  PROGRAM_ARGS=(--programs "$TMP/programs" --program-env "PYTHONPATH=$ROOT/python"
+                --program-env "WAGMA_LIBRARY=$BUILD/worker/libwagma.so")
+fi
 for i in $(seq 0 $((AGENTS - 1))); do
   "$AGENT" --etcd "127.0.0.1:$ETCD_CLIENT" --name "agent-$i" \
-    --listen "127.0.0.1:${AGENT_PORTS[$i]}" --eval-samples 2000 >"$TMP/agent-$i.log" 2>&1 &
+    --listen "127.0.0.1:${AGENT_PORTS[$i]}" --eval-samples 2000 "${PROGRAM_ARGS[@]}" \
+    >"$TMP/agent-$i.log" 2>&1 &
   PIDS+=($!)
   say "started wagma-agent agent-$i (pid $!, collective on 127.0.0.1:${AGENT_PORTS[$i]})"
 done
@@ -120,13 +133,22 @@ done
 say "$AGENTS agents registered"
 
 # ---- 4. the job -------------------------------------------------------------------------------
-SPEC=$(cat <<EOF
+if [ -n "$PROGRAM" ]; then
+  SPEC=$(cat <<EOF
+{"name":"demo","program":{"name":"fmnist_cnn","args":["--lr","0.05","--momentum","0.9"]},
+ "algorithm":"$ALGORITHM","workers":$AGENTS,"group_size":2,"staleness_bound":8,
+ "global_sync":"barrier","batch_size":32,"iterations":$ITERATIONS,"seed":7}
+EOF
+  )
+else
+  SPEC=$(cat <<EOF
 {"name":"demo","model":"$MODEL","dataset":"$DATASET","algorithm":"$ALGORITHM","workers":$AGENTS,
  "group_size":2,"staleness_bound":8,"global_sync":"barrier",
  "optimizer":{"type":"sgd","lr":0.05,"momentum":0.9},
  "batch_size":64,"iterations":$ITERATIONS,"eval_every":50,"seed":7}
 EOF
-)
+  )
+fi
 say "POST /v1/jobs $(echo "$SPEC" | tr -d '\n')"
 curl -fsS -m 10 -X POST -H 'Content-Type: application/json' -d "$SPEC" "$API/v1/jobs" >/dev/null
 
