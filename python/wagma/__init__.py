@@ -44,6 +44,19 @@ PROTOCOL = 1  # WAGMA_WORKER_PROTOCOL of the header this module was written agai
 log = logging.getLogger("wagma")
 
 
+def _default_log_handler() -> None:
+    """The library's lines (epochs, joins, warnings) on stderr, which the agent puts in its log,
+    unless the program configured logging itself (a handler on "wagma" or on the root logger)
+    before opening the worker."""
+    if log.handlers or logging.getLogger().handlers:
+        return
+    h = logging.StreamHandler()
+    h.setFormatter(logging.Formatter("wagma: %(levelname)s %(message)s"))
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 class Status(enum.IntEnum):
     """enum wagma_status (common/include/wagma/status.h)."""
 
@@ -343,6 +356,8 @@ class Worker:
     def __init__(self, socket_path: Optional[str] = None,
                  logger: Optional[logging.Logger] = None):
         self._h = _handle()
+        if logger is None:
+            _default_log_handler()
         self._logger = logger if logger is not None else log
         self._lock = threading.Lock()
         # Kept alive for the handle's life: the library holds these pointers.
