@@ -551,7 +551,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       finish_job(p, j, WAGMA_JOB_FAILED, reason);
     goto out;
   }
-  int done = 0, gone = 0, done_alive = 0;
+  int done = 0, gone = 0, done_alive = 0, finishing = 0;
   for (int r = 0; r < nplan; r++) {
     const wagma_progress_t *pr = find_progress(j, names[r]);
     agent_rec_t *a = wg_snapshot_agent(s, names[r]);
@@ -575,8 +575,15 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
       done_alive += alive;
     } else if (!alive) {
       gone++;
+    } else if (pr && j->spec.iterations && pr->iteration >= j->spec.iterations) {
+      finishing++; /* at the last iteration: its final average and "done" are on their way */
     }
   }
+  /* Every member is done, gone or finishing, and one is finishing: their final reports are
+   * on their way. No plan is made at the last iteration meanwhile (a finishing member's
+   * frozen agent loses its lease and counts as gone). */
+  if (running && finishing > 0 && done + gone + finishing == nplan)
+    goto out;
   /* Finished: every member of the plan reported the last iteration, or every one that did
    * not is gone (its agent key expired: it died before the end, its model with it) while one
    * that finished is still here. Those that finished hold the job's final model; planning

@@ -239,8 +239,11 @@ static void test_final_reports_after_a_plan_at_the_end(void **state) {
   }
   assert_non_null(strstr(v.reason, "waiting for their final reports"));
   fprintf(stderr, "  while away: %s (%s)\n", v.state, v.reason);
-  /* they register again and their final reports come; fake-0's report of the last iteration
-   * already counts, so the job may complete before fake-1 is back ("1 of 3 members") */
+  /* they register again and their final reports come. A live member finishes only by
+   * reporting "done" (its final report carries the result): fake-0, back at the last iteration
+   * without it, holds the job (no plan meanwhile), but fake-1, back before its report at
+   * iteration 99, may make one more epoch at the last iteration; either way the job succeeds
+   * with their final reports */
   register_fake(c, "fake-0");
   register_fake(c, "fake-1");
   report(c, job, "fake-0", WAGMA_PROGRESS_DONE, 1, ITERATIONS);
@@ -249,7 +252,7 @@ static void test_final_reports_after_a_plan_at_the_end(void **state) {
     cluster_dump_logs(c);
   fprintf(stderr, "  job %s, epoch %llu: %s\n", v.state, (unsigned long long)v.epoch, v.reason);
   assert_string_equal(v.state, "succeeded");
-  assert_non_null(strstr(v.reason, "of 3 members finished at iteration 100"));
+  assert_non_null(strstr(v.reason, "members finished at iteration 100"));
   register_fake(c, "fake-2"); /* back for the next test */
   register_fake(c, "fake-3");
 }
