@@ -504,3 +504,20 @@ int cluster_agent_log_count(const cluster_t *c, int i, const char *needle, const
   fclose(f);
   return found;
 }
+
+pid_t cluster_program_pid(const cluster_t *c, int i, const char *job) {
+  char path[512], line[2048], needle[128];
+  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
+  snprintf(needle, sizeof needle, "job %s: launched program", job);
+  FILE *f = fopen(path, "r");
+  pid_t pid = -1;
+  while (f && fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, needle);
+    const char *q = p ? strstr(p, "(pid ") : NULL;
+    if (q)
+      pid = (pid_t)atoi(q + 5);
+  }
+  if (f)
+    fclose(f);
+  return pid;
+}

@@ -154,6 +154,10 @@ int cluster_agent_index(const cluster_t *c, const char *name);
  * not NULL; 0 when the log cannot be read. */
 int cluster_agent_log_count(const cluster_t *c, int i, const char *needle, const char *and_needle);
 
+/* The pid of the last program agent i launched for job (its log line "job J: launched program
+ * P (pid N"), or -1. */
+pid_t cluster_program_pid(const cluster_t *c, int i, const char *job);
+
 double cluster_now(void);
 void cluster_sleep(double s);
 

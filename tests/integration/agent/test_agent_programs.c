@@ -203,24 +203,6 @@ static void test_garbage(void **state) {
   json_decref(a);
 }
 
-/* The pid of the program agent i launched for job (its log), or -1. */
-static pid_t program_pid(const cluster_t *c, int i, const char *job) {
-  char path[512], line[2048], needle[128];
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
-  snprintf(needle, sizeof needle, "job %s: launched program", job);
-  FILE *f = fopen(path, "r");
-  pid_t pid = -1;
-  while (f && fgets(line, sizeof line, f)) {
-    const char *p = strstr(line, needle);
-    const char *q = p ? strstr(p, "(pid ") : NULL;
-    if (q)
-      pid = (pid_t)atoi(q + 5);
-  }
-  if (f)
-    fclose(f);
-  return pid;
-}
-
 /* Gone: no such process, or a zombie nobody reaped yet. */
 static int process_gone(pid_t pid) {
   char path[64], stat[256];
@@ -261,7 +243,7 @@ static void test_program_killed_restarts(void **state) {
   int idx[4];
   for (int i = 0; i < 4; i++) {
     idx[i] = cluster_agent_index(c, v.members[i].name);
-    pids[i] = program_pid(c, idx[i], "prog-restart");
+    pids[i] = cluster_program_pid(c, idx[i], "prog-restart");
     assert_true(pids[i] > 0);
   }
   assert_int_equal(kill(pids[1], SIGKILL), 0);
@@ -272,11 +254,11 @@ static void test_program_killed_restarts(void **state) {
     cluster_dump_logs(c);
   assert_true(waited >= 0 && waited <= 3 + 1);
   /* a new process for the killed one, the same processes for the others */
-  pid_t again = program_pid(c, idx[1], "prog-restart");
+  pid_t again = cluster_program_pid(c, idx[1], "prog-restart");
   assert_true(again > 0 && again != pids[1]);
   for (int i = 0; i < 4; i++)
     if (i != 1)
-      assert_int_equal(program_pid(c, idx[i], "prog-restart"), pids[i]);
+      assert_int_equal(cluster_program_pid(c, idx[i], "prog-restart"), pids[i]);
   assert_true(cluster_agent_log_count(c, idx[1], "restarting it as a joiner", "prog-restart") == 1);
   assert_true(cluster_agent_log_count(c, idx[1], "joined: model and", "prog-restart") >= 1);
   assert_true(timeline_has(c, "prog-restart", "rejoined after its program restarted"));
@@ -293,7 +275,7 @@ static void test_agent_killed(void **state) {
                    0);
   assert_true(cluster_wait_training(c, "prog-churn", 0, 4, 50, 30, &v) >= 0);
   int victim = cluster_agent_index(c, v.members[3].name);
-  pid_t prog = program_pid(c, victim, "prog-churn");
+  pid_t prog = cluster_program_pid(c, victim, "prog-churn");
   assert_true(prog > 0);
   assert_int_equal(kill(prog, 0), 0);
   uint64_t epoch = v.epoch;
@@ -309,14 +291,14 @@ static void test_agent_killed(void **state) {
   /* the survivors' programs train on in the next epoch, without a restart */
   pid_t before[4];
   for (int i = 0; i < 3; i++)
-    before[i] = program_pid(c, cluster_agent_index(c, v.members[i].name), "prog-churn");
+    before[i] = cluster_program_pid(c, cluster_agent_index(c, v.members[i].name), "prog-churn");
   double waited = cluster_wait_training(c, "prog-churn", epoch, 3, 50, 30, &v);
   fprintf(stderr, "  3 members training in epoch %llu after %.1f s\n", (unsigned long long)v.epoch,
           waited);
   assert_true(waited >= 0);
   for (int i = 0; i < 3; i++) {
     int idx = cluster_agent_index(c, v.members[i].name);
-    pid_t now = program_pid(c, idx, "prog-churn");
+    pid_t now = cluster_program_pid(c, idx, "prog-churn");
     int found = 0;
     for (int k = 0; k < 3; k++)
       found |= before[k] == now;

@@ -113,24 +113,6 @@ static void test_local_sgd(void **state) {
   train(*state, "local-sgd");
 }
 
-/* The pid of the program agent i launched last for job (its log), or -1. */
-static pid_t program_pid(const cluster_t *c, int i, const char *job) {
-  char path[512], line[2048], needle[128];
-  snprintf(path, sizeof path, "%s/agent-%d.log", c->dir, i);
-  snprintf(needle, sizeof needle, "job %s: launched program", job);
-  FILE *f = fopen(path, "r");
-  pid_t pid = -1;
-  while (f && fgets(line, sizeof line, f)) {
-    const char *p = strstr(line, needle);
-    const char *q = p ? strstr(p, "(pid ") : NULL;
-    if (q)
-      pid = (pid_t)atoi(q + 5);
-  }
-  if (f)
-    fclose(f);
-  return pid;
-}
-
 static void test_program_killed(void **state) {
   cluster_t *c = *state;
   job_view_t v;
@@ -142,7 +124,7 @@ static void test_program_killed(void **state) {
   pid_t pids[4];
   for (int i = 0; i < 4; i++) {
     idx[i] = cluster_agent_index(c, v.members[i].name);
-    pids[i] = program_pid(c, idx[i], "torch-kill");
+    pids[i] = cluster_program_pid(c, idx[i], "torch-kill");
     assert_true(pids[i] > 0);
   }
   assert_int_equal(kill(pids[2], SIGKILL), 0);
@@ -163,8 +145,8 @@ static void test_program_killed(void **state) {
   assert_true(waited >= 0);
   for (int i = 0; i < 4; i++)
     if (i != 2)
-      assert_int_equal(program_pid(c, idx[i], "torch-kill"), pids[i]);
-  assert_true(program_pid(c, idx[2], "torch-kill") != pids[2]);
+      assert_int_equal(cluster_program_pid(c, idx[i], "torch-kill"), pids[i]);
+  assert_true(cluster_program_pid(c, idx[2], "torch-kill") != pids[2]);
   /* the new process received the parameters and the optimizer's state (SGD with momentum:
    * one buffer per parameter) */
   assert_int_equal(cluster_agent_log_count(c, idx[2], "joined: model and", "torch-kill"), 1);
