@@ -14,6 +14,9 @@ with replacement, one torch thread, as the example.
   --mode wagma    a wagma program (the agent launches it; wagma.torch as in the example): the
                   job's algorithm, iterations and seed are the spec's
 
+Rank r of DDP (and the single process, as agent-0) seeds its batch generator as wagma.torch's
+wrap seeds agent-r of rank r, so DDP and a wagma allreduce job draw the same batches.
+
 Stragglers, the same in every mode (the member's name is $WAGMA_AGENT under wagma, agent-<rank>
 otherwise):
   --pause-prob P --pause-ms M   at each step s, with probability P (drawn from --pause-seed and
@@ -33,9 +36,11 @@ together at the first snapshot --max-seconds after their first step, or after --
 import argparse
 import ast
 import gzip
+import hashlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 
@@ -155,7 +160,11 @@ def main():
         if dist is not None:
             from torch.nn.parallel import DistributedDataParallel
             model = DistributedDataParallel(net)
-        torch.manual_seed(args.seed * 1000 + 1 + rank)  # each process its own batches
+        # each process its own batches: the generator seeded as wagma.torch's wrap seeds a
+        # member (agent-<rank> of rank <rank>, iteration 0), so that rank r of DDP draws the
+        # same batches as agent-r of a wagma job
+        key = f"{args.seed}/{member}/0/{rank}".encode()
+        torch.manual_seed(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
         steps = iter(range(args.iterations))
 
     def where():
@@ -165,6 +174,14 @@ def main():
         return rank, world
 
     done = 0
+    if job is not None:
+        def on_sigterm(_signum, _frame):
+            # when the driver stops the job, the agent sends stop and SIGTERM at once: the
+            # record of the steps done first
+            log("end", steps=done, step_ms=None, stopped=True, signal="SIGTERM")
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
     last_snap = None
     t_warm = None
     t_start = None

@@ -187,11 +187,21 @@ def analyse(run_dir, members, target, evaluate=None):
             res["reached"] = snap["t"]
             res["steps_at"] = statistics.mean(s for _, s in latest.values())
             break
+    # steps done: the end record's count, else (a member killed) its last snapshot's step
+    done = {}
+    for r in recs:
+        if r["ev"] == "snap" and r["member"] not in done:
+            done[r["member"]] = ("snap", r["step"])
+        elif r["ev"] == "snap" and done[r["member"]][0] == "snap":
+            done[r["member"]] = ("snap", max(done[r["member"]][1], r["step"]))
+        elif r["ev"] == "end":
+            done[r["member"]] = ("end", r["steps"])
+    if done:
+        res["steps"] = statistics.mean(n for _, n in done.values())
+        res["steps_lower_bound"] = any(k == "snap" for k, _ in done.values())
     ends = [r for r in recs if r["ev"] == "end"]
-    if ends:
-        res["steps"] = statistics.mean(r["steps"] for r in ends)
-        ms = [r["step_ms"] for r in ends if r.get("step_ms") is not None]
-        res["step_ms"] = statistics.mean(ms) if ms else None
+    ms = [r["step_ms"] for r in ends if r.get("step_ms") is not None]
+    res["step_ms"] = statistics.mean(ms) if ms else None
     if evaluate is not None:
         with open(os.path.join(run_dir, "evals.json"), "w") as f:
             json.dump(res["evals"], f)
@@ -324,14 +334,18 @@ def time_to_accuracy(a, out):
             speed = f"{ddp_time / t:.2f}x" if t is not None and ddp_time is not None else "-"
             startup = r["t0"] - launch if r["t0"] else None
             note = f" ({failed})" if failed else ""
-            rows.append((scen, system, cell + note, speed, fmt(r["steps_at"], 0),
-                         fmt(r["steps"], 0), fmt(startup)))
+            per_it = 1000.0 * t / r["steps_at"] if t is not None and r["steps_at"] else None
+            run = fmt(r["steps"], 0)
+            if r.get("steps_lower_bound"):
+                run = "≥ " + run
+            rows.append((scen, system, cell + note, speed, fmt(r["steps_at"], 0), fmt(per_it),
+                         run, fmt(startup)))
             say(f"{scen} / {system}: time to {a.target}: {cell}{note}, speedup {speed}, "
-                f"start-up {fmt(startup)} s ({len(evals)} snapshots evaluated, {unique} "
-                "distinct)")
+                f"start-up {fmt(startup)} s ({len(evals)} snapshots, {unique} not seen "
+                "before)")
     lines = [f"| scenario | system | time to {a.target} (s) | speedup vs DDP | iterations at "
-             "target | iterations run | start-up (s) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "target | ms per iteration | steps computed | start-up (s) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines
 

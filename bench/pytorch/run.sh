@@ -14,7 +14,7 @@
 # bench/pytorch/driver.py against them, which launches the DDP processes and submits the jobs.
 # Everything it starts it stops by PID (trap on EXIT); its temp dir is removed. Python is
 # /usr/bin/python3 with Debian's python3-torch (CPU), one torch thread per process. Nothing is
-# downloaded. About 8 minutes on 2 cores.
+# downloaded. About 5 minutes on 2 cores (docs/benchmarks.md, "PyTorch programs").
 #
 # usage: bench/pytorch/run.sh [--build DIR] [--out DIR] [driver options...]
 #   --build DIR  the build with the binaries and libwagma (default build, or $WAGMA_BUILD_DIR)
@@ -54,18 +54,27 @@ say() { printf '[pytorch-bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 PIDS=()
 TMP=""
+stop_pids() { # TERM, up to 10 s, KILL
+  local pid alive
+  [ $# -gt 0 ] || return 0
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 1 100); do
+    alive=0
+    for pid in "$@"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "$@"; do kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  return 0
+}
 cleanup() {
   local rc=$?
   set +e
-  # the driver and the agents (their programs die with them), then the coordinator, then etcd
-  local i pid
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    pid=${PIDS[$i]}
-    kill -TERM "$pid" 2>/dev/null || continue
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null
-  done
+  # the driver and the agents together (their programs die with them), then the coordinator,
+  # then etcd (PIDS: etcd, coordinator, agents, driver)
+  stop_pids "${PIDS[@]:2}"
+  [ ${#PIDS[@]} -ge 2 ] && stop_pids "${PIDS[1]}"
+  [ ${#PIDS[@]} -ge 1 ] && stop_pids "${PIDS[0]}"
   if [ -n "$TMP" ] && [ -d "$TMP" ]; then
     if [ "$rc" != 0 ]; then
       for f in "$TMP"/*.log; do [ -f "$f" ] && { echo "---- $(basename "$f") (last lines)"; tail -n 15 "$f"; }; done
