@@ -556,11 +556,18 @@ void wg_launcher_release(wg_launcher_t *l, const char *why) {
     return;
   }
   char w[300];
-  if (l->conn >= 0)
-    send_json(l, json_pack("{s:s,s:s}", "type", "stop", "reason", why));
-  kill_group(l, SIGTERM);
-  double deadline = wg_mono() + l->opt->program_grace_s;
+  /* "stop" first: a program that reads it ends by itself (its finish, its own cleanup);
+   * SIGTERM after half the grace period, SIGKILL after the whole of it */
+  int connected =
+      l->conn >= 0 && send_json(l, json_pack("{s:s,s:s}", "type", "stop", "reason", why)) == 0;
+  double start = wg_mono(), deadline = start + l->opt->program_grace_s;
+  double term_at = connected ? start + l->opt->program_grace_s / 2 : start;
+  int termed = 0;
   while (l->pid > 0 && wg_mono() < deadline) {
+    if (!termed && wg_mono() >= term_at) {
+      kill_group(l, SIGTERM);
+      termed = 1;
+    }
     struct pollfd p[2];
     int n = 0;
     for (int i = 0; i < 2; i++)
@@ -572,8 +579,8 @@ void wg_launcher_release(wg_launcher_t *l, const char *why) {
     reap(l, w, sizeof w);
   }
   if (l->pid > 0) {
-    LLOG(l, WAGMA_LOG_WARN, "job %s: program %d still running %.0f s after SIGTERM: SIGKILL",
-         l->job, (int)l->pid, l->opt->program_grace_s);
+    LLOG(l, WAGMA_LOG_WARN, "job %s: program %d still running %.0f s after stop: SIGKILL", l->job,
+         (int)l->pid, l->opt->program_grace_s);
     kill_group(l, SIGKILL);
     while (l->pid > 0 && reap(l, w, sizeof w) == 0) {
       struct timespec ts = {0, 10000000L};

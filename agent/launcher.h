@@ -29,9 +29,9 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
                       const uint8_t *secret, size_t secret_len, double wait_s);
 
 /* The job is over for this agent (released, stopped, or the agent stops): "stop" to the
- * program, SIGTERM to its group, SIGKILL after --program-grace seconds; returns once it is
- * gone. Then the launcher forgets the job (its plan, its restarts): a later assignment to it
- * launches a new program. */
+ * program, SIGTERM to its group after half of --program-grace (at once when it is not
+ * connected), SIGKILL after the whole of it; returns once it is gone. Then the launcher forgets the
+ * job (its plan, its restarts): a later assignment to it launches a new program. */
 void wg_launcher_release(wg_launcher_t *l, const char *why);
 
 /* 1 while a program process of this launcher exists. */
