@@ -166,7 +166,7 @@ typedef struct wg_progress_snap {
   uint64_t staleness;
   uint64_t rounds_activated, rounds_joined, rounds_left_out, rounds_skipped;
   char error[256];
-  char role[16]; /* "worker", "active", "passive"; "" before the first epoch */
+  char role[16];   /* "worker", "active", "passive"; "" before the first epoch */
   uint64_t rejoin; /* a restarted program asks to rejoin as a joiner (launcher.c); 0 = no */
 } wg_progress_snap_t;
 
