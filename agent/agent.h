@@ -238,6 +238,10 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
                                  wg_job_config_t *cfg, char *err, size_t err_len);
 /* Encodes a progress record (caller frees). */
 char *wg_progress_snap_to_json(const wg_progress_snap_t *p);
+/* The record a program reported (launcher.c) as the snapshot of job the control thread writes
+ * (role "" becomes "worker"). */
+void wg_progress_snap_from_progress(wg_progress_snap_t *s, const wagma_progress_t *p,
+                                    const char *job);
 /* Checkpoint record {"path","iteration","epoch","agent","time"} (caller frees) and back. */
 char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent);
 int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_t *r);

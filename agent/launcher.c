@@ -118,33 +118,7 @@ int wg_launcher_running(const wg_launcher_t *l) {
 
 static void share(wg_launcher_t *l, const wagma_progress_t *p, const char *job) {
   pthread_mutex_lock(&l->shared->mu);
-  wg_progress_snap_t *s = &l->shared->progress;
-  memset(s, 0, sizeof *s);
-  snprintf(s->job, sizeof s->job, "%s", job);
-  s->state = p->state == WAGMA_PROGRESS_DONE          ? WG_STATE_DONE
-             : p->state == WAGMA_PROGRESS_FAILED      ? WG_STATE_FAILED
-             : p->state == WAGMA_PROGRESS_UNAVAILABLE ? WG_STATE_UNAVAILABLE
-                                                      : WG_STATE_RUNNING;
-  s->epoch = p->epoch;
-  s->iteration = p->iteration;
-  s->has_round = p->has_round;
-  s->round = p->round;
-  s->round_global = p->round_global;
-  s->ngroup = p->ngroup;
-  memcpy(s->group, p->group, sizeof s->group);
-  s->nfingerprint = p->nfingerprint;
-  memcpy(s->fingerprint, p->fingerprint, sizeof s->fingerprint);
-  s->loss = p->loss;
-  s->accuracy = p->accuracy;
-  s->step_time = p->step_time;
-  s->staleness = p->staleness;
-  s->rounds_activated = p->rounds_activated;
-  s->rounds_joined = p->rounds_joined;
-  s->rounds_left_out = p->rounds_left_out;
-  s->rounds_skipped = p->rounds_skipped;
-  snprintf(s->error, sizeof s->error, "%s", p->error);
-  snprintf(s->role, sizeof s->role, "%s", p->role[0] ? p->role : "worker");
-  s->rejoin = p->rejoin;
+  wg_progress_snap_from_progress(&l->shared->progress, p, job);
   l->shared->progress_dirty = 1;
   if (p->state != WAGMA_PROGRESS_RUNNING)
     l->shared->progress_urgent = 1;

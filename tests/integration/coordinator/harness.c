@@ -240,3 +240,15 @@ double harness_wait_state(const char *base, const char *job, const char *state, 
   }
   return -1;
 }
+
+int harness_group_setup(void **state) {
+  harness_env_t *e = NULL;
+  int rc = harness_env_start(&e);
+  *state = e;
+  return rc;
+}
+
+int harness_group_teardown(void **state) {
+  harness_env_stop(*state);
+  return 0;
+}

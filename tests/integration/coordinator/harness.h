@@ -72,6 +72,9 @@ typedef struct harness_env {
 int harness_env_start(harness_env_t **out);
 /* Closes the client, stops etcd, frees. NULL is a no-op. */
 void harness_env_stop(harness_env_t *e);
+/* cmocka group setup / teardown: *state becomes a started env (harness_env_start). */
+int harness_group_setup(void **state);
+int harness_group_teardown(void **state);
 
 double harness_now(void);
 void harness_sleep(double seconds);

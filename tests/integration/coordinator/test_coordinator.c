@@ -27,18 +27,6 @@
 
 typedef harness_env_t env_t;
 
-static int setup(void **state) {
-  env_t *e = NULL;
-  int rc = harness_env_start(&e);
-  *state = e;
-  return rc;
-}
-
-static int teardown(void **state) {
-  harness_env_stop(*state);
-  return 0;
-}
-
 static const char *url(const coord_proc_t *p, const char *path, char *buf, size_t len) {
   snprintf(buf, len, "%s%s", p->base, path);
   return buf;
@@ -604,13 +592,15 @@ static void test_errors(void **state) {
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_lifecycle, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_restart, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_scheduling, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_failover, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_empty_token_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_lifecycle, harness_group_setup, harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_lease_expiry, harness_group_setup,
+                                      harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_restart, harness_group_setup, harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_scheduling, harness_group_setup, harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_failover, harness_group_setup, harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_errors, harness_group_setup, harness_group_teardown),
+      cmocka_unit_test_setup_teardown(test_empty_token_refused, harness_group_setup,
+                                      harness_group_teardown),
   };
   if (getenv("TEST_FILTER")) /* e.g. TEST_FILTER=test_errors */
     cmocka_set_test_filter(getenv("TEST_FILTER"));

@@ -32,18 +32,6 @@
 
 typedef harness_env_t env_t;
 
-static int setup(void **state) {
-  env_t *e = NULL;
-  int rc = harness_env_start(&e);
-  *state = e;
-  return rc;
-}
-
-static int teardown(void **state) {
-  harness_env_stop(*state);
-  return 0;
-}
-
 /* GET base+path, checks the status, returns the JSON body. */
 static json_t *get(const coord_proc_t *c, const char *path, long want) {
   char u[256];
@@ -337,7 +325,8 @@ static void test_groups_follow_epochs(void **state) {
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_groups_follow_epochs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_groups_follow_epochs, harness_group_setup,
+                                      harness_group_teardown),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

@@ -21,18 +21,6 @@
 
 typedef harness_env_t env_t;
 
-static int setup(void **state) {
-  env_t *e = NULL;
-  int rc = harness_env_start(&e);
-  *state = e;
-  return rc;
-}
-
-static int teardown(void **state) {
-  harness_env_stop(*state);
-  return 0;
-}
-
 /* Sends a request and checks the status; returns the parsed JSON body (may be NULL). */
 static json_t *call(const coord_proc_t *p, const char *method, const char *path, const char *body,
                     long want) {
@@ -245,7 +233,8 @@ static void test_program_scheduling(void **state) {
 int main(void) {
   curl_global_init(CURL_GLOBAL_ALL);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_program_scheduling, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_program_scheduling, harness_group_setup,
+                                      harness_group_teardown),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   curl_global_cleanup();

@@ -292,18 +292,6 @@ static int compare(metric_set_t *live, metric_set_t *doc) {
 
 /* ---- the test ----------------------------------------------------------------------------- */
 
-static int setup(void **state) {
-  harness_env_t *e = NULL;
-  int rc = harness_env_start(&e);
-  *state = e;
-  return rc;
-}
-
-static int teardown(void **state) {
-  harness_env_stop(*state);
-  return 0;
-}
-
 static char *scrape(const coord_proc_t *c) {
   char u[128];
   http_result_t r;
@@ -361,7 +349,8 @@ static void test_metrics_documented(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_metrics_documented, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_metrics_documented, harness_group_setup,
+                                      harness_group_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
