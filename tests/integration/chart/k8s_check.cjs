@@ -16,7 +16,7 @@
 //  3. the chart's rules: non-root and read-only root filesystem on every pod and container, no
 //     service account token, the names' lengths, Service ports that resolve to container ports;
 //  4. what SCENARIO must render (GPU limits, 3 etcd members, external etcd, an existing token
-//     Secret, the ServiceMonitor, ...).
+//     Secret, the ServiceMonitor, programs from a volume or from the image, ...).
 // Prints one line per failure and exits 1 if there is any. Modules come from .tools/ (scripts/deps.sh).
 'use strict';
 const fs = require('fs');
@@ -139,10 +139,10 @@ function rules(doc, where, byKind) {
       fail(`${where}: container ${c.name}: capabilities not dropped`);
     if (!c.resources || !c.resources.requests) fail(`${where}: container ${c.name}: no resource requests`);
     // every $(VAR) in command/args names an env var of the container (else the kubelet leaves
-    // the text as is)
+    // the text as is); $$ is the kubelet's escape of a literal $
     const env = new Set((c.env || []).map((e) => e.name));
     for (const a of [...(c.command || []), ...(c.args || [])])
-      for (const m of String(a).matchAll(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g))
+      for (const m of String(a).replace(/\$\$/g, '').matchAll(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g))
         if (!env.has(m[1])) fail(`${where}: container ${c.name}: $(${m[1]}) is not in its env`);
     // volume mounts name volumes of the pod (or claim templates)
     const vols = new Set([
@@ -212,6 +212,12 @@ function scenario(name, docs, byKind, find) {
     const ck = (ac.volumeMounts || []).find((m) => m.name === 'checkpoints');
     expect(ck && flag(ac.args, '--checkpoint-root') === ck.mountPath && ac.workingDir === ck.mountPath,
       `${a.metadata.name}: --checkpoint-root and workingDir are the checkpoint volume's mount`);
+    // agents.programs: off unless a programs scenario turns it on
+    if (!name.startsWith('programs')) {
+      expect(!ac.args.some((x) => /^--program/.test(x)), `${a.metadata.name}: no --programs or --program-* flags`);
+      expect(!(ac.volumeMounts || []).some((m) => m.name === 'programs') &&
+        !(a.spec.template.spec.volumes || []).some((v) => v.name === 'programs'), `${a.metadata.name}: no programs volume`);
+    }
   }
   const gpu = agents.find((a) => a.metadata.name.endsWith('-agent-gpu'));
   const sm = byKind('ServiceMonitor');
@@ -338,6 +344,36 @@ function scenario(name, docs, byKind, find) {
     case 'no-agents':
       expect(agents.length === 0 && !byKind('Service').some((s) => s.metadata.labels['app.kubernetes.io/component'] === 'agent'), 'no agent StatefulSet, no agent Service');
       break;
+    case 'programs':
+    case 'programs-in-image': {
+      // --programs DIR and its flags on every pool; a volume only when one is given, read-only
+      const fromVolume = name === 'programs';
+      expect(agents.length === (fromVolume ? 2 : 1), fromVolume ? 'both pools' : 'the CPU pool');
+      for (const a of agents) {
+        const ac = a.spec.template.spec.containers[0];
+        const vols = (a.spec.template.spec.volumes || []).filter((v) => v.name === 'programs');
+        const mounts = (ac.volumeMounts || []).filter((m) => m.name === 'programs');
+        const envs = ac.args.flatMap((x, i) => (x === '--program-env' ? [ac.args[i + 1]] : []));
+        expect(flag(ac.args, '--programs') === '/opt/wagma/programs', `${a.metadata.name}: --programs /opt/wagma/programs`);
+        expect(ac.args.filter((x) => x === '--programs').length === 1, `${a.metadata.name}: --programs once`);
+        if (fromVolume) {
+          expect(vols.length === 1 && vols[0].configMap && vols[0].configMap.name === 'my-programs' &&
+            vols[0].configMap.defaultMode === 0o555, `${a.metadata.name}: the programs volume as given (configMap my-programs, 0555)`);
+          expect(mounts.length === 1 && mounts[0].mountPath === '/opt/wagma/programs' && mounts[0].readOnly === true,
+            `${a.metadata.name}: the programs volume mounted read-only at /opt/wagma/programs`);
+          expect(JSON.stringify(envs) === JSON.stringify(['LITERAL=$$(HOME)/x', 'OMP_NUM_THREADS=2', 'PYTHONPATH=/opt/wagma/python']),
+            `${a.metadata.name}: --program-env for each of agents.programs.env, sorted, $( escaped (${JSON.stringify(envs)})`);
+          expect(flag(ac.args, '--program-grace') === '20' && flag(ac.args, '--program-connect-timeout') === '60',
+            `${a.metadata.name}: --program-grace 20 --program-connect-timeout 60`);
+        } else {
+          expect(vols.length === 0 && mounts.length === 0, `${a.metadata.name}: no programs volume (the image has them)`);
+          expect(envs.length === 0, `${a.metadata.name}: no --program-env`);
+          expect(flag(ac.args, '--program-grace') === '10' && flag(ac.args, '--program-connect-timeout') === '30',
+            `${a.metadata.name}: the default --program-grace 10 --program-connect-timeout 30`);
+        }
+      }
+      break;
+    }
     case 'smoke':
       break;
     default:

@@ -2,7 +2,8 @@
 # tests/integration/chart/test_chart.sh — the static checks of charts/wagma (ctest test_chart):
 #   1. helm lint --strict, with the default values and with each scenario's;
 #   2. helm template for each scenario (default, GPU agents, 3-member etcd, external etcd, etcd
-#      over TLS with a user, an existing token Secret, the ServiceMonitor with and without its CRD), every object checked
+#      over TLS with a user, an existing token Secret, the ServiceMonitor with and without its CRD,
+#      programs from a volume and from the image), every object checked
 #      by k8s_check.cjs: Kubernetes schemas, unknown fields, the chart's rules, the scenario;
 #   3. each file of bad-values/ is rejected by values.schema.json with the message its
 #      "# expect:" line gives;
@@ -43,6 +44,8 @@ scenarios=(
   "servicemonitor-no-crd|values/servicemonitor.yaml|"
   "options|values/options.yaml|"
   "no-agents||--set agents.cpu.enabled=false"
+  "programs|values/programs.yaml|"
+  "programs-in-image||--set agents.programs.enabled=true"
 )
 
 # ---- 1. lint (each values file once; lint takes no --api-versions) --------------------------------
@@ -118,7 +121,7 @@ else
   ko "NOTES.txt: a ServiceMonitor skipped for want of the CRD says so"
 fi
 
-if "$here/check_recipes.sh" "$root" "$build" "$tmp/default.yaml" "$tmp/gpu.yaml"; then
+if "$here/check_recipes.sh" "$root" "$build" "$tmp/default.yaml" "$tmp/gpu.yaml" "$tmp/programs-in-image.yaml"; then
   ok "docker/: recipes match the chart (commands, paths, user) and the build (deps.sh, CMake, outputs)"
 else
   ko "docker/: recipes match the chart (commands, paths, user) and the build (deps.sh, CMake, outputs)"
