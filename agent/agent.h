@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "agent/ckroot.h"
 #include "wagma/api.h"
 #include "wagma/clock_internal.h"
 #include "wagma/collective.h"
@@ -40,27 +41,7 @@
 
 #define WG_AGENT_VERSION "0.1.0"
 
-/* ---- checkpoint root (ckroot.c) --------------------------------------------------------- */
-
-typedef struct wg_ckroot {
-  int fd;              /* the root directory, held open for the process's life; -1 = none */
-  char path[PATH_MAX]; /* its real path (for messages) */
-} wg_ckroot_t;
-
-/* Resolves dir ("" = the current directory) with realpath and opens it. 0, or WAGMA_EINVAL with
- * err saying why (missing, not a directory, unreadable). */
-int wg_ckroot_open(const char *dir, wg_ckroot_t *root, char *err, size_t err_len);
-void wg_ckroot_close(wg_ckroot_t *root);
-/* NULL when rel is a path the root takes (relative; no empty, "." or ".." component; no
- * control character; components <= NAME_MAX), else why not. */
-const char *wg_ckroot_path_problem(const char *rel);
-/* Opens the directory rel below the root ("" or NULL = the root) one component at a time with
- * O_NOFOLLOW, creating missing components (0755) when create. Returns the directory's fd (the
- * caller closes it) or a negative status with err: WAGMA_EPERM for a refused path or a symbolic
- * link on the way, WAGMA_ENOTFOUND for a missing component, WAGMA_EIO otherwise. Thread-safe. */
-int wg_ckroot_opendir(const wg_ckroot_t *root, const char *rel, int create, char *err,
-                      size_t err_len);
-/* (wg_ckroot_save / wg_ckroot_load, which take a model: runner.h) */
+/* ---- checkpoint root: agent/ckroot.h (wagma-train links it too) ------------------------ */
 
 /* ---- options ----------------------------------------------------------------------------- */
 
@@ -108,6 +89,11 @@ typedef struct wg_agent_options {
   const char *program_env[32];
   double program_grace_s;
   double program_connect_timeout_s;
+  /* --trainer program: built-in jobs of the algorithms libwagma runs (wagma, allreduce,
+   * local-sgd; tcp transport) train in trainer_path (wagma-train beside the agent's binary),
+   * launched like a user's program (launcher.c) */
+  int trainer_program;
+  char trainer_path[PATH_MAX];
   /* the data plane's socket, bound to --listen at start when --programs is given (a port in
    * use fails the start) and used by every communicator (and inherited by programs); -1 =
    * each communicator binds --listen itself */
@@ -143,7 +129,12 @@ typedef struct wg_job_config {
   uint64_t checkpoint_every;
   char checkpoint_dir[256];     /* spec checkpoint.path: relative to the checkpoint root */
   wagma_program_spec_t program; /* program.name "" = a built-in model job (runner.c) */
+  wagma_job_spec_t spec;        /* the whole spec as decoded: a program's "config" carries it */
 } wg_job_config_t;
+
+/* Whether the built-in job cfg trains in wagma-train (--trainer program and an algorithm
+ * libwagma runs) rather than on the runner thread. */
+int wg_trainer_runs(const wg_agent_options_t *o, const wg_job_config_t *cfg);
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */
 

@@ -95,9 +95,9 @@ static int shard_iteration(wg_runner_ctx_t *r) {
    * shards hold now (pulled like a worker, this shard's slice from itself) */
   if (j->cfg.eval_every && it / j->cfg.eval_every != j->iteration / j->cfg.eval_every) {
     int e;
-    float *host = wg_job_params_to_host(j, &e);
+    float *host = wg_model_host_params(&j->host, &e);
     if (host && wg_ps_pull(j->ps, host) == 0)
-      wg_job_params_from_host(j);
+      wg_model_host_params_back(&j->host);
   }
   j->iteration = it;
   return 0;
@@ -111,18 +111,18 @@ static int worker_iteration(wg_runner_ctx_t *r) {
   wagma_eval_t ev;
   int e, e2;
   double t0 = wg_mono();
-  float *host = wg_job_params_to_host(j, &e);
+  float *host = wg_model_host_params(&j->host, &e);
   if (!host)
     return e;
   int pulled = wg_ps_pull(j->ps, host);
-  if ((e = wg_job_params_from_host(j)))
+  if ((e = wg_model_host_params_back(&j->host)))
     return e;
   if ((e = wagma_batch_draw(&j->batch, &j->sampler, &j->train, (size_t)j->cfg.batch_size)) ||
       (e = wagma_model_forward(j->model, j->batch.x, j->batch.y, j->batch.n, &ev)) ||
       (e = wagma_model_backward(j->model)))
     return e;
   straggle(r, wg_mono() - t0);
-  const float *g = wg_job_grads_to_host(j, &e);
+  const float *g = wg_model_host_grads(&j->host, &e);
   if (!g)
     return e;
   if (j->delay)
@@ -171,13 +171,13 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   if (j->cfg.algorithm == WAGMA_ALGO_ALLREDUCE) {
     /* The straggler's delay belongs to its compute, before it joins the collective. */
     straggle(r, wg_mono() - t0);
-    if (!(host = wg_job_grads_to_host(j, &e)))
+    if (!(host = wg_model_host_grads(&j->host, &e)))
       return e;
     if ((e = wagma_comm_allreduce(j->comm, host, j->nparams, WAGMA_REDUCE_MEAN))) {
       wg_runner_warn_comm(r, "gradient allreduce", e);
       return e;
     }
-    if ((e = wg_job_grads_from_host(j)))
+    if ((e = wg_model_host_grads_back(&j->host)))
       return e;
   }
   if (j->delay)
@@ -197,11 +197,11 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   case WAGMA_ALGO_WAGMA: {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
-    if (!(host = wg_job_params_to_host(j, &e)))
+    if (!(host = wg_model_host_params(&j->host, &e)))
       return e;
     e = wagma_comm_step(j->comm, host, &st);
     /* what the engine wrote (corrections, a result) goes back whatever it returned */
-    int back = wg_job_params_from_host(j);
+    int back = wg_model_host_params_back(&j->host);
     if (e == 0)
       e = back;
     if (e == 0 && st.max_staleness > j->staleness_window)
@@ -216,10 +216,10 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   case WAGMA_ALGO_LOCAL_SGD:
     j->iteration++;
     if (j->cfg.staleness_bound > 0 && j->iteration % (uint64_t)j->cfg.staleness_bound == 0) {
-      if (!(host = wg_job_params_to_host(j, &e)))
+      if (!(host = wg_model_host_params(&j->host, &e)))
         return e;
       e = wagma_comm_allreduce(j->comm, host, j->nparams, WAGMA_REDUCE_MEAN);
-      int back = wg_job_params_from_host(j);
+      int back = wg_model_host_params_back(&j->host);
       if (e == 0)
         e = back;
       if (e)
@@ -229,14 +229,14 @@ int wg_algo_iteration(wg_runner_ctx_t *r) {
   case WAGMA_ALGO_ADPSGD:
     j->iteration++;
     e = 0;
-    if (!j->gossip || !(host = wg_job_params_to_host(j, &e)))
+    if (!j->gossip || !(host = wg_model_host_params(&j->host, &e)))
       break;
     if (wg_adpsgd_rank_active(j->rank)) {
       /* a skipped averaging (silent or refusing peer) leaves the model as it was: go on */
       if (wg_adpsgd_average(j->gossip, host, &j->gossip_rng, NULL) == 0)
-        e = wg_job_params_from_host(j);
+        e = wg_model_host_params_back(&j->host);
     } else if (wg_adpsgd_publish(j->gossip, host) > 0) {
-      e = wg_job_params_from_host(j);
+      e = wg_model_host_params_back(&j->host);
     }
     break;
   default:
@@ -349,13 +349,13 @@ void wg_algo_enter_epoch(wg_runner_ctx_t *r) {
     e = WAGMA_ENOMEM;
     goto out;
   }
-  float *host = wg_job_params_to_host(j, &e);
+  float *host = wg_model_host_params(&j->host, &e);
   if (!host)
     goto out;
   if (j->gossip) {
     /* Averagings answered in the last epoch (after its last step) still belong to this model:
      * take them before the endpoint forgets them. */
-    if (wg_adpsgd_publish(j->gossip, host) > 0 && (e = wg_job_params_from_host(j)))
+    if (wg_adpsgd_publish(j->gossip, host) > 0 && (e = wg_model_host_params_back(&j->host)))
       goto out;
     e = wg_adpsgd_set_epoch(j->gossip, j->epoch, j->rank, n, peers, token, deadline,
                             deadline * 5 > 2 ? deadline * 5 : 2, host);

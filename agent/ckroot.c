@@ -20,7 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "agent/runner.h"
+#include "agent/ckroot.h"
+#include "agent/train/train.h"
+#include "wagma/status.h"
 
 int wg_ckroot_open(const char *dir, wg_ckroot_t *root, char *err, size_t err_len) {
   char real[PATH_MAX];

@@ -69,8 +69,22 @@ struct wg_launcher {
   wagma_plan_t plan; /* the newest plan of the job */
   uint8_t secret[WAGMA_API_SECRET_LEN];
   size_t secret_len;
-  uint64_t sent_epoch; /* the newest plan's epoch the program has */
+  int have_ck;
+  wg_checkpoint_rec_t ck; /* the job's checkpoint record with the newest plan */
+  uint64_t sent_epoch;    /* the newest plan's epoch the program has */
 };
+
+/* The built-in trainer's restarts (a user's program has the spec's program.max_restarts). */
+#define TRAINER_RESTARTS 3
+
+/* What runs for cfg: the user's program, or wagma-train for a built-in job. */
+static const char *what_runs(const wg_job_config_t *cfg) {
+  return cfg->program.name[0] ? cfg->program.name : "wagma-train";
+}
+
+static int max_restarts(const wg_job_config_t *cfg) {
+  return cfg->program.name[0] ? cfg->program.max_restarts : TRAINER_RESTARTS;
+}
 
 #define LLOG(l, level, ...) wg_logf(wg_agent_log, (void *)(l)->opt->name, level, __VA_ARGS__)
 
@@ -251,17 +265,46 @@ static int build_env(wg_launcher_t *l, const wg_job_config_t *cfg, char env[][12
   return n;
 }
 
+/* wagma-train's argv: the agent's options that shape its training (docs/programs.md). */
+static void trainer_argv(const wg_launcher_t *l, char args[][PATH_MAX + 32], char **argv) {
+  const wg_agent_options_t *o = l->opt;
+  int n = 0;
+  argv[n++] = (char *)o->trainer_path;
+#define ARG(...) (snprintf(args[n], PATH_MAX + 32, __VA_ARGS__), argv[n] = args[n], n++)
+  ARG("--device=%s", o->device_cuda ? "cuda" : "cpu");
+  ARG("--checkpoint-root=%s", o->checkpoint_root.path);
+  if (o->data_dir[0])
+    ARG("--data-dir=%s", o->data_dir);
+  ARG("--synthetic-train=%zu", o->synthetic_train);
+  ARG("--synthetic-test=%zu", o->synthetic_test);
+  ARG("--eval-samples=%zu", o->eval_samples);
+  ARG("--threads=%d", o->threads);
+  ARG("--slow-factor=%.17g", o->slow_factor);
+  ARG("--sleep-prob=%.17g", o->sleep_prob);
+  ARG("--sleep-ms=%.17g", o->sleep_ms);
+  ARG("--log-level=%d", o->log_level);
+#undef ARG
+  argv[n] = NULL;
+}
+
 static int launch(wg_launcher_t *l, const wg_job_config_t *cfg) {
   char path[PATH_MAX + WAGMA_API_PROGRAM_NAME_MAX + 2];
   char *argv[WAGMA_API_PROGRAM_ARGS_MAX + 2];
+  static char targs[16][PATH_MAX + 32];
   static char env[48][1200];
   char *envp[49];
   int outp[2] = {-1, -1}, errp[2] = {-1, -1};
-  snprintf(path, sizeof path, "%s/%s", l->opt->programs_dir, cfg->program.name);
-  argv[0] = path;
-  for (int i = 0; i < cfg->program.nargs; i++)
-    argv[i + 1] = (char *)cfg->program.args[i];
-  argv[cfg->program.nargs + 1] = NULL;
+  int builtin = !cfg->program.name[0];
+  if (builtin) {
+    snprintf(path, sizeof path, "%s", l->opt->trainer_path);
+    trainer_argv(l, targs, argv);
+  } else {
+    snprintf(path, sizeof path, "%s/%s", l->opt->programs_dir, cfg->program.name);
+    argv[0] = path;
+    for (int i = 0; i < cfg->program.nargs; i++)
+      argv[i + 1] = (char *)cfg->program.args[i];
+    argv[cfg->program.nargs + 1] = NULL;
+  }
   build_env(l, cfg, env, envp, 48);
   if (pipe2(outp, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0) {
     close_fd(&outp[0]), close_fd(&outp[1]), close_fd(&errp[0]), close_fd(&errp[1]);
@@ -289,7 +332,7 @@ static int launch(wg_launcher_t *l, const wg_job_config_t *cfg) {
       dup2(devnull, 0);
     if (l->opt->listen_fd >= 0)
       fcntl(l->opt->listen_fd, F_SETFD, 0); /* inherited across exec */
-    if (chdir(l->opt->programs_dir) != 0)
+    if (!builtin && chdir(l->opt->programs_dir) != 0)
       _exit(127);
     execve(path, argv, envp);
     _exit(127);
@@ -307,7 +350,7 @@ static int launch(wg_launcher_t *l, const wg_job_config_t *cfg) {
   l->sent_epoch = 0;
   l->ntail = l->tail_next = 0;
   LLOG(l, WAGMA_LOG_INFO, "job %s: launched program %s (pid %d, %d arguments)", cfg->job,
-       cfg->program.name, (int)pid, cfg->program.nargs);
+       what_runs(cfg), (int)pid, builtin ? 0 : cfg->program.nargs);
   return 0;
 }
 
@@ -331,6 +374,11 @@ static int send_config(wg_launcher_t *l, const wg_job_config_t *c) {
       l->opt->connect_timeout_s, "round_deadline", l->opt->round_deadline_s, "collective_timeout",
       l->opt->collective_timeout_s, "linger", l->opt->linger_s, "encrypt",
       l->opt->encrypt_data_plane);
+  json_t *spec = wagma_job_spec_to_value(&c->spec);
+  if (m && (!spec || json_object_set_new(m, "spec", spec) != 0)) {
+    json_decref(m);
+    m = NULL;
+  }
   return send_json(l, m);
 }
 
@@ -342,8 +390,15 @@ static int send_plan(wg_launcher_t *l) {
   free(text);
   for (size_t i = 0; i < l->secret_len; i++)
     snprintf(hex + 2 * i, 3, "%02x", l->secret[i]);
-  int e =
-      send_json(l, p ? json_pack("{s:s,s:o,s:s}", "type", "plan", "plan", p, "secret", hex) : NULL);
+  json_t *m = p ? json_pack("{s:s,s:o,s:s}", "type", "plan", "plan", p, "secret", hex) : NULL;
+  if (m && l->have_ck && l->ck.path[0] &&
+      json_object_set_new(m, "checkpoint",
+                          json_pack("{s:s,s:I}", "path", l->ck.path, "iteration",
+                                    (json_int_t)l->ck.iteration)) != 0) {
+    json_decref(m);
+    m = NULL;
+  }
+  int e = send_json(l, m);
   OPENSSL_cleanse(hex, sizeof hex);
   if (e == 0)
     l->sent_epoch = l->plan.epoch;
@@ -359,10 +414,30 @@ static void protocol_fault(wg_launcher_t *l, const char *why) {
   report_failed(l, msg);
 }
 
+/* The program saved a checkpoint: the control thread records it in etcd (as runner.c's). */
+static void on_checkpoint(wg_launcher_t *l, const wg_job_config_t *cfg,
+                          const wg_proto_checkpoint_t *ck) {
+  const char *problem = wg_ckroot_path_problem(ck->path);
+  if (problem) {
+    LLOG(l, WAGMA_LOG_WARN, "job %s: program's checkpoint %s not recorded: %s", cfg->job,
+         ck->path, problem);
+    return;
+  }
+  pthread_mutex_lock(&l->shared->mu);
+  wg_checkpoint_rec_t *c = &l->shared->checkpoint_out;
+  snprintf(c->job, sizeof c->job, "%s", cfg->job);
+  snprintf(c->path, sizeof c->path, "%s", ck->path);
+  c->iteration = ck->iteration;
+  c->epoch = ck->epoch;
+  l->shared->checkpoint_dirty = 1;
+  pthread_mutex_unlock(&l->shared->mu);
+}
+
 static void on_message(wg_launcher_t *l, const wg_job_config_t *cfg, json_t *m) {
   wagma_progress_t p;
+  wg_proto_checkpoint_t ck;
   char why[200];
-  int kind = wg_proto_program_message(m, l->hello, &p, why, sizeof why);
+  int kind = wg_proto_program_message(m, l->hello, &p, &ck, why, sizeof why);
   if (kind == WG_PROTO_HELLO) {
     l->hello = 1;
     if (send_config(l, cfg) != 0 || (l->have_plan && send_plan(l) != 0))
@@ -371,6 +446,8 @@ static void on_message(wg_launcher_t *l, const wg_job_config_t *cfg, json_t *m) 
     if (p.state != WAGMA_PROGRESS_RUNNING)
       l->reported_done = 1;
     share(l, &p, cfg->job);
+  } else if (kind == WG_PROTO_CHECKPOINT) {
+    on_checkpoint(l, cfg, &ck);
   } else {
     protocol_fault(l, why);
   }
@@ -383,7 +460,7 @@ static void on_message(wg_launcher_t *l, const wg_job_config_t *cfg, json_t *m) 
 static void restart(wg_launcher_t *l, const wg_job_config_t *cfg, const char *why) {
   l->restarts++;
   LLOG(l, WAGMA_LOG_WARN, "job %s: program %s %s; restarting it as a joiner (restart %d of %d)",
-       cfg->job, cfg->program.name, why, l->restarts, cfg->program.max_restarts);
+       cfg->job, what_runs(cfg), why, l->restarts, max_restarts(cfg));
   wagma_progress_t p;
   wagma_progress_init(&p);
   p.state = WAGMA_PROGRESS_RUNNING;
@@ -398,7 +475,7 @@ static void restart(wg_launcher_t *l, const wg_job_config_t *cfg, const char *wh
   l->ended = 0;
   if (launch(l, cfg) != 0) {
     char msg[300];
-    snprintf(msg, sizeof msg, "cannot launch program %s again: %s", cfg->program.name,
+    snprintf(msg, sizeof msg, "cannot launch program %s again: %s", what_runs(cfg),
              strerror(errno));
     report_failed(l, msg);
     l->ended = 1;
@@ -410,7 +487,7 @@ static void restart(wg_launcher_t *l, const wg_job_config_t *cfg, const char *wh
 /* ---- the turn -------------------------------------------------------------------------------- */
 
 static void new_plan(wg_launcher_t *l, const wagma_plan_t *plan, const uint8_t *secret,
-                     size_t secret_len) {
+                     size_t secret_len, const wg_checkpoint_rec_t *ck) {
   wagma_plan_t copy;
   if (wagma_plan_copy(&copy, plan) != 0)
     return;
@@ -420,11 +497,15 @@ static void new_plan(wg_launcher_t *l, const wagma_plan_t *plan, const uint8_t *
   OPENSSL_cleanse(l->secret, sizeof l->secret);
   l->secret_len = secret_len <= sizeof l->secret ? secret_len : 0;
   memcpy(l->secret, secret, l->secret_len);
+  l->have_ck = ck != NULL;
+  if (ck)
+    l->ck = *ck;
 }
 
 static void forget_job(wg_launcher_t *l) {
   wagma_plan_free(&l->plan);
   l->have_plan = 0;
+  l->have_ck = 0;
   OPENSSL_cleanse(l->secret, sizeof l->secret);
   l->secret_len = 0;
   l->ended = l->reported_done = l->restarts = 0;
@@ -432,20 +513,21 @@ static void forget_job(wg_launcher_t *l) {
 }
 
 void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_plan_t *plan,
-                      const uint8_t *secret, size_t secret_len, double wait_s) {
+                      const uint8_t *secret, size_t secret_len, const wg_checkpoint_rec_t *ck,
+                      double wait_s) {
   char why[300];
   if (strcmp(l->job, cfg->job) != 0) {
     wg_launcher_release(l, "another job");
     snprintf(l->job, sizeof l->job, "%s", cfg->job);
   }
   if (plan)
-    new_plan(l, plan, secret, secret_len);
+    new_plan(l, plan, secret, secret_len, ck);
   if (l->pid == 0 && !l->ended) {
-    if (!l->opt->programs_dir[0]) {
+    if (cfg->program.name[0] && !l->opt->programs_dir[0]) {
       report_failed(l, "this agent has no --programs directory");
       l->ended = 1;
     } else if (launch(l, cfg) != 0) {
-      snprintf(why, sizeof why, "cannot launch program %s: %s", cfg->program.name, strerror(errno));
+      snprintf(why, sizeof why, "cannot launch program %s: %s", what_runs(cfg), strerror(errno));
       report_failed(l, why);
       l->ended = 1;
     }
@@ -502,22 +584,22 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
   }
   if (l->pid > 0 && !l->hello && wg_mono() - l->started_at > l->opt->program_connect_timeout_s) {
     kill_group(l, SIGKILL);
-    snprintf(why, sizeof why, "program %s did not connect within %.0f s: killed", cfg->program.name,
+    snprintf(why, sizeof why, "program %s did not connect within %.0f s: killed", what_runs(cfg),
              l->opt->program_connect_timeout_s);
     report_failed(l, why);
   }
   int how = reap(l, why, sizeof why);
   if (how) {
     l->ended = 1;
-    if (!l->reported_done && l->restarts < cfg->program.max_restarts) {
+    if (!l->reported_done && l->restarts < max_restarts(cfg)) {
       restart(l, cfg, why);
     } else if (!l->reported_done) {
       char msg[500];
       snprintf(msg, sizeof msg, "program %.63s %.300s before it reported the job done%s",
-               cfg->program.name, why, l->restarts ? " (and after every restart)" : "");
+               what_runs(cfg), why, l->restarts ? " (and after every restart)" : "");
       report_failed(l, msg);
     } else {
-      LLOG(l, WAGMA_LOG_INFO, "job %s: program %s ended (%s)", cfg->job, cfg->program.name, why);
+      LLOG(l, WAGMA_LOG_INFO, "job %s: program %s ended (%s)", cfg->job, what_runs(cfg), why);
     }
   }
 }

@@ -166,6 +166,11 @@ static void usage(FILE *f) {
           "                          seconds later (default 10)\n"
           "  --program-connect-timeout S  a launched program that has not connected within S\n"
           "                          seconds is killed and reported (default 30)\n"
+          "  --trainer WHERE         thread: built-in jobs train in the agent (default);\n"
+          "                          program: wagma, allreduce and local-sgd jobs on the\n"
+          "                          tcp transport train in wagma-train, a program beside\n"
+          "                          the agent's binary, through libwagma like a user's\n"
+          "                          program (docs/programs.md); --listen is bound at start\n"
           "  --log-level LEVEL       debug, info, warn or error (default info)\n"
           "  --help                  this text\n"
           "\n"
@@ -263,6 +268,24 @@ static int scan_programs(wg_agent_options_t *o, char *why, size_t len) {
   return 0;
 }
 
+/* --trainer program: wagma-train in the directory of this agent's executable (both are
+ * installed to the same bin directory, and built to the same build directory). 0 when it is
+ * there and executable; o->trainer_path names it either way. */
+static int trainer_path(wg_agent_options_t *o) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    snprintf(o->trainer_path, sizeof o->trainer_path, "wagma-train");
+    return -1;
+  }
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash)
+    *slash = '\0';
+  snprintf(o->trainer_path, sizeof o->trainer_path, "%.*s/wagma-train", PATH_MAX - 16, self);
+  return access(o->trainer_path, X_OK) == 0 ? 0 : -1;
+}
+
 /* With --programs the data plane's socket is the agent's for its whole life: bound to
  * --listen now (a port in use is a start-up error), inherited by the programs. */
 static int bind_listen(wg_agent_options_t *o, char *why, size_t len) {
@@ -349,6 +372,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"program-env", required_argument, 0, 1008},
                                         {"program-grace", required_argument, 0, 1009},
                                         {"program-connect-timeout", required_argument, 0, 1010},
+                                        {"trainer", required_argument, 0, 1011},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   double v;
@@ -548,6 +572,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       if (parse_double(optarg, 0.1, 3600, &o->program_connect_timeout_s))
         FAIL("--program-connect-timeout must be 0.1..3600 seconds");
       break;
+    case 1011:
+      if (strcmp(optarg, "thread") != 0 && strcmp(optarg, "program") != 0)
+        FAIL("--trainer must be thread or program");
+      o->trainer_program = strcmp(optarg, "program") == 0;
+      break;
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return 2;
     }
@@ -586,9 +615,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     if (wg_ckroot_open(o->checkpoint_root_arg, &o->checkpoint_root, why, sizeof why) != 0)
       FAIL("%s", why);
   }
-  if (o->programs_dir[0]) {
+  if (o->trainer_program && trainer_path(o) != 0)
+    FAIL("--trainer program: no executable %s beside this agent's binary", o->trainer_path);
+  if (o->programs_dir[0] || o->trainer_program) {
     char why[PATH_MAX + 128];
-    if (scan_programs(o, why, sizeof why) != 0)
+    if (o->programs_dir[0] && scan_programs(o, why, sizeof why) != 0)
       FAIL("%s", why);
     if (bind_listen(o, why, sizeof why) != 0)
       FAIL("%s", why);

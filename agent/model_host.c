@@ -1,79 +1,79 @@
-/* agent/model_host.c — the job's model as the collective sees it: host memory.
+/* agent/model_host.c — the model as host memory for the collective (model_host.h): the model's
+ * own buffers on the CPU backend, page-locked mirrors filled by downloads on a device backend
+ * (the parameters on the backend's transfer stream, wagma_model_params_download_async).
  *
- * The collective (wagma_comm_step, _allreduce, _average) reads and writes host buffers; the
- * TCP transport sends from them. On the CPU backend the model's own buffers are host memory
- * and are used in place (no copy). On a device backend (cuda) the job owns page-locked host
- * mirrors of the parameters and of the gradients (wagma_backend_host_alloc): a collective call
- * is bracketed by a download of the device buffer (the parameters on the backend's transfer
- * stream, wagma_model_params_download_async) and an upload of what the collective wrote back.
- *
- * Threads: the runner thread only (the job's owner). */
+ * Threads: none of its own; the model's owner (the runner thread, or wagma-train's only
+ * training thread) makes every call. */
 #include <string.h>
 
-#include "agent/runner.h"
+#include "agent/model_host.h"
+#include "wagma/status.h"
 
-static int on_host(const wg_job_t *j) {
-  return wagma_backend_host_memory(wagma_model_backend(j->model));
+static int on_host(const wg_model_host_t *h) {
+  return wagma_backend_host_memory(wagma_model_backend(h->model));
 }
 
-int wg_job_host_alloc(wg_job_t *j) {
-  if (on_host(j))
+int wg_model_host_init(wg_model_host_t *h, wagma_model_t *m, wagma_optim_t *o) {
+  memset(h, 0, sizeof *h);
+  h->model = m;
+  h->optim = o;
+  h->nparams = wagma_model_param_count(m);
+  wagma_optim_state(o, &h->nstate);
+  if (on_host(h))
     return 0;
-  wagma_backend_t *b = wagma_model_backend(j->model);
-  size_t bytes = j->nparams * sizeof(float);
-  j->host_params = wagma_backend_host_alloc(b, bytes);
-  j->host_grads = wagma_backend_host_alloc(b, bytes);
-  if (!j->host_params || !j->host_grads)
-    return WAGMA_ENOMEM;
-  return 0;
+  wagma_backend_t *b = wagma_model_backend(m);
+  size_t bytes = h->nparams * sizeof(float);
+  h->params = wagma_backend_host_alloc(b, bytes);
+  h->grads = wagma_backend_host_alloc(b, bytes);
+  return h->params && h->grads ? 0 : WAGMA_ENOMEM;
 }
 
-void wg_job_host_free(wg_job_t *j) {
-  if (!j->model)
+void wg_model_host_free(wg_model_host_t *h) {
+  if (!h->model)
     return;
-  wagma_backend_t *b = wagma_model_backend(j->model);
-  if (j->host_params)
-    wagma_backend_host_free(b, j->host_params);
-  if (j->host_grads)
-    wagma_backend_host_free(b, j->host_grads);
-  j->host_params = j->host_grads = NULL;
+  wagma_backend_t *b = wagma_model_backend(h->model);
+  if (h->params)
+    wagma_backend_host_free(b, h->params);
+  if (h->grads)
+    wagma_backend_host_free(b, h->grads);
+  memset(h, 0, sizeof *h);
 }
 
-float *wg_job_params_to_host(wg_job_t *j, int *status) {
+float *wg_model_host_params(wg_model_host_t *h, int *status) {
   *status = 0;
-  if (on_host(j))
-    return wagma_model_params(j->model);
-  if ((*status = wagma_model_params_download_async(j->model, j->host_params)) == 0)
-    *status = wagma_model_params_download_wait(j->model);
-  return *status ? NULL : j->host_params;
+  if (on_host(h))
+    return wagma_model_params(h->model);
+  if ((*status = wagma_model_params_download_async(h->model, h->params)) == 0)
+    *status = wagma_model_params_download_wait(h->model);
+  return *status ? NULL : h->params;
 }
 
-int wg_job_params_from_host(wg_job_t *j) {
-  return on_host(j) ? 0 : wagma_model_set_params(j->model, j->host_params);
+int wg_model_host_params_back(wg_model_host_t *h) {
+  return on_host(h) ? 0 : wagma_model_set_params(h->model, h->params);
 }
 
-float *wg_job_grads_to_host(wg_job_t *j, int *status) {
+float *wg_model_host_grads(wg_model_host_t *h, int *status) {
   *status = 0;
-  if (on_host(j))
-    return wagma_model_grads(j->model);
-  *status = wagma_model_get_grads(j->model, j->host_grads);
-  return *status ? NULL : j->host_grads;
+  if (on_host(h))
+    return wagma_model_grads(h->model);
+  *status = wagma_model_get_grads(h->model, h->grads);
+  return *status ? NULL : h->grads;
 }
 
-int wg_job_grads_from_host(wg_job_t *j) {
-  return on_host(j) ? 0 : wagma_model_set_grads(j->model, j->host_grads);
+int wg_model_host_grads_back(wg_model_host_t *h) {
+  return on_host(h) ? 0 : wagma_model_set_grads(h->model, h->grads);
 }
 
-int wg_job_state_to_host(wg_job_t *j, float *buf) {
-  int e = wagma_model_get_params(j->model, buf);
-  if (e == 0 && j->nstate)
-    e = wagma_optim_get_state(j->optim, buf + j->nparams);
+int wg_model_host_state_save(wg_model_host_t *h, float *buf) {
+  int e = wagma_model_get_params(h->model, buf);
+  if (e == 0 && h->nstate)
+    e = wagma_optim_get_state(h->optim, buf + h->nparams);
   return e;
 }
 
-int wg_job_state_from_host(wg_job_t *j, const float *buf) {
-  int e = wagma_model_set_params(j->model, buf);
-  if (e == 0 && j->nstate)
-    e = wagma_optim_set_state(j->optim, buf + j->nparams);
+int wg_model_host_state_load(wg_model_host_t *h, const float *buf) {
+  int e = wagma_model_set_params(h->model, buf);
+  if (e == 0 && h->nstate)
+    e = wagma_optim_set_state(h->optim, buf + h->nparams);
   return e;
 }

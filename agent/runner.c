@@ -166,7 +166,7 @@ static void job_teardown(wg_runner_ctx_t *r) {
   close_comm(r);
   wagma_plan_free(&j->plan);
   OPENSSL_cleanse(j->secret, sizeof j->secret);
-  wg_job_host_free(j);
+  wg_model_host_free(&j->host);
   wg_algo_teardown(r);
   wagma_model_destroy(j->model);
   wagma_optim_destroy(j->optim);
@@ -227,7 +227,7 @@ static int job_setup(wg_runner_ctx_t *r, const wg_job_config_t *cfg) {
   j->nparams = wagma_model_param_count(j->model);
   if ((e = wagma_optim_create_on(r->backend, &oc, j->nparams, &j->optim, err, sizeof err)))
     goto out;
-  if ((e = wg_job_host_alloc(j)))
+  if ((e = wg_model_host_init(&j->host, j->model, j->optim)))
     goto out;
   wagma_optim_state(j->optim, &j->nstate);
   if ((e = wagma_sampler_init(&j->sampler, j->train.n, WAGMA_SAMPLE_SHUFFLE,
@@ -300,7 +300,7 @@ static void finish_failed(wg_runner_ctx_t *r, const char *why) {
  * read: the failed read is reported elsewhere). */
 static int model_finite(wg_job_t *j) {
   int e;
-  const float *p = wg_job_params_to_host(j, &e);
+  const float *p = wg_model_host_params(&j->host, &e);
   for (size_t i = 0; p && i < j->nparams; i++)
     if (!isfinite(p[i]))
       return 0;
@@ -312,13 +312,13 @@ static void finish(wg_runner_ctx_t *r) {
   /* The models as trained (before the final average makes them equal): how far apart the
    * members ended shows whether the averaging during training worked. */
   int e;
-  float *params = wg_job_params_to_host(j, &e);
+  float *params = wg_model_host_params(&j->host, &e);
   if (params)
     wg_fingerprint(params, j->nparams, j->fingerprint, &j->nfingerprint);
   if (params && j->cfg.algorithm != WAGMA_ALGO_ALLREDUCE && j->comm) {
     e = wg_algo_final_model(r, params);
     if (e == 0)
-      e = wg_job_params_from_host(j);
+      e = wg_model_host_params_back(&j->host);
     if (e)
       wg_runner_warn_comm(r, "final model average", e);
   }
@@ -559,7 +559,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
   int joiner = plan_joiner, fresh = 0;
   float weight = joiner || seeded ? 0.0f : 1.0f;
   size_t n = j->nparams + j->nstate;
-  e = wg_job_state_to_host(j, j->sync_buf);
+  e = wg_model_host_state_save(&j->host, j->sync_buf);
   if (e == 0)
     e = wagma_comm_average(j->comm, j->sync_buf, n, weight);
   if (e == WAGMA_EINVAL && weight == 0.0f) {
@@ -580,7 +580,7 @@ static void connect_epoch(wg_runner_ctx_t *r) {
     close_comm(r); /* aborted by the control side: a newer plan or a stop is waiting */
     return;
   }
-  if (e == 0 && (e = wg_job_state_from_host(j, j->sync_buf)) == 0) {
+  if (e == 0 && (e = wg_model_host_state_load(&j->host, j->sync_buf)) == 0) {
     j->have_model = 1;
   } else if (plan_joiner) {
     /* A joiner (the plan has members with the job's model) that got none: training on the
@@ -751,14 +751,16 @@ static void *runner_main(void *arg) {
     pthread_mutex_unlock(&r->shared->mu);
     if (stop)
       break;
-    if (assigned && cfg.program.name[0]) { /* a program job: launcher.c runs it */
+    if (assigned && (cfg.program.name[0] || wg_trainer_runs(r->opt, &cfg))) {
+      /* a program job, or a built-in one in wagma-train: launcher.c runs it */
       if (j->active || j->broken)
         job_teardown(r);
       if (!r->launcher && wg_launcher_new(r->opt, r->shared, &r->launcher) != 0) {
         wait_shared(r, gen, 1.0);
         continue;
       }
-      wg_launcher_turn(r->launcher, &cfg, have_plan ? &plan : NULL, secret, secret_len, 0.05);
+      wg_launcher_turn(r->launcher, &cfg, have_plan ? &plan : NULL, secret, secret_len,
+                       have_ck ? &ck : NULL, 0.05);
       have_plan = 0; /* the launcher keeps it, with the secret, until the program has it */
       OPENSSL_cleanse(secret, sizeof secret);
       secret_len = 0;

@@ -6,6 +6,7 @@
 
 #include "agent/adpsgd.h"
 #include "agent/agent.h"
+#include "agent/model_host.h"
 #include "agent/ps.h"
 #include "agent/train/train.h"
 #include "wagma/collective.h"
@@ -27,9 +28,7 @@ typedef struct wg_job {
   wagma_batch_t batch;
   size_t nparams, nstate;
   float *sync_buf; /* params | optimizer state: the epoch's opening global sync */
-  /* page-locked host mirrors of the parameters and gradients for the collective when the
-   * model lives in device memory (model_host.c); NULL on the CPU backend */
-  float *host_params, *host_grads;
+  wg_model_host_t host; /* the model as host memory for the collective (model_host.h) */
   int have_model; /* the model holds this job's training (not just an init) */
 
   /* the current epoch */
@@ -103,29 +102,6 @@ const char *wg_algo_role(const wg_job_t *j);
  * the members' models, or for asgd / dc-asgd the shards' slices. 0 or the collective's
  * error. */
 int wg_algo_final_model(wg_runner_ctx_t *r, float *params);
-
-/* ckroot.c: a checkpoint saved as <root>/<rel_dir>/<name> (directories created, no link
- * followed) and loaded from <root>/<rel_file>; 0 or a status with err naming the file. A
- * rel_file the root does not take (absolute, "..", ...) or a link on the way is WAGMA_EPERM. */
-int wg_ckroot_save(const wg_ckroot_t *root, const char *rel_dir, const char *name, wagma_model_t *m,
-                   wagma_optim_t *o, uint64_t iteration, char *err, size_t err_len);
-int wg_ckroot_load(const wg_ckroot_t *root, const char *rel_file, wagma_model_t *m,
-                   wagma_optim_t *o, uint64_t *iteration, char *err, size_t err_len);
-
-/* model_host.c: the model as host memory for the collective. On the CPU backend the model's
- * own buffers (no copy); on a device backend the job's host mirrors, filled by *_to_host (the
- * device buffer downloaded; NULL and *status on failure) and written back by *_from_host
- * (after the collective changed them). state_to/from_host: params | optimizer state through
- * buf (nparams + nstate floats), on any backend. host_alloc: WAGMA_ENOMEM or 0; host_free
- * before the model is destroyed. */
-int wg_job_host_alloc(wg_job_t *j);
-void wg_job_host_free(wg_job_t *j);
-float *wg_job_params_to_host(wg_job_t *j, int *status);
-int wg_job_params_from_host(wg_job_t *j);
-float *wg_job_grads_to_host(wg_job_t *j, int *status);
-int wg_job_grads_from_host(wg_job_t *j);
-int wg_job_state_to_host(wg_job_t *j, float *buf);
-int wg_job_state_from_host(wg_job_t *j, const float *buf);
 
 /* runner.c helpers used by algorithms.c */
 /* Logs a failed data-plane operation (what) at most every 2 s and counts it; detail says

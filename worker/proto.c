@@ -16,6 +16,9 @@
 #include "wagma/clock_internal.h"
 #include "wagma/status.h"
 
+_Static_assert(sizeof(((wg_proto_checkpoint_t *)0)->path) == WAGMA_API_CHECKPOINT_PATH_MAX,
+               "the checkpoint message's path is a checkpoint record's");
+
 void wg_proto_buf_free(wg_proto_buf_t *b) {
   free(b->data);
   memset(b, 0, sizeof *b);
@@ -131,8 +134,26 @@ const char *wg_proto_type(const json_t *msg) {
   return t ? t : "";
 }
 
+/* A checkpoint message: a relative path below the limit, integer iteration and epoch. */
+static int checkpoint_message(const json_t *msg, wg_proto_checkpoint_t *ck, char *why,
+                              size_t len) {
+  const char *path = json_string_value(json_object_get(msg, "path"));
+  const json_t *it = json_object_get(msg, "iteration"), *ep = json_object_get(msg, "epoch");
+  if (!path || !path[0] || path[0] == '/' || strlen(path) >= sizeof ck->path ||
+      strlen(path) != json_string_length(json_object_get(msg, "path")))
+    return fail(why, len, "a checkpoint without a relative path");
+  if (!json_is_integer(it) || json_integer_value(it) < 0 || !json_is_integer(ep) ||
+      json_integer_value(ep) < 0)
+    return fail(why, len, "a checkpoint without its iteration and epoch");
+  memset(ck, 0, sizeof *ck);
+  memcpy(ck->path, path, strlen(path));
+  ck->iteration = (uint64_t)json_integer_value(it);
+  ck->epoch = (uint64_t)json_integer_value(ep);
+  return WG_PROTO_CHECKPOINT;
+}
+
 int wg_proto_program_message(const json_t *msg, int hello_seen, struct wagma_progress *progress,
-                             char *why, size_t len) {
+                             wg_proto_checkpoint_t *ck, char *why, size_t len) {
   const char *type = wg_proto_type(msg);
   if (!hello_seen) {
     const json_t *v = json_object_get(msg, "version");
@@ -142,6 +163,8 @@ int wg_proto_program_message(const json_t *msg, int hello_seen, struct wagma_pro
       return fail(why, len, "it speaks another protocol version; this agent speaks 1");
     return WG_PROTO_HELLO;
   }
+  if (strcmp(type, "checkpoint") == 0)
+    return checkpoint_message(msg, ck, why, len);
   if (strcmp(type, "progress") != 0)
     return fail(why, len, "an unknown message type");
   wagma_api_error_t err;

@@ -3,7 +3,9 @@
  *
  * A stream socket (AF_UNIX, SOCK_STREAM) carries frames: a 4-byte little-endian length n
  * (1 <= n <= WG_PROTO_FRAME_MAX) and n bytes of one JSON object with a string "type".
- *   program -> agent: hello {"version","pid"}, progress {"progress": <progress record>}
+ *   program -> agent: hello {"version","pid"}, progress {"progress": <progress record>},
+ *                     checkpoint {"path" (relative to the checkpoint root), "iteration",
+ *                     "epoch"}
  *   agent -> program: config {"version", the job's configuration}, plan {"plan": <plan>,
  *                     "secret": <64 hex characters or "">}, stop {"reason"}
  * The decoder works on a buffer the caller fills (wg_proto_buf_t), so it can be fuzzed and used
@@ -47,13 +49,20 @@ int wg_proto_send(int fd, const json_t *msg, double deadline);
 /* The "type" of a message ("" when absent). Borrowed. */
 const char *wg_proto_type(const json_t *msg);
 
+/* A checkpoint the program saved (its "checkpoint" message). */
+typedef struct wg_proto_checkpoint {
+  char path[384]; /* WAGMA_API_CHECKPOINT_PATH_MAX: relative, never starting with '/' */
+  uint64_t iteration, epoch;
+} wg_proto_checkpoint_t;
+
 /* The agent's reading of a program's message (the untrusted side of the protocol): before the
- * hello (hello_seen 0) only a hello of WG_PROTO_VERSION is accepted; after it only progress,
- * whose record must decode (wagma_progress_from_json) into *progress. Returns
- * WG_PROTO_HELLO or WG_PROTO_PROGRESS, or WAGMA_EPROTO with why (len bytes). Pure. */
-enum { WG_PROTO_HELLO = 1, WG_PROTO_PROGRESS = 2 };
+ * hello (hello_seen 0) only a hello of WG_PROTO_VERSION is accepted; after it progress, whose
+ * record must decode (wagma_progress_from_json) into *progress, or checkpoint into *ck.
+ * Returns WG_PROTO_HELLO, WG_PROTO_PROGRESS or WG_PROTO_CHECKPOINT, or WAGMA_EPROTO with why
+ * (len bytes). Pure. */
+enum { WG_PROTO_HELLO = 1, WG_PROTO_PROGRESS = 2, WG_PROTO_CHECKPOINT = 3 };
 struct wagma_progress;
 int wg_proto_program_message(const json_t *msg, int hello_seen, struct wagma_progress *progress,
-                             char *why, size_t len);
+                             wg_proto_checkpoint_t *ck, char *why, size_t len);
 
 #endif

@@ -62,10 +62,15 @@ struct wagma_worker {
   wagma_worker_config_t cfg;
   double progress_interval, connect_timeout, round_deadline, collective_timeout, linger;
   int encrypt;
+  char *spec;          /* the job spec's JSON text ("{}" when the agent sent none) */
+  uint64_t ck_every;   /* spec checkpoint.every, 0 = none */
+  int ck_dir;          /* the spec has a checkpoint.path */
   int have_plan;
   wagma_plan_t plan; /* the newest plan the agent sent */
   uint8_t secret[WAGMA_API_SECRET_LEN];
   size_t secret_len;
+  char ck_path[WAGMA_API_CHECKPOINT_PATH_MAX]; /* the plan's checkpoint record, "" = none */
+  uint64_t ck_iteration;
   int stop;
   char stop_reason[160];
   wagma_comm_t *comm; /* the training thread's, published for abort */
@@ -85,6 +90,12 @@ struct wagma_worker {
   int joined;
   uint64_t iteration, total;
   int finished; /* final average done */
+  int fresh;    /* the current epoch began with no member holding the job's model */
+  wagma_worker_restore_fn restore;
+  void *restore_user;
+  int ck_due;
+  int nfp; /* the fingerprint of the parameters before the final average */
+  double fp[WAGMA_API_FINGERPRINT_MAX];
   int done;
   double loss, accuracy, step_ema, last_step_at, last_report;
   uint64_t staleness;
@@ -109,6 +120,16 @@ static int fail(wagma_worker_t *w, int e, const char *fmt, ...) {
 
 const char *wagma_worker_last_error(const wagma_worker_t *w) {
   return w ? w->err : "no worker";
+}
+
+/* A failed data-plane operation, at most every 2 s (the round goes on without it). */
+static void warn(wagma_worker_t *w, const char *what, int e) {
+  if (wg_mono() - w->last_warn < 2.0)
+    return;
+  w->last_warn = wg_mono();
+  WLOG(w, WAGMA_LOG_WARN, "job %s epoch %llu: %s: %s (%s)", w->cfg.job,
+       (unsigned long long)w->epoch, what, wagma_strerror(e),
+       w->comm ? wagma_comm_last_error(w->comm) : "no communicator");
 }
 
 /* ---- the control thread ------------------------------------------------------------------- */
@@ -170,6 +191,12 @@ static void on_config(wagma_worker_t *w, const json_t *m) {
   w->collective_timeout = num_or(m, "collective_timeout", 0);
   w->linger = num_or(m, "linger", 5);
   w->encrypt = json_is_true(json_object_get(m, "encrypt"));
+  const json_t *spec = json_object_get(m, "spec");
+  free(w->spec);
+  w->spec = json_is_object(spec) ? json_dumps(spec, JSON_COMPACT) : NULL;
+  const json_t *ck = json_object_get(spec, "checkpoint");
+  w->ck_every = (uint64_t)num_or(ck, "every", 0);
+  w->ck_dir = json_string_length(json_object_get(ck, "path")) > 0;
   w->have_config = 1;
 }
 
@@ -199,6 +226,9 @@ static void on_plan(wagma_worker_t *w, const json_t *m) {
   w->have_plan = 1;
   memcpy(w->secret, secret, slen);
   w->secret_len = slen;
+  const json_t *ck = json_object_get(m, "checkpoint");
+  copy_str(w->ck_path, sizeof w->ck_path, ck, "path");
+  w->ck_iteration = (uint64_t)num_or(ck, "iteration", 0);
   if (w->comm && p.epoch > w->epoch)
     wagma_comm_abort(w->comm);
   pthread_cond_broadcast(&w->cv);
@@ -305,8 +335,12 @@ static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *e
   snprintf(p.role, sizeof p.role, "worker");
   if (error)
     snprintf(p.error, sizeof p.error, "%s", error);
-  if (state == WAGMA_PROGRESS_DONE && w->params)
+  if (state == WAGMA_PROGRESS_DONE && w->nfp) {
+    p.nfingerprint = w->nfp;
+    memcpy(p.fingerprint, w->fp, sizeof p.fingerprint);
+  } else if (state == WAGMA_PROGRESS_DONE && w->params) {
     wg_fingerprint(w->params, w->n, p.fingerprint, &p.nfingerprint);
+  }
   if (strcmp(w->cfg.algorithm, "wagma") == 0 && w->epoch && w->iteration > w->cur.start_round) {
     p.has_round = 1;
     p.round = w->iteration - 1;
@@ -345,9 +379,12 @@ static int superseded(void *user) {
   return gone;
 }
 
-/* The opening sync of the epoch just created: [params | state] averaged, this member weighted
- * 0 without the job's model. */
-static int opening_sync(wagma_worker_t *w, int plan_joiner, int all_joiners) {
+/* The opening sync of the epoch just created: [params | state] averaged, weighted 0 by a
+ * member without the job's model (runner.c's rules, docs/agent.md). plan_joiner: the plan marks
+ * this member a joiner and has survivors. *how names what this member was, for the log. A
+ * joiner that gets no model fails (it must not train from its seed); a survivor's failed sync
+ * is a warning (it keeps its model). 0, WAGMA_ECANCELED, or the joiner's failure. */
+static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, float *weight_out) {
   size_t ns = w->st.size ? w->st.size(w->st_user) : 0, total = w->n + ns;
   if (total > w->sync_cap) {
     float *b = realloc(w->sync_buf, total * sizeof(float));
@@ -359,30 +396,62 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, int all_joiners) {
   memcpy(w->sync_buf, w->params, w->n * sizeof(float));
   if (ns)
     w->st.save(w->st_user, w->sync_buf + w->n);
-  int joiner = plan_joiner && !all_joiners;
-  float weight = joiner || !w->has_model ? 0.0f : 1.0f;
-  int e = wagma_comm_average(w->comm, w->sync_buf, total, weight);
+  int seeded = !plan_joiner && !w->has_model; /* a survivor's slot, no model: the seed's */
+  float weight = plan_joiner || seeded ? 0.0f : 1.0f;
+  *weight_out = weight;
+  int fresh = 0, e = wagma_comm_average(w->comm, w->sync_buf, total, weight);
   if (e == WAGMA_EINVAL && weight == 0.0f) {
     /* nobody had a model: a fresh start (every member drew the same seed), unless a member
      * the plan counts as a survivor is out of reach: then a joiner got no model */
     int lost = 0;
-    for (int i = 0; joiner && i < w->cur.nranks; i++)
+    for (int i = 0; plan_joiner && i < w->cur.nranks; i++)
       lost |= !w->cur.members[i].joiner && !wagma_comm_peer_alive(w->comm, i);
     if (!lost) {
-      w->has_model = 1;
-      w->joined = 0;
-      return 0;
+      fresh = 1; /* sync_buf is still this member's (seed) state */
+      e = 0;
     }
   }
-  if (e)
-    return fail(w, e, "the opening sync of epoch %llu failed: %s (%s)",
-                (unsigned long long)w->epoch, wagma_strerror(e), wagma_comm_last_error(w->comm));
-  memcpy(w->params, w->sync_buf, w->n * sizeof(float));
-  if (ns)
-    w->st.load(w->st_user, w->sync_buf + w->n);
-  w->joined = weight == 0.0f;
+  if (e == WAGMA_ECANCELED)
+    return fail(w, e, "the opening sync of epoch %llu was superseded", (unsigned long long)w->epoch);
+  if (e && plan_joiner)
+    return fail(w, e,
+                "the joining sync of epoch %llu brought no model of the job (%s): not training "
+                "from the seed",
+                (unsigned long long)w->epoch, wagma_strerror(e));
+  if (e) {
+    warn(w, "global sync", e);
+  } else if (!fresh) {
+    memcpy(w->params, w->sync_buf, w->n * sizeof(float));
+    if (ns)
+      w->st.load(w->st_user, w->sync_buf + w->n);
+  }
+  w->joined = e == 0 && !fresh && weight == 0.0f;
   w->has_model = 1;
+  w->fresh = fresh;
+  *how = plan_joiner ? "joiner" : fresh ? "fresh start" : seeded ? "survivor without a model"
+                                                                 : "survivor";
   return 0;
+}
+
+/* A restart of the whole job (no member has its model) from the checkpoint the agent holds:
+ * every member of the fresh start loads the same file (runner.c's rule). 1 when loaded. */
+static int restore_checkpoint(wagma_worker_t *w, int plan_joiner) {
+  char path[WAGMA_API_CHECKPOINT_PATH_MAX];
+  pthread_mutex_lock(&w->mu);
+  snprintf(path, sizeof path, "%s", w->ck_path);
+  pthread_mutex_unlock(&w->mu);
+  if (w->has_model || plan_joiner || !w->restore || !path[0])
+    return 0;
+  uint64_t it = 0;
+  if (w->restore(w->restore_user, path, &it) != 0) {
+    WLOG(w, WAGMA_LOG_WARN, "job %s: cannot resume from checkpoint %s; starting from the seed",
+         w->cfg.job, path);
+    return 0;
+  }
+  WLOG(w, WAGMA_LOG_INFO, "job %s: resumed from checkpoint %s (iteration %llu)", w->cfg.job, path,
+       (unsigned long long)it);
+  w->has_model = 1;
+  return 1;
 }
 
 static int member_of_plan(wagma_worker_t *w) {
@@ -418,6 +487,16 @@ static int enter_epoch(wagma_worker_t *w) {
       return fail(w, e, "out of memory copying the plan");
     w->epoch = w->cur.epoch;
     w->rank = wagma_plan_rank_of(&w->cur, w->cfg.agent);
+    if (slen == 0) {
+      /* the coordinator writes every plan's secret with the plan: none means the agent could
+       * not read it, and an unauthenticated data plane is open to anyone (runner.c's rule) */
+      fail(w, WAGMA_EPERM,
+           "no data-plane secret for epoch %llu (unreadable in etcd): not running the data "
+           "plane unauthenticated",
+           (unsigned long long)w->epoch);
+      report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);
+      continue;
+    }
     w->cfg.group_size = w->cur.group_size;
     snprintf(w->cfg.global_sync, sizeof w->cfg.global_sync, "%s",
              w->cur.global_sync == WAGMA_GLOBAL_WAIT_AVOIDING ? "wait-avoiding" : "barrier");
@@ -467,24 +546,43 @@ static int enter_epoch(wagma_worker_t *w) {
     int all_joiners = 1;
     for (int i = 0; i < w->cur.nranks; i++)
       all_joiners &= w->cur.members[i].joiner;
-    e = opening_sync(w, w->cur.members[w->rank].joiner, all_joiners);
+    int plan_joiner = w->cur.members[w->rank].joiner && !all_joiners;
+    int restored = restore_checkpoint(w, plan_joiner);
+    const char *how = "";
+    float weight = 0;
+    double sync_t0 = wg_mono();
+    e = opening_sync(w, plan_joiner, &how, &weight);
     if (e == WAGMA_ECANCELED)
       continue;
     if (e) {
       /* a joiner that got no model must not train from its seed: out until a newer plan */
+      WLOG(w, WAGMA_LOG_ERROR, "job %s: %s; reporting this member unavailable for the job",
+           w->cfg.job, w->err);
+      close_comm(w);
       report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);
       continue;
     }
     w->iteration = w->cur.start_round;
-    char how[96];
+    if (w->fresh && !restored && w->iteration > 0 && w->total && w->iteration >= w->total) {
+      /* nothing left to train: the "result" would be the seed's model */
+      fail(w, WAGMA_ENOTFOUND,
+           "epoch %llu starts at the job's last iteration %llu with no trained model (no "
+           "survivor, no checkpoint): the job's model is lost",
+           (unsigned long long)w->epoch, (unsigned long long)w->iteration);
+      report(w, WAGMA_PROGRESS_FAILED, w->err);
+      w->done = 1;
+      return WAGMA_ENOTFOUND;
+    }
+    char got[96] = "";
     if (w->joined)
-      snprintf(how, sizeof how, "joined: model and %zu floats of optimizer state received",
+      snprintf(got, sizeof got, "; joined: model and %zu floats of optimizer state received",
                w->st.size ? w->st.size(w->st_user) : 0);
-    else
-      snprintf(how, sizeof how, "model kept");
-    WLOG(w, WAGMA_LOG_INFO, "job %s: epoch %llu as rank %d/%d (%s), iteration %llu of %llu",
-         w->cfg.job, (unsigned long long)w->epoch, w->rank, w->cur.nranks, how,
-         (unsigned long long)w->iteration, (unsigned long long)w->total);
+    WLOG(w, WAGMA_LOG_INFO,
+         "job %s: epoch %llu joined as rank %d/%d (%s, weight %.0f), iteration %llu of %llu, "
+         "sync %.3f s, data plane %s%s",
+         w->cfg.job, (unsigned long long)w->epoch, w->rank, w->cur.nranks, how, weight,
+         (unsigned long long)w->iteration, (unsigned long long)w->total, wg_mono() - sync_t0,
+         w->encrypt ? "authenticated and encrypted" : "authenticated", got);
     report(w, WAGMA_PROGRESS_RUNNING, NULL);
     return 0;
   }
@@ -500,15 +598,6 @@ static int boundary(wagma_worker_t *w) {
   if (newer || !w->comm)
     return enter_epoch(w);
   return 0;
-}
-
-static void warn(wagma_worker_t *w, const char *what, int e) {
-  if (wg_mono() - w->last_warn < 2.0)
-    return;
-  w->last_warn = wg_mono();
-  WLOG(w, WAGMA_LOG_WARN, "job %s epoch %llu: %s: %s (%s)", w->cfg.job,
-       (unsigned long long)w->epoch, what, wagma_strerror(e),
-       w->comm ? wagma_comm_last_error(w->comm) : "no communicator");
 }
 
 /* ---- the API ------------------------------------------------------------------------------- */
@@ -606,7 +695,7 @@ int wagma_worker_should_stop(wagma_worker_t *w) {
   pthread_mutex_lock(&w->mu);
   int stop = w->stop;
   pthread_mutex_unlock(&w->mu);
-  return stop || (w->total && w->iteration >= w->total);
+  return stop || w->done || (w->total && w->iteration >= w->total);
 }
 
 int wagma_worker_average_gradients(wagma_worker_t *w, float *grads) {
@@ -635,6 +724,7 @@ int wagma_worker_step(wagma_worker_t *w) {
   if (e)
     return e;
   w->has_model = 1;
+  uint64_t before = w->iteration;
   if (strcmp(w->cfg.algorithm, "wagma") == 0) {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
@@ -661,6 +751,9 @@ int wagma_worker_step(wagma_worker_t *w) {
     close_comm(w); /* a newer plan or a stop: the next boundary takes it */
   else if (e)
     warn(w, "model averaging", e);
+  w->ck_due = w->rank == 0 && w->ck_every && w->ck_dir &&
+              (before / w->ck_every != w->iteration / w->ck_every ||
+               (w->total && w->iteration >= w->total));
   if (wg_mono() - w->last_report >= w->progress_interval)
     report(w, WAGMA_PROGRESS_RUNNING, NULL);
   pthread_mutex_lock(&w->mu);
@@ -692,6 +785,8 @@ int wagma_worker_status(const wagma_worker_t *w, wagma_worker_status_t *out) {
 }
 
 int wagma_worker_final_average(wagma_worker_t *w) {
+  if (!w->nfp) /* the models as trained: how far apart they ended shows the averaging worked */
+    wg_fingerprint(w->params, w->n, w->fp, &w->nfp);
   for (int attempt = 0; attempt < 3; attempt++) {
     int e = boundary(w);
     if (e)
@@ -726,6 +821,35 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why) {
   return e ? e : 0;
 }
 
+const char *wagma_worker_spec(const wagma_worker_t *w) {
+  return w->spec ? w->spec : "{}";
+}
+
+int wagma_worker_unavailable(wagma_worker_t *w, const char *why) {
+  w->done = 1;
+  snprintf(w->err, sizeof w->err, "%s", why ? why : "unavailable");
+  return report(w, WAGMA_PROGRESS_UNAVAILABLE, why ? why : "this member cannot serve the job");
+}
+
+int wagma_worker_set_restore(wagma_worker_t *w, wagma_worker_restore_fn restore, void *user) {
+  w->restore = restore;
+  w->restore_user = user;
+  return 0;
+}
+
+int wagma_worker_checkpoint_due(const wagma_worker_t *w) {
+  return w->ck_due;
+}
+
+int wagma_worker_checkpoint_saved(wagma_worker_t *w, const char *path, uint64_t iteration) {
+  if (!path || !path[0] || path[0] == '/' || strlen(path) >= WAGMA_API_CHECKPOINT_PATH_MAX)
+    return fail(w, WAGMA_EINVAL, "a checkpoint path relative to the checkpoint root, please");
+  w->ck_due = 0;
+  int e = send_msg(w, json_pack("{s:s,s:s,s:I,s:I}", "type", "checkpoint", "path", path,
+                                "iteration", (json_int_t)iteration, "epoch", (json_int_t)w->epoch));
+  return e ? fail(w, e, "cannot tell the agent: %s", wagma_strerror(e)) : 0;
+}
+
 static int stopped(wagma_worker_t *w) {
   return w->stop;
 }
@@ -754,6 +878,7 @@ void wagma_worker_close(wagma_worker_t *w) {
   wagma_plan_free(&w->cur);
   memset(w->secret, 0, sizeof w->secret);
   free(w->sync_buf);
+  free(w->spec);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w);

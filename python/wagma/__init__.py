@@ -21,6 +21,7 @@ threads (ctypes takes the GIL for it).
 import atexit
 import ctypes
 import enum
+import json
 import logging
 import os
 import sysconfig
@@ -240,6 +241,12 @@ try:
     _last_error = _fn("wagma_worker_last_error", ctypes.c_char_p, _handle)
 except AttributeError as e:
     raise ImportError(f"wagma: {library_path} is not the worker library: {e}") from None
+# newer calls: a library without them still loads; the methods say what is missing
+try:
+    _spec = _fn("wagma_worker_spec", ctypes.c_char_p, _handle)
+    _unavailable = _fn("wagma_worker_unavailable", ctypes.c_int, _handle, ctypes.c_char_p)
+except AttributeError:
+    _spec = _unavailable = None
 try:
     _strerror = _fn("wagma_strerror", ctypes.c_char_p, ctypes.c_int)
 except AttributeError:  # not exported: the names above are enough
@@ -516,6 +523,22 @@ class Worker:
         s = _Status()
         self._check(_status(self._live(), ctypes.byref(s)), "wagma_worker_status")
         return WorkerStatus._from_c(s)
+
+    @property
+    def spec(self) -> dict:
+        """wagma_worker_spec: the job's spec as the coordinator stored it (a dict), for fields
+        the configuration leaves out."""
+        if _spec is None:
+            raise WagmaError(Status.ENOSYS, f"{library_path} has no wagma_worker_spec")
+        return json.loads(_spec(self._live()).decode("utf-8", "replace"))
+
+    def unavailable(self, why: str) -> None:
+        """wagma_worker_unavailable: this member cannot serve the job (its data, its device);
+        the coordinator replans without it. Close and exit 0 afterwards."""
+        if _unavailable is None:
+            raise WagmaError(Status.ENOSYS, f"{library_path} has no wagma_worker_unavailable")
+        self._check(_unavailable(self._live(), str(why).encode("utf-8", "replace")),
+                    "wagma_worker_unavailable")
 
     def final_average(self) -> None:
         """wagma_worker_final_average: the parameters averaged over every member."""

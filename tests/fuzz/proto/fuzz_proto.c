@@ -36,7 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (!json_is_object(m) || !json_is_string(json_object_get(m, "type")))
         abort();
       wagma_progress_t p;
-      int kind = wg_proto_program_message(m, hello, &p, why, sizeof why);
+      wg_proto_checkpoint_t ck;
+      int kind = wg_proto_program_message(m, hello, &p, &ck, why, sizeof why);
       if (kind == WG_PROTO_HELLO) {
         hello = 1;
       } else if (kind == WG_PROTO_PROGRESS) {
@@ -44,6 +45,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (wagma_progress_to_json(&p, &json) != 0)
           abort();
         free(json);
+      } else if (kind == WG_PROTO_CHECKPOINT) {
+        if (!ck.path[0] || ck.path[0] == '/' || strlen(ck.path) >= sizeof ck.path)
+          abort();
       } else if (kind != WAGMA_EPROTO) {
         abort();
       }

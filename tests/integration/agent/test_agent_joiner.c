@@ -101,7 +101,7 @@ static void test_joiner_without_model_drops_out(void **state) {
   uint64_t e0 = v.epoch;
 
   /* agent-0 frozen, agent-1 added: planned as the joiner of a survivor out of reach */
-  assert_int_equal(kill(c.agent[0], SIGSTOP), 0);
+  assert_int_equal(cluster_signal_member(&c, 0, JOB, SIGSTOP), 0);
   double t0 = cluster_now();
   int b = cluster_add_agent(&c, b_args);
   assert_int_equal(b, 1);
@@ -121,7 +121,7 @@ static void test_joiner_without_model_drops_out(void **state) {
   fprintf(stderr, "  after %.1f s: agent-1 planned %d, running %d; epoch %llu, reason \"%s\"\n",
           cluster_now() - t0, planned, ran, (unsigned long long)v.epoch, v.reason);
   double frozen_s = cluster_now() - t0;
-  kill(c.agent[0], SIGCONT);
+  cluster_signal_member(&c, 0, JOB, SIGCONT);
   if (!named || ran)
     cluster_dump_logs(&c);
   assert_true(cluster_agent_log_count(&c, b, "brought no model", NULL) > 0);

@@ -3,7 +3,8 @@
  * holds examples/c/minimal (logistic regression on libwagma) and small misbehaving programs.
  *
  *  - minimal trains under wagma, allreduce and local-sgd: the job succeeds, every member's test
- *    accuracy is above ACC_BOUND and the members' final models agree (fingerprints), each
+ *    accuracy is above ACC_BOUND and the members' models ended close (fingerprints before the final
+ *    average, within test_agent's bound), each
  *    member's progress shows the program's epoch and iterations;
  *  - arguments with shell metacharacters reach the program verbatim (it echoes its argv);
  *  - a program that exits 1 at once fails the job with its stderr in the reason;
@@ -37,6 +38,7 @@
 #include "process.h"
 
 #define ACC_BOUND 0.95
+#define SPREAD_BOUND 0.05 /* test_agent.c's: fingerprints of models that were averaged */
 
 static char programs_dir[256];
 static const char *agent_args[16];
@@ -118,7 +120,8 @@ static void train(cluster_t *c, const char *algorithm) {
           v.summary.evaluated, spread, v.summary.wall_time);
   assert_int_equal(v.summary.evaluated, 4);
   assert_true(v.summary.accuracy_min > ACC_BOUND);
-  assert_true(spread >= 0 && spread < 1e-5); /* the final average: one model */
+  /* the models as trained (fingerprints before the final average) ended close */
+  assert_true(spread >= 0 && spread < SPREAD_BOUND);
   for (int i = 0; i < v.nmembers; i++) {
     assert_string_equal(v.members[i].state, "done");
     assert_int_equal(v.members[i].iteration, 600);

@@ -4,7 +4,8 @@
  * (python/wagma, ctypes over the build's libwagma).
  *
  *  - under wagma, allreduce and local-sgd the job succeeds, every member's test accuracy is
- *    above ACC_BOUND and the members' final models agree (fingerprints);
+ *    above ACC_BOUND and the members' models ended close (fingerprints before the final
+ *    average, within test_agent's bound);
  *  - a member's program SIGKILLed mid-run is restarted and rejoins as a joiner within the
  *    lease TTL + 1 s (its new process receives the parameters and the optimizer state: the
  *    library's log line says how many floats of state came, not 0), the others keep their PIDs,
@@ -33,6 +34,7 @@
 #include "process.h"
 
 #define ACC_BOUND 0.75
+#define SPREAD_BOUND 0.05 /* test_agent.c's: fingerprints of models that were averaged */
 #define SPEC                                                                                       \
   "\"program\":{\"name\":\"fmnist_cnn\"},\"workers\":4,\"min_workers\":2,\"group_size\":2,"        \
   "\"staleness_bound\":4,\"batch_size\":32"
@@ -89,7 +91,7 @@ static void check_result(cluster_t *c, const char *job, job_view_t *v) {
           v->summary.evaluated, spread, v->summary.wall_time);
   assert_true(v->summary.evaluated >= 3);
   assert_true(v->summary.accuracy_min > ACC_BOUND);
-  assert_true(spread >= 0 && spread < 1e-5);
+  assert_true(spread >= 0 && spread < SPREAD_BOUND); /* before the final average: close */
 }
 
 static void train(cluster_t *c, const char *algorithm) {

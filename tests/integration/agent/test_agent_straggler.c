@@ -88,14 +88,14 @@ static void freeze_one(cluster_t *c, const char *algorithm, const char *sync, in
   int fi = cluster_agent_index(c, frozen_name);
   assert_true(fi >= 0);
 
-  assert_int_equal(kill(c->agent[fi], SIGSTOP), 0);
+  assert_int_equal(cluster_signal_member(c, fi, job, SIGSTOP), 0);
   cluster_sleep(0.8); /* steps in flight finish, progress catches up */
   assert_int_equal(cluster_job_get(c, job, &v), 0);
   iterations(&v, a);
   cluster_sleep(STOP_S - 0.8);
   assert_int_equal(cluster_job_get(c, job, &v), 0);
   iterations(&v, b);
-  assert_int_equal(kill(c->agent[fi], SIGCONT), 0);
+  assert_int_equal(cluster_signal_member(c, fi, job, SIGCONT), 0);
   assert_int_equal(v.epoch, epoch); /* no membership change */
   for (int i = 0; i < v.nmembers; i++) {
     fprintf(stderr, "  %s %s: %llu -> %llu while %s was stopped\n", job, v.members[i].name,

@@ -14,6 +14,7 @@
  *    GET /v1/agents with the reason), the job runs and succeeds on the two healthy agents; a
  *    second job goes to a healthy agent, not to the quarantined one (first in name order);
  *    restarted (registered anew) with good data it is healthy again.
+ * (Under WAGMA_TEST_TRAINER the agent binds --listen at start: the first case does not apply.)
  * Before the fix the first job stayed "running" with an empty reason, and the second
  * scenario's job failed ("agent agent-0 failed: setup failed").
  * Label timing: the bounds are wall-clock ones. Everything is stopped by PID (cluster.c). */
@@ -125,6 +126,11 @@ static int wait_healthy(const cluster_t *c, const char *name, int want, double t
 
 static void test_listen_port_taken(void **state) {
   (void)state;
+  if (getenv("WAGMA_TEST_TRAINER")) {
+    /* --trainer program binds --listen at start: a taken port fails the start (exit 2),
+     * test_agent_programs' case; there is no communicator that retries */
+    skip();
+  }
   static const char *const coordinator_args[] = {"--quarantine", "10", NULL};
   cluster_t c;
   job_view_t v;

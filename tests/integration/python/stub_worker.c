@@ -11,6 +11,7 @@
  *                           parameters, the state (through load) and the iteration by the file's
  *   WAGMA_STUB_STOP_AT      step returns WAGMA_ECANCELED from that iteration on ("agent said stop")
  *   WAGMA_STUB_FINAL_CANCELED  final_average returns WAGMA_ECANCELED
+ *   WAGMA_STUB_SPEC         what wagma_worker_spec returns ("{}")
  * open fails with WAGMA_EINVAL without a socket path, WAGMA_EUNAVAIL for the path "unreachable".
  * It logs through the callback, once from a thread of its own (as the real library's control
  * thread does). wagma_stub_stats and wagma_stub_layout are the tests' own. */
@@ -315,6 +316,38 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why) {
     return WAGMA_EINVAL;
   w->n_fail++;
   logf_(w, WAGMA_LOG_ERROR, "stub: failed: %s", why ? why : "(null)");
+  return 0;
+}
+
+const char *wagma_worker_spec(const wagma_worker_t *w) {
+  (void)w;
+  return env("WAGMA_STUB_SPEC", "{}");
+}
+
+int wagma_worker_unavailable(wagma_worker_t *w, const char *why) {
+  if (!w)
+    return WAGMA_EINVAL;
+  w->n_fail++;
+  logf_(w, WAGMA_LOG_ERROR, "stub: unavailable: %s", why ? why : "(null)");
+  return 0;
+}
+
+int wagma_worker_set_restore(wagma_worker_t *w, wagma_worker_restore_fn restore, void *user) {
+  (void)restore;
+  (void)user;
+  return w ? 0 : WAGMA_EINVAL;
+}
+
+int wagma_worker_checkpoint_due(const wagma_worker_t *w) {
+  (void)w;
+  return 0;
+}
+
+int wagma_worker_checkpoint_saved(wagma_worker_t *w, const char *path, uint64_t iteration) {
+  if (!w)
+    return WAGMA_EINVAL;
+  logf_(w, WAGMA_LOG_INFO, "stub: checkpoint %s at %llu", path ? path : "(null)",
+        (unsigned long long)iteration);
   return 0;
 }
 

@@ -172,6 +172,14 @@ class WorkerTest(unittest.TestCase):
         w.close()
         self.assertEqual(self.cap.records[-1][:2], (logging.DEBUG, "stub: close"))
 
+    def test_spec_and_unavailable(self):
+        with stub_env(SPEC='{"name": "j1", "program": {"name": "fmnist", "args": ["--x"]}}'):
+            w = wagma.Worker("/run/some.sock")
+            self.assertEqual(w.spec["program"], {"name": "fmnist", "args": ["--x"]})
+        w.unavailable("no data here")
+        self.assertIn("stub: unavailable: no data here", [m for _, m, _ in self.cap.records])
+        w.close()
+
     def test_loop(self):
         with stub_env(ITERATIONS=5, RANK=2, WORKERS=4):
             w = wagma.Worker()

@@ -2,9 +2,9 @@
  * collective, on the CPU backend and on "cuda-emu" (the CUDA backend's algorithm on the host
  * with device memory reachable only through upload / download, tests/unit/train/emu_backend.c):
  *  - CPU: the collective works on the model's own buffers (no mirror, no copy);
- *  - device: *_to_host fills the mirror with the device buffer (equal to the same model on
+ *  - device: wg_model_host_params / _grads fill the mirror with the device buffer (equal to the same model on
  *    the CPU), and what the collective writes into the mirror reaches the device through
- *    *_from_host (the parameters, the gradients before the update, and params | optimizer
+ *    *_back (the parameters, the gradients before the update, and params | optimizer
  *    state of the global sync). A no-op download or upload fails these checks. */
 #include <math.h>
 #include <setjmp.h>
@@ -15,32 +15,35 @@
 
 #include <cmocka.h>
 
-#include "agent/runner.h"
+#include "agent/model_host.h"
 #include "tests/unit/train/test_train.h"
 
 typedef struct pair {
   wagma_backend_t *emu;
-  wg_job_t cpu, dev;
+  wg_model_host_t cpu, dev;
 } pair_t;
 
-static void job_on(wg_job_t *j, wagma_backend_t *b) {
+static void job_on(wg_model_host_t *j, wagma_backend_t *b) {
   char err[256];
-  memset(j, 0, sizeof *j);
+  wagma_model_t *model;
+  wagma_optim_t *optim;
   wagma_model_config_t mc = wagma_model_defaults(WAGMA_ARCH_MLP);
   mc.max_batch = 8;
-  assert_int_equal(wagma_model_create_on(b, &mc, &j->model, err, sizeof err), 0);
-  wagma_model_init(j->model, 42);
-  j->nparams = wagma_model_param_count(j->model);
+  assert_int_equal(wagma_model_create_on(b, &mc, &model, err, sizeof err), 0);
+  wagma_model_init(model, 42);
   wagma_optim_config_t oc = wagma_optim_defaults(WAGMA_OPTIM_SGD);
-  assert_int_equal(wagma_optim_create_on(b, &oc, j->nparams, &j->optim, err, sizeof err), 0);
-  wagma_optim_state(j->optim, &j->nstate);
-  assert_int_equal(wg_job_host_alloc(j), 0);
+  assert_int_equal(
+      wagma_optim_create_on(b, &oc, wagma_model_param_count(model), &optim, err, sizeof err), 0);
+  assert_int_equal(wg_model_host_init(j, model, optim), 0);
+  assert_int_equal(j->nparams, wagma_model_param_count(model));
 }
 
-static void job_free(wg_job_t *j) {
-  wg_job_host_free(j);
-  wagma_optim_destroy(j->optim);
-  wagma_model_destroy(j->model);
+static void job_free(wg_model_host_t *j) {
+  wagma_model_t *model = j->model;
+  wagma_optim_t *optim = j->optim;
+  wg_model_host_free(j);
+  wagma_optim_destroy(optim);
+  wagma_model_destroy(model);
 }
 
 static int setup(void **state) {
@@ -66,19 +69,19 @@ static int teardown(void **state) {
 static void test_cpu_uses_the_model_in_place(void **state) {
   pair_t *p = *state;
   int e = -1;
-  assert_null(p->cpu.host_params);
-  assert_ptr_equal(wg_job_params_to_host(&p->cpu, &e), wagma_model_params(p->cpu.model));
+  assert_null(p->cpu.params);
+  assert_ptr_equal(wg_model_host_params(&p->cpu, &e), wagma_model_params(p->cpu.model));
   assert_int_equal(e, 0);
-  assert_ptr_equal(wg_job_grads_to_host(&p->cpu, &e), wagma_model_grads(p->cpu.model));
-  assert_int_equal(wg_job_params_from_host(&p->cpu), 0);
+  assert_ptr_equal(wg_model_host_grads(&p->cpu, &e), wagma_model_grads(p->cpu.model));
+  assert_int_equal(wg_model_host_params_back(&p->cpu), 0);
 }
 
 static void test_params_round_trip_through_the_device(void **state) {
   pair_t *p = *state;
   int e = -1;
   size_t n = p->dev.nparams;
-  float *cpu = wg_job_params_to_host(&p->cpu, &e);
-  float *host = wg_job_params_to_host(&p->dev, &e);
+  float *cpu = wg_model_host_params(&p->cpu, &e);
+  float *host = wg_model_host_params(&p->dev, &e);
   assert_int_equal(e, 0);
   assert_non_null(host);
   assert_ptr_not_equal(host, wagma_model_params(p->dev.model)); /* a mirror */
@@ -87,14 +90,14 @@ static void test_params_round_trip_through_the_device(void **state) {
   /* what the collective writes into the mirror reaches the device */
   for (size_t i = 0; i < n; i++)
     host[i] = 0.5f * host[i] + (float)(i % 7);
-  assert_int_equal(wg_job_params_from_host(&p->dev), 0);
+  assert_int_equal(wg_model_host_params_back(&p->dev), 0);
   float *check = malloc(n * sizeof *check);
   assert_int_equal(wagma_model_get_params(p->dev.model, check), 0);
   for (size_t i = 0; i < n; i++)
     assert_true(check[i] == 0.5f * cpu[i] + (float)(i % 7));
   /* and back: a later download sees the device's parameters, not a stale mirror */
   memset(host, 0, n * sizeof *host);
-  assert_non_null(wg_job_params_to_host(&p->dev, &e));
+  assert_non_null(wg_model_host_params(&p->dev, &e));
   for (size_t i = 0; i < n; i++)
     assert_true(host[i] == check[i]);
   free(check);
@@ -114,7 +117,7 @@ static void test_grads_written_back_drive_the_update(void **state) {
     y[i] = i % 10;
   assert_int_equal(wagma_model_forward(p->dev.model, x, y, 8, NULL), 0);
   assert_int_equal(wagma_model_backward(p->dev.model), 0);
-  float *g = wg_job_grads_to_host(&p->dev, &e);
+  float *g = wg_model_host_grads(&p->dev, &e);
   assert_non_null(g);
   double norm = 0;
   for (size_t i = 0; i < n; i++)
@@ -122,7 +125,7 @@ static void test_grads_written_back_drive_the_update(void **state) {
   assert_true(norm > 0); /* the device's gradient was downloaded */
   for (size_t i = 0; i < n; i++)
     g[i] = 1.0f; /* "the mean over the members" */
-  assert_int_equal(wg_job_grads_from_host(&p->dev), 0);
+  assert_int_equal(wg_model_host_grads_back(&p->dev), 0);
   assert_int_equal(wagma_model_get_params(p->dev.model, before), 0);
   wagma_optim_step(p->dev.optim, 0, wagma_model_params(p->dev.model),
                    wagma_model_grads(p->dev.model));
@@ -140,10 +143,10 @@ static void test_state_round_trip(void **state) {
   size_t n = p->dev.nparams + p->dev.nstate;
   assert_true(p->dev.nstate > 0); /* SGD with momentum: the velocity */
   float *buf = malloc(n * sizeof *buf), *state_back = malloc(p->dev.nstate * sizeof(float));
-  assert_int_equal(wg_job_state_to_host(&p->dev, buf), 0);
+  assert_int_equal(wg_model_host_state_save(&p->dev, buf), 0);
   for (size_t i = 0; i < n; i++)
     buf[i] = (float)i * 0.001f;
-  assert_int_equal(wg_job_state_from_host(&p->dev, buf), 0);
+  assert_int_equal(wg_model_host_state_load(&p->dev, buf), 0);
   float *params = malloc(p->dev.nparams * sizeof *params);
   assert_int_equal(wagma_model_get_params(p->dev.model, params), 0);
   assert_int_equal(wagma_optim_get_state(p->dev.optim, state_back), 0);

@@ -112,8 +112,9 @@ int wagma_worker_register(wagma_worker_t *w, float *params, size_t n,
  * the first step; ignored when the spec gave iterations. */
 int wagma_worker_set_iterations(wagma_worker_t *w, uint64_t iterations);
 
-/* 1 when the training loop should end: the job's iterations are done, or the agent said stop
- * (the job was stopped or this agent left it). */
+/* 1 when the training loop should end: the job's iterations are done, the agent said stop
+ * (the job was stopped or this agent left it), or this member reported its end (failed,
+ * unavailable). */
 int wagma_worker_should_stop(wagma_worker_t *w);
 
 /* allreduce jobs: replaces grads (n floats, the registered length) by their mean over the
@@ -143,6 +144,36 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why);
 /* After done: keeps the communicator for the peers still averaging, until the agent says stop
  * or linger seconds passed; then closes everything. NULL is a no-op. */
 void wagma_worker_close(wagma_worker_t *w);
+
+/* The job's spec as the coordinator stored it: JSON text (docs/api.md "Job spec"), so that a
+ * program can read fields the configuration above leaves out. Borrowed, valid until close; "{}"
+ * from an agent that does not send it. */
+const char *wagma_worker_spec(const wagma_worker_t *w);
+
+/* This member cannot serve the job (its data is missing, its device cannot run it): reports
+ * "unavailable" with why, and the coordinator replans without it (the job goes on). The process
+ * then closes the handle and exits 0. */
+int wagma_worker_unavailable(wagma_worker_t *w, const char *why);
+
+/* Checkpoints (the spec's checkpoint.every and checkpoint.path; docs/agent.md "Checkpoints").
+ * Paths are relative to the agent's checkpoint root (--checkpoint-root), never absolute.
+ *
+ * restore: called on the training thread, inside wagma_worker_register or wagma_worker_step,
+ * when this member enters an epoch that no member enters with the job's model (a restart of
+ * the whole job) and the agent holds the job's checkpoint record: it loads the parameters
+ * and state from path and sets *iteration; 0 on success (every member loads the same file),
+ * else the member starts from its seed. Set it before wagma_worker_register. */
+typedef int (*wagma_worker_restore_fn)(void *user, const char *path, uint64_t *iteration);
+int wagma_worker_set_restore(wagma_worker_t *w, wagma_worker_restore_fn restore, void *user);
+
+/* 1 after the wagma_worker_step that makes a checkpoint due on this member: rank 0 of the
+ * epoch, checkpoint.every > 0 and a multiple of it crossed (or the job's last iteration). The
+ * program then writes <checkpoint.path>/<job>.ckpt below the checkpoint root and calls
+ * wagma_worker_checkpoint_saved. */
+int wagma_worker_checkpoint_due(const wagma_worker_t *w);
+/* The checkpoint at path (relative to the checkpoint root) holds iteration: the agent records
+ * it in etcd as the job's checkpoint, from which a restart of the whole job resumes. */
+int wagma_worker_checkpoint_saved(wagma_worker_t *w, const char *path, uint64_t iteration);
 
 /* The message of the last failed call on this handle ("" if none). Borrowed. */
 const char *wagma_worker_last_error(const wagma_worker_t *w);
