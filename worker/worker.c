@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_stage.h"
 #include "proto.h"
 #include "wagma/api.h"
 #include "wagma/clock_internal.h"
@@ -62,9 +63,9 @@ struct wagma_worker {
   wagma_worker_config_t cfg;
   double progress_interval, connect_timeout, round_deadline, collective_timeout, linger;
   int encrypt;
-  char *spec;          /* the job spec's JSON text ("{}" when the agent sent none) */
-  uint64_t ck_every;   /* spec checkpoint.every, 0 = none */
-  int ck_dir;          /* the spec has a checkpoint.path */
+  char *spec;        /* the job spec's JSON text ("{}" when the agent sent none) */
+  uint64_t ck_every; /* spec checkpoint.every, 0 = none */
+  int ck_dir;        /* the spec has a checkpoint.path */
   int have_plan;
   wagma_plan_t plan; /* the newest plan the agent sent */
   uint8_t secret[WAGMA_API_SECRET_LEN];
@@ -77,8 +78,14 @@ struct wagma_worker {
 
   /* training thread */
   int listen_fd; /* the agent's data-plane socket, -1 = bind per epoch */
-  float *params;
+  float *params; /* the registered parameters, or their page-locked mirror (device) */
   size_t n;
+  /* device buffers (wagma_worker_use_cuda): the caller's device parameters and stream, the
+   * runtime, and the gradients' page-locked mirror */
+  int device;
+  void *stream;
+  wg_cuda_t cuda;
+  float *dparams, *hgrads;
   wagma_worker_state_fns_t st;
   void *st_user;
   float *sync_buf;
@@ -120,6 +127,26 @@ static int fail(wagma_worker_t *w, int e, const char *fmt, ...) {
 
 const char *wagma_worker_last_error(const wagma_worker_t *w) {
   return w ? w->err : "no worker";
+}
+
+/* ---- device buffers: the host mirrors, staged on the caller's stream --------------------- */
+
+/* The device parameters into the mirror (waits for the caller's stream): 0 on host buffers. */
+static int params_in(wagma_worker_t *w) {
+  char why[256];
+  if (!w->device)
+    return 0;
+  int e = wg_cuda_to_host(&w->cuda, w->params, w->dparams, w->n, w->stream, why, sizeof why);
+  return e ? fail(w, e, "the device parameters: %s", why) : 0;
+}
+
+/* The mirror back to the device parameters (queued on the caller's stream). */
+static int params_out(wagma_worker_t *w) {
+  char why[256];
+  if (!w->device)
+    return 0;
+  int e = wg_cuda_to_device(&w->cuda, w->dparams, w->params, w->n, w->stream, why, sizeof why);
+  return e ? fail(w, e, "the device parameters: %s", why) : 0;
 }
 
 /* A failed data-plane operation, at most every 2 s (the round goes on without it). */
@@ -393,13 +420,17 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, fl
     w->sync_buf = b;
     w->sync_cap = total;
   }
+  int e = params_in(w);
+  if (e)
+    return e;
   memcpy(w->sync_buf, w->params, w->n * sizeof(float));
   if (ns)
     w->st.save(w->st_user, w->sync_buf + w->n);
   int seeded = !plan_joiner && !w->has_model; /* a survivor's slot, no model: the seed's */
   float weight = plan_joiner || seeded ? 0.0f : 1.0f;
   *weight_out = weight;
-  int fresh = 0, e = wagma_comm_average(w->comm, w->sync_buf, total, weight);
+  int fresh = 0;
+  e = wagma_comm_average(w->comm, w->sync_buf, total, weight);
   if (e == WAGMA_EINVAL && weight == 0.0f) {
     /* nobody had a model: a fresh start (every member drew the same seed), unless a member
      * the plan counts as a survivor is out of reach: then a joiner got no model */
@@ -412,7 +443,8 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, fl
     }
   }
   if (e == WAGMA_ECANCELED)
-    return fail(w, e, "the opening sync of epoch %llu was superseded", (unsigned long long)w->epoch);
+    return fail(w, e, "the opening sync of epoch %llu was superseded",
+                (unsigned long long)w->epoch);
   if (e && plan_joiner)
     return fail(w, e,
                 "the joining sync of epoch %llu brought no model of the job (%s): not training "
@@ -424,12 +456,16 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, fl
     memcpy(w->params, w->sync_buf, w->n * sizeof(float));
     if (ns)
       w->st.load(w->st_user, w->sync_buf + w->n);
+    if ((e = params_out(w)))
+      return e;
   }
   w->joined = e == 0 && !fresh && weight == 0.0f;
   w->has_model = 1;
   w->fresh = fresh;
-  *how = plan_joiner ? "joiner" : fresh ? "fresh start" : seeded ? "survivor without a model"
-                                                                 : "survivor";
+  *how = plan_joiner ? "joiner"
+         : fresh     ? "fresh start"
+         : seeded    ? "survivor without a model"
+                     : "survivor";
   return 0;
 }
 
@@ -679,6 +715,22 @@ int wagma_worker_register(wagma_worker_t *w, float *params, size_t n,
     return fail(w, WAGMA_EINVAL, "state functions need size, save and load");
   w->params = params;
   w->n = n;
+  if (w->device) {
+    void *host = NULL, *grads = NULL;
+    int ce = w->cuda.malloc_host(&host, n * sizeof(float));
+    if (ce == 0)
+      ce = w->cuda.malloc_host(&grads, n * sizeof(float));
+    if (ce) {
+      if (host)
+        w->cuda.free_host(host);
+      w->params = NULL;
+      return fail(w, WAGMA_ENOMEM, "no page-locked memory for %zu floats: CUDA error %d (%s)", n,
+                  ce, w->cuda.error_string(ce));
+    }
+    w->dparams = params;
+    w->params = host;
+    w->hgrads = grads;
+  }
   if (state)
     w->st = *state;
   w->st_user = state_user;
@@ -699,16 +751,27 @@ int wagma_worker_should_stop(wagma_worker_t *w) {
 }
 
 int wagma_worker_average_gradients(wagma_worker_t *w, float *grads) {
+  char why[256];
   if (strcmp(w->cfg.algorithm, "allreduce") != 0)
     return 0;
+  float *host = w->device ? w->hgrads : grads;
   for (int attempt = 0; attempt < 2; attempt++) {
     int e = boundary(w);
     if (e)
       return e;
-    e = wagma_comm_allreduce(w->comm, grads, w->n, WAGMA_REDUCE_MEAN);
-    if (e == 0 || e != WAGMA_ECANCELED)
-      return e ? (warn(w, "gradient allreduce", e), 0) : 0; /* a lost peer: local this once */
-    close_comm(w);                                          /* a newer plan: again there */
+    if (w->device && (e = wg_cuda_to_host(&w->cuda, host, grads, w->n, w->stream, why, sizeof why)))
+      return fail(w, e, "the device gradients: %s", why);
+    e = wagma_comm_allreduce(w->comm, host, w->n, WAGMA_REDUCE_MEAN);
+    if (e == WAGMA_ECANCELED) {
+      close_comm(w); /* a newer plan: again there */
+      continue;
+    }
+    if (e) /* a lost peer: local this once (the gradients as they were) */
+      return warn(w, "gradient allreduce", e), 0;
+    if (w->device &&
+        (e = wg_cuda_to_device(&w->cuda, grads, host, w->n, w->stream, why, sizeof why)))
+      return fail(w, e, "the device gradients: %s", why);
+    return 0;
   }
   return 0;
 }
@@ -728,7 +791,12 @@ int wagma_worker_step(wagma_worker_t *w) {
   if (strcmp(w->cfg.algorithm, "wagma") == 0) {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
+    if ((e = params_in(w)))
+      return e;
     e = wagma_comm_step(w->comm, w->params, &st);
+    int out = params_out(w); /* what the engine wrote (corrections, a result), whatever it said */
+    if (out)
+      return out;
     if (e == 0) {
       w->staleness = st.max_staleness;
       w->round_global = st.kind == WAGMA_ROUND_GLOBAL;
@@ -744,8 +812,14 @@ int wagma_worker_step(wagma_worker_t *w) {
   } else {
     w->iteration++;
     if (strcmp(w->cfg.algorithm, "local-sgd") == 0 && w->cfg.staleness_bound > 0 &&
-        w->iteration % (uint64_t)w->cfg.staleness_bound == 0)
+        w->iteration % (uint64_t)w->cfg.staleness_bound == 0) {
+      if ((e = params_in(w)))
+        return e;
       e = wagma_comm_allreduce(w->comm, w->params, w->n, WAGMA_REDUCE_MEAN);
+      int out = e ? 0 : params_out(w);
+      if (out)
+        return out;
+    }
   }
   if (e == WAGMA_ECANCELED)
     close_comm(w); /* a newer plan or a stop: the next boundary takes it */
@@ -785,6 +859,9 @@ int wagma_worker_status(const wagma_worker_t *w, wagma_worker_status_t *out) {
 }
 
 int wagma_worker_final_average(wagma_worker_t *w) {
+  int in = params_in(w);
+  if (in)
+    return in;
   if (!w->nfp) /* the models as trained: how far apart they ended shows the averaging worked */
     wg_fingerprint(w->params, w->n, w->fp, &w->nfp);
   for (int attempt = 0; attempt < 3; attempt++) {
@@ -794,7 +871,7 @@ int wagma_worker_final_average(wagma_worker_t *w) {
     e = wagma_comm_average(w->comm, w->params, w->n, 1.0f);
     if (e == 0) {
       w->finished = 1;
-      return 0;
+      return params_out(w);
     }
     if (e != WAGMA_ECANCELED)
       return fail(w, e, "the final average failed: %s (%s)", wagma_strerror(e),
@@ -806,6 +883,8 @@ int wagma_worker_final_average(wagma_worker_t *w) {
 
 int wagma_worker_done(wagma_worker_t *w, double loss, double accuracy) {
   wagma_worker_report(w, loss, accuracy);
+  if (!w->finished && params_in(w))
+    return WAGMA_EIO;
   for (size_t i = 0; i < w->n; i++)
     if (!isfinite(w->params[i]))
       return wagma_worker_fail(w, "the final model is not finite (NaN or Inf)");
@@ -819,6 +898,20 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why) {
   snprintf(w->err, sizeof w->err, "%s", why ? why : "failed");
   int e = report(w, WAGMA_PROGRESS_FAILED, why ? why : "the program failed");
   return e ? e : 0;
+}
+
+int wagma_worker_use_cuda(wagma_worker_t *w, void *stream) {
+  char why[300];
+  if (w->params)
+    return fail(w, WAGMA_EEXIST, "wagma_worker_use_cuda comes before wagma_worker_register");
+  if (!w->device) {
+    int e = wg_cuda_load(&w->cuda, why, sizeof why);
+    if (e)
+      return fail(w, e, "device buffers: %s", why);
+  }
+  w->device = 1;
+  w->stream = stream;
+  return 0;
 }
 
 const char *wagma_worker_spec(const wagma_worker_t *w) {
@@ -879,6 +972,14 @@ void wagma_worker_close(wagma_worker_t *w) {
   memset(w->secret, 0, sizeof w->secret);
   free(w->sync_buf);
   free(w->spec);
+  if (w->device) {
+    if (w->params) { /* the last copy to the device reads the mirror: let it end first */
+      w->cuda.stream_synchronize(w->stream);
+      w->cuda.free_host(w->params);
+      w->cuda.free_host(w->hgrads);
+    }
+    wg_cuda_unload(&w->cuda);
+  }
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w);

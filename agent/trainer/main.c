@@ -97,12 +97,12 @@ static void sleep_s(double s) {
 
 static int parse_options(int argc, char **argv, trainer_opts_t *o) {
   static const struct option longs[] = {
-      {"device", required_argument, 0, 'D'},      {"checkpoint-root", required_argument, 0, 'K'},
-      {"data-dir", required_argument, 0, 'd'},    {"synthetic-train", required_argument, 0, 'S'},
+      {"device", required_argument, 0, 'D'},         {"checkpoint-root", required_argument, 0, 'K'},
+      {"data-dir", required_argument, 0, 'd'},       {"synthetic-train", required_argument, 0, 'S'},
       {"synthetic-test", required_argument, 0, 'T'}, {"eval-samples", required_argument, 0, 'V'},
-      {"threads", required_argument, 0, 't'},     {"slow-factor", required_argument, 0, 'f'},
-      {"sleep-prob", required_argument, 0, 'b'},  {"sleep-ms", required_argument, 0, 'm'},
-      {"log-level", required_argument, 0, 'v'},   {0, 0, 0, 0}};
+      {"threads", required_argument, 0, 't'},        {"slow-factor", required_argument, 0, 'f'},
+      {"sleep-prob", required_argument, 0, 'b'},     {"sleep-ms", required_argument, 0, 'm'},
+      {"log-level", required_argument, 0, 'v'},      {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->synthetic_train = 20000;
   o->synthetic_test = 2000;
@@ -249,7 +249,8 @@ static int restore(void *user, const char *path, uint64_t *iteration) {
   return e;
 }
 
-/* ---- the loop ---------------------------------------------------------------------------------- */
+/* ---- the loop ----------------------------------------------------------------------------------
+ */
 
 static void straggle(trainer_t *t, double compute_s) {
   double pause = 0;
@@ -319,7 +320,8 @@ static int iteration(trainer_t *t) {
     straggle(t, mono() - t0); /* the straggler's delay is its compute's, before the collective */
     if (!(host = wg_model_host_grads(&t->host, &e)))
       return e;
-    if ((e = wagma_worker_average_gradients(t->w, host)) || (e = wg_model_host_grads_back(&t->host)))
+    if ((e = wagma_worker_average_gradients(t->w, host)) ||
+        (e = wg_model_host_grads_back(&t->host)))
       return e;
     follow_epoch(t);
     wagma_worker_status(t->w, &st);

@@ -245,8 +245,9 @@ except AttributeError as e:
 try:
     _spec = _fn("wagma_worker_spec", ctypes.c_char_p, _handle)
     _unavailable = _fn("wagma_worker_unavailable", ctypes.c_int, _handle, ctypes.c_char_p)
+    _use_cuda = _fn("wagma_worker_use_cuda", ctypes.c_int, _handle, ctypes.c_void_p)
 except AttributeError:
-    _spec = _unavailable = None
+    _spec = _unavailable = _use_cuda = None
 try:
     _strerror = _fn("wagma_strerror", ctypes.c_char_p, ctypes.c_int)
 except AttributeError:  # not exported: the names above are enough
@@ -523,6 +524,16 @@ class Worker:
         s = _Status()
         self._check(_status(self._live(), ctypes.byref(s)), "wagma_worker_status")
         return WorkerStatus._from_c(s)
+
+    def use_cuda(self, stream: int = 0) -> None:
+        """wagma_worker_use_cuda: before ``register``; the parameters (and the gradients given
+        to ``average_gradients``) are then CUDA device addresses produced on ``stream`` (a
+        cudaStream_t as an int, e.g. ``torch.cuda.current_stream().cuda_stream``; 0 = the
+        legacy default stream)."""
+        if _use_cuda is None:
+            raise WagmaError(Status.ENOSYS, f"{library_path} has no wagma_worker_use_cuda")
+        self._check(_use_cuda(self._live(), ctypes.c_void_p(int(stream) or None)),
+                    "wagma_worker_use_cuda")
 
     @property
     def spec(self) -> dict:

@@ -16,9 +16,11 @@ The whole change to a script (examples/pytorch/fmnist_cnn.py; docs/programs.md s
 What ``wrap`` does:
 
 * **One flat buffer.** Every parameter of the model (then its float32 buffers, e.g. BatchNorm's
-  running statistics) becomes a view into ONE contiguous float32 CPU tensor, registered once
-  with ``wagma_worker_register``: its address never changes, so the library averages the model
-  in place. Do not move or re-create parameters afterwards (``model.to(...)``,
+  running statistics) becomes a view into ONE contiguous float32 tensor on the model's device
+  (the CPU or one CUDA device), registered once with ``wagma_worker_register``: its address
+  never changes, so the library averages the model in place. A CUDA model is registered as
+  device memory with the stream current at ``wrap`` (``wagma_worker_use_cuda``): the library
+  stages it through page-locked host memory, ordered after the work queued on that stream. Do not move or re-create parameters afterwards (``model.to(...)``,
   ``model.double()``, assigning ``p.data``): ``opt.step()`` checks and raises WagmaError.
 * **The optimizer's ``step``** (the same optimizer object is returned, its ``step`` wrapped):
   allreduce jobs copy the gradients into a flat gradient buffer, average them over the members
@@ -38,8 +40,7 @@ What ``wrap`` does:
   batches from the same data, while ``init`` seeded it with the job's seed so every member
   built the same initial model.
 
-Only CPU models for now: a model on a GPU raises WagmaError(ENOSYS) (docs/design.md §13).
-Torch 1.13 (Debian 12) and 2.x.
+CPU and CUDA models (all parameters on one device). Torch 1.13 (Debian 12) and 2.x.
 """
 
 import atexit
@@ -111,7 +112,7 @@ class Job:
         self.stopped = False  # the agent said stop (wagma_worker_step returned ECANCELED)
         self._samples, self._batch_size = samples, batch_size
         self._iterations = self.config.iterations
-        self._flat: Optional[_HostBuffers] = None
+        self._flat: Optional[_FlatBuffers] = None
         self._state: Optional[_StateCodec] = None
         self._closed = False
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -203,6 +204,8 @@ class Job:
         state = _StateCodec(optimizer, extra)
         state.discover(flat)
         self._flat, self._state = flat, state
+        if flat.device.type == "cuda":
+            self.worker.use_cuda(torch.cuda.current_stream(flat.device).cuda_stream)
         self.worker.register(flat.params_address(), flat.n, state.size, state.save, state.load)
         self.model, self.optimizer = model, optimizer
         if self.config.iterations == 0:
@@ -403,23 +406,25 @@ def _collect(optimizer, model):
 
 
 def _buffers_for(params, buffers):
-    devices = {p.device.type for p in params} | {m._buffers[n].device.type for m, n in buffers}
-    if devices - {"cpu"}:
-        raise WagmaError(
-            Status.ENOSYS,
-            f"wagma.torch: the model is on {sorted(devices - {'cpu'})}: only CPU models are "
-            "supported yet (device buffers are not built yet: docs/design.md §13); keep the "
-            "model on the CPU")
-    return _HostBuffers(params, buffers)
+    devices = {p.device for p in params} | {m._buffers[n].device for m, n in buffers}
+    if len(devices) > 1:
+        raise WagmaError(Status.EINVAL, f"wagma.torch: the model spans {sorted(map(str, devices))}"
+                         ": put all of it on one device before job.wrap()")
+    device = devices.pop() if devices else torch.device("cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise WagmaError(Status.ENOSYS, f"wagma.torch: the model is on {device}: CPU and CUDA "
+                         "models only")
+    return _FlatBuffers(params, buffers, device)
 
 
-class _HostBuffers:
-    """The registered memory for a CPU model: one flat float32 tensor, every parameter then
-    every float32 buffer a view into it, and a flat gradient buffer of the same length (the
-    parameters' gradients in the first n_grad floats, zeros after them). A device (CUDA) model
-    will get its own class with the same methods: params_address, average_gradients, check."""
+class _FlatBuffers:
+    """The registered memory: one flat float32 tensor on the model's device (the CPU or one
+    CUDA device), every parameter then every float32 buffer a view into it, and a flat gradient
+    buffer of the same length (the parameters' gradients in the first n_grad floats, zeros after
+    them). Copies into and out of them run on the current stream, which the library waits for
+    (device buffers: wagma_worker_use_cuda)."""
 
-    def __init__(self, params, buffers):
+    def __init__(self, params, buffers, device):
         bad = [(tuple(p.shape), p.dtype) for p in params if p.dtype != _F32]
         bad += [(n, m._buffers[n].dtype) for m, n in buffers if m._buffers[n].dtype != _F32]
         if bad:
@@ -431,7 +436,8 @@ class _HostBuffers:
         self.n = self.n_grad + sum(m._buffers[n].numel() for m, n in buffers)
         if self.n == 0:
             raise WagmaError(Status.EINVAL, "wagma.torch: the model has no parameters")
-        flat = torch.empty(self.n, dtype=_F32)
+        self.device = device
+        flat = torch.empty(self.n, dtype=_F32, device=device)
         views: List[Tuple[object, int, int]] = []  # (tensor, offset, numel)
         off = 0
         with torch.no_grad():
@@ -453,7 +459,7 @@ class _HostBuffers:
                 off += k
         self.flat = flat
         # The registered length (the buffers' part stays zero): the library reads and writes n
-        self.grads = torch.zeros(self.n, dtype=_F32)
+        self.grads = torch.zeros(self.n, dtype=_F32, device=device)
         self._views = views
         self._ptrs = [(p, p.data_ptr()) for p, _, k in views if k > 0]
         self._ptrs += [(m, name, m._buffers[name].data_ptr())
@@ -467,7 +473,7 @@ class _HostBuffers:
         for e in self._ptrs:
             if len(e) == 2:
                 p, ptr = e
-                ok = p.data_ptr() == ptr and p.device.type == "cpu"
+                ok = p.data_ptr() == ptr and p.device == self.device
             else:
                 m, name, ptr = e
                 b = m._buffers.get(name)
@@ -524,9 +530,7 @@ def _kind_of(v, where):
             raise WagmaError(Status.EINVAL, f"wagma.torch: optimizer state {where}: a "
                              f"{v.dtype} tensor{' (sparse)' if v.is_sparse else ''} cannot be "
                              "sent to a joiner")
-        if v.device.type != "cpu":
-            raise WagmaError(Status.ENOSYS, f"wagma.torch: optimizer state {where} is on "
-                             f"{v.device}: only CPU state is supported yet (docs/design.md §13)")
+        # (a CUDA tensor is copied to and from the library's host buffer by .copy_)
         return ("tensor", tuple(v.shape), v.dtype)
     raise WagmaError(Status.EINVAL, f"wagma.torch: optimizer state {where}: a "
                      f"{type(v).__name__} cannot be sent to a joiner (tensors and numbers only)")
@@ -610,7 +614,7 @@ class _StateCodec:
         self._ignored_logged = False
 
     # -- layout -----------------------------------------------------------------------------
-    def discover(self, flat: _HostBuffers):
+    def discover(self, flat: _FlatBuffers):
         """Learns the state's layout with one no-op step of the optimizer, then restores the
         optimizer (state, gradients, lr, counters) and the registered memory exactly."""
         opt = self.opt

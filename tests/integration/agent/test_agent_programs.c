@@ -3,9 +3,13 @@
  * holds examples/c/minimal (logistic regression on libwagma) and small misbehaving programs.
  *
  *  - minimal trains under wagma, allreduce and local-sgd: the job succeeds, every member's test
- *    accuracy is above ACC_BOUND and the members' models ended close (fingerprints before the final
- *    average, within test_agent's bound), each
- *    member's progress shows the program's epoch and iterations;
+ *    accuracy is above ACC_BOUND and the members' models ended close (fingerprints before the
+ *    final average, within test_agent's bound), each member's progress shows the program's
+ *    epoch and iterations;
+ *  - minimal linked with the static libwagma.a trains the same wagma job;
+ *  - device buffers (wagma_worker_use_cuda) without a GPU: program_device.c keeps its model in
+ *    tests/fake_cudart's "device" memory, which faults on any direct touch; under wagma and
+ *    allreduce the job trains as minimal's, and every step went through libwagma's staging;
  *  - arguments with shell metacharacters reach the program verbatim (it echoes its argv);
  *  - a program that exits 1 at once fails the job with its stderr in the reason;
  *  - one that never connects is killed after --program-connect-timeout and fails the job;
@@ -61,6 +65,14 @@ static int setup(void **state) {
   snprintf(path, sizeof path, "%s/minimal", programs_dir);
   if (symlink(getenv("WAGMA_MINIMAL_BIN"), path) != 0)
     return -1;
+  snprintf(path, sizeof path, "%s/minimal-static", programs_dir);
+  if (symlink(getenv("WAGMA_MINIMAL_STATIC_BIN"), path) != 0)
+    return -1;
+  snprintf(path, sizeof path, "%s/device", programs_dir);
+  if (symlink(getenv("WAGMA_DEVICE_PROGRAM_BIN"), path) != 0)
+    return -1;
+  static char cudart[600];
+  snprintf(cudart, sizeof cudart, "WAGMA_CUDART=%s", getenv("WAGMA_FAKE_CUDART"));
   write_program("fail", "#!/bin/sh\necho 'boom: the program cannot start' >&2\nexit 1\n");
   write_program("sleeper", "#!/bin/sh\nexec sleep 120\n");
   write_program("garbage",
@@ -78,13 +90,15 @@ static int setup(void **state) {
   agent_args[n++] = "2";
   agent_args[n++] = "--program-grace";
   agent_args[n++] = "2";
+  agent_args[n++] = "--program-env";
+  agent_args[n++] = cudart;
   agent_args[n] = NULL;
   return cluster_group_setup(state, 4, agent_args);
 }
 
 static int teardown(void **state) {
   int rc = cluster_group_teardown(state);
-  const char *names[] = {"minimal", "fail", "sleeper", "garbage"};
+  const char *names[] = {"minimal", "minimal-static", "device", "fail", "sleeper", "garbage"};
   for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", programs_dir, names[i]);
@@ -103,15 +117,16 @@ static void wait_end(cluster_t *c, const char *job, const char *want, job_view_t
   assert_string_equal(v->state, want);
 }
 
-static void train(cluster_t *c, const char *algorithm) {
+static void train_program(cluster_t *c, const char *program, const char *algorithm,
+                          job_view_t *out) {
   job_view_t v;
   char job[64];
-  snprintf(job, sizeof job, "prog-%s", algorithm);
+  snprintf(job, sizeof job, "%s-%s", strcmp(program, "minimal") ? program : "prog", algorithm);
   assert_int_equal(cluster_job_submit(c,
-                                      "{\"name\":\"%s\",\"program\":{\"name\":\"minimal\"},"
+                                      "{\"name\":\"%s\",\"program\":{\"name\":\"%s\"},"
                                       "\"algorithm\":\"%s\",\"workers\":4,\"iterations\":600,"
                                       "\"group_size\":2,\"staleness_bound\":4,\"batch_size\":32}",
-                                      job, algorithm),
+                                      job, program, algorithm),
                    0);
   wait_end(c, job, "succeeded", &v);
   double spread = job_fingerprint_spread(&v);
@@ -127,6 +142,40 @@ static void train(cluster_t *c, const char *algorithm) {
     assert_int_equal(v.members[i].iteration, 600);
     assert_true(v.members[i].epoch >= 1);
   }
+  if (out)
+    *out = v;
+}
+
+static void train(cluster_t *c, const char *algorithm) {
+  train_program(c, "minimal", algorithm, NULL);
+}
+
+/* libwagma's device buffers (wagma_worker_use_cuda) over tests/fake_cudart: program_device.c
+ * fails its member unless the library staged every step through its mirrors, and any direct
+ * touch of device memory kills it; each member printed how many copies the library made. */
+static void device_buffers(cluster_t *c, const char *algorithm) {
+  job_view_t v;
+  char job[64];
+  train_program(c, "device", algorithm, &v);
+  snprintf(job, sizeof job, "device-%s", algorithm);
+  for (int i = 0; i < v.nmembers; i++) {
+    int k = cluster_agent_index(c, v.members[i].name);
+    assert_int_equal(cluster_agent_log_count(c, k, job, "device: library copies"), 1);
+    assert_int_equal(cluster_agent_log_count(c, k, job, "over 0 steps"), 0);
+  }
+}
+
+/* minimal linked with the static libwagma.a: the same job, no libwagma.so at run time (the
+ * program's ELF needs no libwagma: checked by the test test_libwagma_static_linked). */
+static void test_static_library(void **state) {
+  train_program(*state, "minimal-static", "wagma", NULL);
+}
+
+static void test_device_buffers_wagma(void **state) {
+  device_buffers(*state, "wagma");
+}
+static void test_device_buffers_allreduce(void **state) {
+  device_buffers(*state, "allreduce");
 }
 
 static void test_wagma(void **state) {
@@ -357,6 +406,9 @@ int main(void) {
       cmocka_unit_test(test_wagma),
       cmocka_unit_test(test_allreduce),
       cmocka_unit_test(test_local_sgd),
+      cmocka_unit_test(test_static_library),
+      cmocka_unit_test(test_device_buffers_wagma),
+      cmocka_unit_test(test_device_buffers_allreduce),
       cmocka_unit_test(test_args_verbatim),
       cmocka_unit_test(test_exit_at_once),
       cmocka_unit_test(test_never_connects),

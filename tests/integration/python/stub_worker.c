@@ -319,6 +319,11 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why) {
   return 0;
 }
 
+int wagma_worker_use_cuda(wagma_worker_t *w, void *stream) {
+  (void)stream;
+  return w ? WAGMA_ENOSYS : WAGMA_EINVAL; /* the stub stages nothing */
+}
+
 const char *wagma_worker_spec(const wagma_worker_t *w) {
   (void)w;
   return env("WAGMA_STUB_SPEC", "{}");

@@ -155,11 +155,15 @@ class FlatBufferTest(unittest.TestCase):
 
     def test_refused(self):
         job = open_job()
-        with self.assertRaises(WagmaError) as c:  # a model on a device: not built yet
+        with self.assertRaises(WagmaError) as c:  # a device that is neither the CPU nor CUDA
             m = nn.Linear(4, 2, device="meta")
             job.wrap(torch.optim.SGD(m.parameters(), lr=0.1), m)
         self.assertEqual(c.exception.status, Status.ENOSYS)
-        self.assertIn("docs/design.md §13", c.exception.message)
+        self.assertIn("CPU and CUDA models only", c.exception.message)
+        with self.assertRaises(WagmaError) as c:  # a model over two devices
+            m = nn.Sequential(nn.Linear(4, 2), nn.Linear(2, 2, device="meta"))
+            job.wrap(torch.optim.SGD(m.parameters(), lr=0.1), m)
+        self.assertIn("on one device", c.exception.message)
         with self.assertRaises(WagmaError) as c:
             m = nn.Linear(4, 2).double()
             job.wrap(torch.optim.SGD(m.parameters(), lr=0.1), m)

@@ -26,7 +26,8 @@
  *   wagma_worker_final_average(w);  ... evaluate ...  wagma_worker_done(w, loss, accuracy);
  *   wagma_worker_close(w);
  *
- * Buffers: float32 in host memory (device memory: not built yet, docs/design.md §13). The
+ * Buffers: float32 in host memory, or CUDA device memory with the caller's stream
+ * (wagma_worker_use_cuda; staged through page-locked host memory). The
  * parameters are registered once and must stay at that address; whatever else a joiner needs
  * (the optimizer's state) travels through the state functions, called only on the training
  * thread inside wagma_worker_step / wagma_worker_register.
@@ -98,6 +99,17 @@ int wagma_worker_open(const char *socket_path, wagma_log_fn log, void *log_user,
                       wagma_worker_t **out);
 
 int wagma_worker_config(const wagma_worker_t *w, wagma_worker_config_t *out);
+
+/* Device buffers (CUDA): call before wagma_worker_register. The parameters given to register
+ * and the gradients given to wagma_worker_average_gradients are then device pointers (float32,
+ * the current CUDA device), produced on stream (a cudaStream_t; NULL = the legacy default
+ * stream). libwagma stages them through page-locked host memory of its own: it waits for stream
+ * before it reads them (the caller's queued work is in), and queues what it writes on stream
+ * (the caller's next work on it sees the result). No call blocks the device beyond that
+ * stream. The optimizer state of the state functions stays in host buffers. The CUDA runtime
+ * is loaded here ($WAGMA_CUDART, else libcudart.so.13 / .12: the process's own, e.g.
+ * PyTorch's): WAGMA_ENOSYS without one. */
+int wagma_worker_use_cuda(wagma_worker_t *w, void *stream);
 
 /* Registers the parameters (n floats at params, kept: they must stay valid and at this address
  * until close) and the state functions (may be NULL: no state), then waits for the first plan
