@@ -82,8 +82,11 @@ static void reader_begin(coll_t *c, const int *idx, int k) {
 }
 
 static void reader_end(coll_t *c) {
-  if (c->rd != NULL)
-    c->ctx->ops->reader_end(c->ctx->transport, c->rd);
+  const wg_transport_ops_t *ops = c->ctx->ops;
+  if (c->rd != NULL && c->ctx->release && ops->reader_release)
+    ops->reader_release(c->ctx->transport, c->rd);
+  else if (c->rd != NULL)
+    ops->reader_end(c->ctx->transport, c->rd);
   c->rd = NULL;
 }
 

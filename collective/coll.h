@@ -51,6 +51,9 @@ typedef struct wg_coll_ctx {
   int algorithm;          /* 0 = choose (above); or force one wg_coll_algorithm_t */
   int *failed_rank;       /* may be NULL; on WAGMA_EPEER: the participant found dead (by me
                              or by the sender of a notice), else left unchanged */
+  int release;            /* 1: the operation's reader session ends without the linger
+                             (ops->reader_release): other threads expect frames from these
+                             peers next (the engine's data thread) */
 } wg_coll_ctx_t;
 
 #define WG_COLL_ALGORITHMS 1 /* this header has wg_coll_ctx_t.algorithm (for benchmarks) */

@@ -86,7 +86,9 @@ double wg_engine_member_timeout(const wagma_comm_t *c) {
   double t = c->factor * (c->ewma_member > c->ewma_leader ? c->ewma_member : c->ewma_leader);
   if (t < c->floor_s)
     t = c->floor_s;
-  return 1.5 * t + 0.1;
+  /* an allreduce round's data takes time with the model's size: wait for it too */
+  double data = c->rounds_allreduce ? (double)(c->count * sizeof(float)) / 100e6 : 0.0;
+  return 1.5 * t + 0.1 + data;
 }
 
 void wg_engine_ewma(double *avg, double sample) {
@@ -119,6 +121,7 @@ static void comm_free(wagma_comm_t *c) {
   wg_outbox_discard(c);
   wg_snapshot_free(&c->snap);
   free(c->global_mean);
+  free(c->work);
   free(c->suspect);
   free(c->all_ranks);
   wagma_plan_free(&c->plan);
@@ -162,6 +165,24 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   c->log = o->log;
   c->log_user = o->log_user;
   c->ops = ops;
+  c->mem = &wg_memops_host;
+  int rounds = o->rounds;
+  const char *env = getenv("WAGMA_ENGINE_ROUNDS");
+  if (rounds == WAGMA_ROUNDS_DEFAULT && env && env[0])
+    rounds = strcmp(env, "allreduce") == 0 ? WAGMA_ROUNDS_ALLREDUCE
+             : strcmp(env, "star") == 0    ? WAGMA_ROUNDS_STAR
+                                           : -1;
+  if (rounds == WAGMA_ROUNDS_DEFAULT) /* measured: docs/benchmarks.md "Rounds as an allreduce" */
+    rounds = o->transport == WAGMA_TRANSPORT_TCP &&
+                     o->count * sizeof(float) >= WG_ROUNDS_ALLREDUCE_MIN_BYTES
+                 ? WAGMA_ROUNDS_ALLREDUCE
+                 : WAGMA_ROUNDS_STAR;
+  if (rounds != WAGMA_ROUNDS_STAR && rounds != WAGMA_ROUNDS_ALLREDUCE) {
+    wagma_plan_free(&c->plan);
+    free(c);
+    return WAGMA_EINVAL;
+  }
+  c->rounds_allreduce = rounds == WAGMA_ROUNDS_ALLREDUCE;
   c->highest_src = -1;
   c->coll_chunk = c->count > COLL_CHUNK_MIN_FLOATS ? c->count : COLL_CHUNK_MIN_FLOATS;
   /* The epoch starts from a global mean (the agents' weighted average): the model counts as
@@ -172,8 +193,10 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   c->global_mean = calloc(c->count, sizeof(float));
   c->suspect = calloc((size_t)c->nranks, 1);
   c->all_ranks = malloc((size_t)c->nranks * sizeof(int));
+  if (c->rounds_allreduce)
+    c->work = calloc(c->count, sizeof(float));
   if (wg_snapshot_init(&c->snap, c->count) != 0 || !c->global_mean || !c->suspect ||
-      !c->all_ranks) {
+      !c->all_ranks || (c->rounds_allreduce && !c->work)) {
     rc = WAGMA_ENOMEM;
     goto out;
   }
@@ -222,6 +245,15 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
     goto out;
   }
   c->round_thread_started = 1;
+  if (c->rounds_allreduce) {
+    if (pthread_create(&c->data_thread, NULL, wg_engine_data_main, c) != 0) {
+      *out = c; /* the round thread runs: destroy stops it */
+      wagma_comm_destroy(c);
+      *out = NULL;
+      return WAGMA_ENOMEM;
+    }
+    c->data_thread_started = 1;
+  }
   *out = c;
   return 0;
 out:
@@ -311,6 +343,8 @@ void wagma_comm_destroy(wagma_comm_t *c) {
     c->ops->interrupt(c->tp);
   if (c->round_thread_started)
     pthread_join(c->round_thread, NULL);
+  if (c->data_thread_started)
+    pthread_join(c->data_thread, NULL);
   if (c->tp)
     c->ops->close(c->tp);
   pthread_cond_destroy(&c->cv);
@@ -468,6 +502,8 @@ int wg_comm_busy(wagma_comm_t *c) {
   pthread_mutex_lock(&c->mu);
   n += c->outstanding != NULL;
   for (wg_lround_t *lr = c->lrounds; lr; lr = lr->next)
+    n++;
+  for (wg_lround_t *lr = c->drounds; lr; lr = lr->next)
     n++;
   pthread_mutex_unlock(&c->mu);
   return n;

@@ -98,7 +98,7 @@ int wg_global_coll_live(wagma_comm_t *c, enum wg_coll_op op, uint64_t round, uin
     rc = WAGMA_ENOMEM;
     goto out;
   }
-  memcpy(saved, buf, count * sizeof(float));
+  c->mem->copy(c->mem->self, saved, buf, count);
   for (;;) {
     int n = 0;
     for (int i = 0; i < c->nranks; i++)
@@ -129,7 +129,7 @@ int wg_global_coll_live(wagma_comm_t *c, enum wg_coll_op op, uint64_t round, uin
     ctx.group = group;
     ctx.seq = h << 20;
     ctx.failed_rank = &failed;
-    memcpy(buf, saved, count * sizeof(float));
+    c->mem->copy(c->mem->self, buf, saved, count);
     rc = 0;
     for (size_t off = 0, k = 0; off < count && rc == 0; off += chunk, k++) {
       size_t len = count - off < chunk ? count - off : chunk;
@@ -153,7 +153,7 @@ int wg_global_coll_live(wagma_comm_t *c, enum wg_coll_op op, uint64_t round, uin
             failed);
   }
   if (rc != 0)
-    memcpy(buf, saved, count * sizeof(float));
+    c->mem->copy(c->mem->self, buf, saved, count);
 out:
   free(live);
   free(excluded);

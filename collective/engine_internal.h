@@ -11,6 +11,7 @@
  *   engine_global.c    barrier global rounds, catch-up, blocking collectives on live ranks
  *   engine_outbox.c    frames queued under mu and sent after it is released
  *   engine_codec.c     the RESULT payload, little-endian like the frame header
+ *   memops.c           the model-sized arithmetic (copy, add, correction), a table (memops.h)
  *
  * Locking: one mutex `mu` guards every field marked (mu). Frames are never sent under mu:
  * code holding mu posts them to the outbox and whoever released mu flushes it. The only
@@ -23,17 +24,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "memops.h"
 #include "transport.h"
 #include "wagma/collective.h"
 
 /* RESULT frame flags. */
-#define WG_RESULT_EXCLUDED 1u /* your contribution did not make it into the mean: void */
-#define WG_RESULT_GLOBAL 2u   /* the result of a global round */
-/* CONTRIB flags. */
+#define WG_RESULT_EXCLUDED                                                                         \
+  1u                        /* your contribution did not make it into the mean: void (an           \
+                               allreduce round: ABORT, the round is void for everyone) */
+#define WG_RESULT_GLOBAL 2u /* the result of a global round */
+#define WG_RESULT_GO                                                                               \
+  4u /* allreduce rounds: the contributors are decided (payload: the                               \
+        list, wg_codec_list_*); run the allreduce among them */
+#define WG_RESULT_COMMIT                                                                           \
+  8u /* allreduce rounds: every contributor's allreduce succeeded:                                 \
+        apply its mean (payload: the list when no GO preceded) */
+/* CONTRIB flags. An allreduce round's CONTRIB carries no payload (a JOIN). */
 #define WG_CONTRIB_DECLINE 1u /* I will not contribute to this round: don't wait for me */
+#define WG_CONTRIB_DONE 2u    /* allreduce rounds: my allreduce of the round ended... */
+#define WG_CONTRIB_FAILED 4u  /* ...without a result (with DONE) */
 /* CATCHUP_REP flags. */
 #define WG_CATCHUP_NONE 1u /* the peer has no global mean yet */
 
+/* The default way rounds move data (wagma_comm_options_t.rounds): over TCP, an allreduce among
+ * the contributors from this model size on, the star below it (where the allreduce's extra
+ * hops cost more than the leader's data path saves; docs/benchmarks.md). */
+#define WG_ROUNDS_ALLREDUCE_MIN_BYTES ((size_t)256 << 10)
 #define WG_FINISHED_RING 256 /* leader rounds remembered after they finish */
 #define WG_DEFERRED_MAX 32   /* activations waiting for my outstanding contribution */
 
@@ -75,6 +91,9 @@ typedef struct wg_entry {
   uint64_t version; /* snapshot version contributed */
   int leader;
   int sending; /* a CONTRIB of it is in an outbox flush: its pinned buffer is being read */
+  /* allreduce rounds (engine_data.c): GO came (ranks/versions/ncontrib hold the list), the
+   * data thread took it, its allreduce ended (data_rc) and c->work holds the mean */
+  int go, claimed, data_done, data_rc;
   /* filled when resolved */
   int activator;
   int members;
@@ -103,8 +122,13 @@ typedef struct wg_lround {
   uint8_t *contributed; /* nmembers */
   uint8_t *expected;    /* nmembers: we wait for these */
   uint64_t *versions;   /* nmembers */
-  double *sum;          /* count doubles */
+  double *sum;          /* count doubles (star rounds) */
   int ncontrib;
+  /* allreduce rounds: after GO, the round waits for every contributor's DONE (data phase) */
+  int data;          /* in the data phase (in c->drounds, its round marked finished) */
+  uint8_t *done;     /* nmembers: DONE came (or my own allreduce ended) */
+  int ndone, failed; /* DONEs so far; one of them (or a death, the deadline) failed */
+  double go_at;
   int activator;
   double created;
   double deadline;
@@ -145,6 +169,9 @@ struct wagma_comm {
 
   const wg_transport_ops_t *ops;
   wg_transport_t *tp;
+  /* the arithmetic on the model-sized buffers (memops.h): the host's today, the buffers being
+   * host memory */
+  const wg_memops_t *mem;
 
   pthread_t round_thread;
   int round_thread_started;
@@ -160,7 +187,13 @@ struct wagma_comm {
   wg_entry_t *outstanding;                 /* (mu) my WAITING entry, or NULL */
   wg_deferred_t deferred[WG_DEFERRED_MAX]; /* (mu) */
   int ndeferred;
-  wg_lround_t *lrounds;                /* (mu) */
+  wg_lround_t *lrounds; /* (mu) */
+  wg_lround_t *drounds; /* (mu) allreduce rounds I lead in their data phase */
+  int rounds_allreduce; /* WAGMA_ROUNDS_ALLREDUCE: rounds move data by an allreduce */
+  float *work;          /* allreduce rounds: the data thread's buffer (count floats) */
+  pthread_t data_thread;
+  int data_thread_started;
+  double ewma_data; /* (mu) measured GO -> decision latency of rounds I led, 0 = none */
   uint64_t finished[WG_FINISHED_RING]; /* (mu) rounds led and finished, +1 (0 = empty) */
   int finished_pos;
   uint8_t *suspect; /* (mu) per rank: missed a deadline, not waited for until heard from */
@@ -244,6 +277,10 @@ wg_entry_t *wg_member_contribute(wagma_comm_t *c, uint64_t round, uint32_t group
 void wg_member_resolve(wagma_comm_t *c, wg_entry_t *e, const float *mean, int activator,
                        int members, int ncontrib, const int *ranks, const uint64_t *versions);
 void wg_member_void(wagma_comm_t *c, wg_entry_t *e, const char *why);
+/* Allreduce rounds: GO for my contribution e: the contributor list (copied into e) and the
+ * data thread may take it. 0 or WAGMA_ENOMEM. */
+int wg_member_go(wagma_comm_t *c, wg_entry_t *e, int activator, int members, int n,
+                 const int *ranks, const uint64_t *versions);
 /* An activation of (round, group) by leader (me, for a round I lead): answers it now if I
  * can, defers it if my contribution is outstanding or I have no snapshot yet, declines it
  * if my snapshot is too stale. */
@@ -272,8 +309,13 @@ void wg_leader_add(wagma_comm_t *c, wg_lround_t *lr, int src, uint64_t version, 
 void wg_leader_release(wagma_comm_t *c, wg_lround_t *lr, int src);
 /* Posts the mean to every contributor, resolves my own contribution, frees lr. */
 void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now);
-/* Finalizes rounds whose deadline passed or whose missing members died. */
+/* Finalizes rounds whose deadline passed or whose missing members died; ends allreduce
+ * rounds in their data phase whose deadline passed or a contributor of which died (abort). */
 void wg_leader_tick(wagma_comm_t *c, double now);
+/* Allreduce rounds: src's allreduce of round ended (ok or not); commits the round once every
+ * contributor's did, aborts it at the first failure. */
+void wg_leader_done(wagma_comm_t *c, uint64_t round, int src, int ok);
+wg_lround_t *wg_leader_data_find(wagma_comm_t *c, uint64_t round);
 void wg_leader_free_all(wagma_comm_t *c);
 /* Records the mean of global round round as the latest global mean. */
 void wg_engine_store_global(wagma_comm_t *c, uint64_t round, const float *mean);
@@ -303,8 +345,29 @@ void wg_codec_get_floats(float *out, const uint8_t *in, size_t n);
 /* in as floats without a copy when the host is little-endian and in is aligned, else NULL. */
 const float *wg_codec_floats_view(const uint8_t *in);
 
+/* The list of an allreduce round's contributors (GO, a COMMIT without GO): n int32 ranks then
+ * n uint64 versions, little-endian. */
+size_t wg_codec_list_size(int n);
+void wg_codec_list_encode(uint8_t *out, int n, const int *ranks, const uint64_t *versions);
+int wg_codec_list_decode(const uint8_t *in, int n, int nranks, int *ranks, uint64_t *versions);
+
 /* ---------------------------------------------------------------- round thread, globals */
 void *wg_engine_round_main(void *arg);
+/* engine_data.c: the data thread of allreduce rounds (docs/design.md "Rounds as an
+ * allreduce"), and the time an allreduce of the model is given. */
+void *wg_engine_data_main(void *arg);
+double wg_engine_data_timeout(const wagma_comm_t *c);
+/* The seq base of a round's allreduce among ranks (n sorted contributors): 40 bits of a hash of
+ * the list, shifted as barrier rounds' (engine_global.c); its failure notice is it | the
+ * notice bit (coll.h). */
+uint64_t wg_engine_list_seq(const int *ranks, int n);
+/* Tests only (NULL otherwise): called by the data thread with the snapshot a member (not the
+ * round's leader) contributes to an allreduce round, as staged: what the star path sends in
+ * its CONTRIB, for test_engine_property's "no snapshot in two rounds" check. Set it before
+ * any communicator exists. */
+typedef void (*wg_engine_staged_hook_t)(int rank, int leader, uint64_t round, const float *snap,
+                                        size_t count);
+extern wg_engine_staged_hook_t wg_engine_staged_hook;
 int wg_global_barrier(wagma_comm_t *c, float *model, uint64_t g, wagma_round_stats_t *st);
 int wg_global_catch_up(wagma_comm_t *c, float *model, uint64_t r, uint64_t *next);
 enum wg_coll_op { WG_COLL_ALLREDUCE, WG_COLL_BROADCAST, WG_COLL_AVERAGE };

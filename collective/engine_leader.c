@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coll.h"
 #include "engine_internal.h"
 #include "wagma/log_internal.h"
 
@@ -37,6 +38,7 @@ static void lround_free(wg_lround_t *lr) {
   free(lr->expected);
   free(lr->versions);
   free(lr->sum);
+  free(lr->done);
   free(lr);
 }
 
@@ -48,6 +50,12 @@ void wg_leader_free_all(wagma_comm_t *c) {
     lr = n;
   }
   c->lrounds = NULL;
+  for (lr = c->drounds; lr;) {
+    wg_lround_t *n = lr->next;
+    lround_free(lr);
+    lr = n;
+  }
+  c->drounds = NULL;
 }
 
 static int member_index(const wg_lround_t *lr, int rank) {
@@ -70,8 +78,11 @@ wg_lround_t *wg_leader_open(wagma_comm_t *c, uint64_t round, uint32_t group, int
   lr->contributed = calloc((size_t)n, 1);
   lr->expected = calloc((size_t)n, 1);
   lr->versions = calloc((size_t)n, sizeof(uint64_t));
-  lr->sum = calloc(c->count, sizeof(double));
-  if (!lr->contributed || !lr->expected || !lr->versions || !lr->sum) {
+  if (c->rounds_allreduce)
+    lr->done = calloc((size_t)n, 1);
+  else
+    lr->sum = calloc(c->count, sizeof(double));
+  if (!lr->contributed || !lr->expected || !lr->versions || (!lr->sum && !lr->done)) {
     lround_free(lr);
     return NULL;
   }
@@ -120,7 +131,7 @@ void wg_leader_add(wagma_comm_t *c, wg_lround_t *lr, int src, uint64_t version,
   lr->expected[i] = 1;
   lr->versions[i] = version;
   lr->ncontrib++;
-  for (size_t k = 0; k < c->count; k++)
+  for (size_t k = 0; model && lr->sum && k < c->count; k++)
     lr->sum[k] += (double)model[k];
   if (complete(lr))
     wg_leader_finalize(c, lr, wg_now());
@@ -138,23 +149,196 @@ void wg_leader_release(wagma_comm_t *c, wg_lround_t *lr, int src) {
 void wg_engine_store_global(wagma_comm_t *c, uint64_t round, const float *mean) {
   if (c->have_global && c->global_round >= round)
     return;
-  memcpy(c->global_mean, mean, c->count * sizeof(float));
+  c->mem->copy(c->mem->self, c->global_mean, mean, c->count);
   c->global_round = round;
   c->have_global = 1;
 }
 
-/* Unlinks lr, remembers its round as finished and frees it. */
-static void retire(wagma_comm_t *c, wg_lround_t *lr) {
-  c->finished[c->finished_pos] = lr->round + 1;
+static void mark_finished(wagma_comm_t *c, uint64_t round) {
+  c->finished[c->finished_pos] = round + 1;
   c->finished_pos = (c->finished_pos + 1) % WG_FINISHED_RING;
-  for (wg_lround_t **p = &c->lrounds; *p; p = &(*p)->next) {
+}
+
+static void unlink_round(wg_lround_t **list, wg_lround_t *lr) {
+  for (wg_lround_t **p = list; *p; p = &(*p)->next) {
     if (*p == lr) {
       *p = lr->next;
-      break;
+      return;
     }
   }
+}
+
+/* Unlinks lr, remembers its round as finished and frees it. */
+static void retire(wagma_comm_t *c, wg_lround_t *lr) {
+  if (!lr->data)
+    mark_finished(c, lr->round); /* (a data-phase round was marked at its GO) */
+  unlink_round(lr->data ? &c->drounds : &c->lrounds, lr);
   lround_free(lr);
   pthread_cond_broadcast(&c->cv);
+}
+
+/* ---- allreduce rounds: GO, then every contributor's DONE, then COMMIT or ABORT ----------- */
+
+wg_lround_t *wg_leader_data_find(wagma_comm_t *c, uint64_t round) {
+  for (wg_lround_t *lr = c->drounds; lr; lr = lr->next)
+    if (lr->round == round)
+      return lr;
+  return NULL;
+}
+
+/* The contributors of lr, in member order (sorted): ranks and versions (nmembers entries). */
+static int contributor_list(const wg_lround_t *lr, int *ranks, uint64_t *versions) {
+  int n = 0;
+  for (int i = 0; i < lr->nmembers; i++) {
+    if (!lr->contributed[i])
+      continue;
+    ranks[n] = lr->members[i];
+    versions[n] = lr->versions[i];
+    n++;
+  }
+  return n;
+}
+
+static void post_decision(wagma_comm_t *c, const wg_lround_t *lr, uint32_t flags, wg_blob_t *blob,
+                          int n) {
+  for (int i = 0; i < lr->nmembers; i++) {
+    if (!lr->contributed[i] || lr->members[i] == c->rank)
+      continue;
+    wg_frame_header_t h = {0};
+    h.kind = WG_FRAME_RESULT;
+    h.round = lr->round;
+    h.group = lr->group;
+    h.seq = (uint64_t)(int64_t)lr->activator;
+    h.aux = (uint64_t)n;
+    h.flags = flags | (lr->global ? WG_RESULT_GLOBAL : 0u);
+    wg_outbox_post(c, lr->members[i], &h, blob);
+  }
+}
+
+/* Every contributor's allreduce succeeded: COMMIT; my own contribution takes c->work. */
+static void commit_round(wagma_comm_t *c, wg_lround_t *lr, double now) {
+  wg_engine_ewma(&c->ewma_data, now - lr->go_at);
+  post_decision(c, lr, WG_RESULT_COMMIT, NULL, lr->ncontrib);
+  wg_entry_t *mine = wg_member_entry(c, lr->round);
+  if (mine && mine->state == WG_ENTRY_WAITING && mine->go && mine->data_done && mine->data_rc == 0)
+    wg_member_resolve(c, mine, c->work, mine->activator, mine->members, mine->ncontrib, mine->ranks,
+                      mine->versions);
+  retire(c, lr);
+}
+
+/* The round is void for every contributor: ABORT, and a failure notice of its allreduce so
+ * that contributors still inside it give up now (coll.h) rather than at their deadline. */
+static void abort_round(wagma_comm_t *c, wg_lround_t *lr, const char *why) {
+  post_decision(c, lr, WG_RESULT_EXCLUDED, NULL, 0);
+  int ranks[lr->nmembers];
+  uint64_t versions[lr->nmembers];
+  int n = contributor_list(lr, ranks, versions);
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] == c->rank)
+      continue;
+    wg_frame_header_t h = {0};
+    h.kind = WG_FRAME_COLL;
+    h.round = lr->round;
+    h.group = lr->group;
+    h.seq = wg_engine_list_seq(ranks, n) | WG_COLL_NOTICE_BIT;
+    h.flags = WG_COLL_FAILED;
+    h.aux = (uint64_t)(int64_t)-1;
+    wg_outbox_post(c, ranks[i], &h, NULL);
+  }
+  wg_entry_t *mine = wg_member_entry(c, lr->round);
+  if (mine && mine->state == WG_ENTRY_WAITING)
+    wg_member_void(c, mine, why);
+  wg_logf(c->log, c->log_user, WAGMA_LOG_DEBUG, "engine: rank %d: round %llu aborted: %s", c->rank,
+          (unsigned long long)lr->round, why);
+  retire(c, lr);
+}
+
+/* The contributors are decided: GO to each (my own entry directly), then the data phase. A
+ * lone contributor needs no allreduce: COMMIT at once, its own snapshot is the mean. */
+static void go_round(wagma_comm_t *c, wg_lround_t *lr, double now) {
+  int ranks[lr->nmembers];
+  uint64_t versions[lr->nmembers];
+  for (int i = 0; i < lr->nmembers; i++) /* a contributor that died since: not in the list */
+    if (lr->contributed[i] && lr->members[i] != c->rank &&
+        !c->ops->peer_alive(c->tp, lr->members[i])) {
+      lr->contributed[i] = 0;
+      lr->ncontrib--;
+    }
+  int n = contributor_list(lr, ranks, versions);
+  wg_entry_t *mine = wg_member_entry(c, lr->round);
+  int me_in = 0;
+  for (int i = 0; i < n; i++)
+    me_in |= ranks[i] == c->rank;
+  if (n == 0) {
+    retire(c, lr);
+    return;
+  }
+  wg_blob_t *blob = wg_blob_new(wg_codec_list_size(n));
+  if (!blob) {
+    abort_round(c, lr, "out of memory");
+    return;
+  }
+  wg_codec_list_encode(blob->data, n, ranks, versions);
+  if (n == 1) {
+    post_decision(c, lr, WG_RESULT_COMMIT, blob, 1);
+    if (me_in && mine && mine->state == WG_ENTRY_WAITING)
+      wg_member_resolve(c, mine, c->snap.buf[c->snap.pinned], lr->activator, lr->nmembers, 1, ranks,
+                        versions);
+    wg_blob_unref(blob);
+    retire(c, lr);
+    return;
+  }
+  post_decision(c, lr, WG_RESULT_GO, blob, n);
+  wg_blob_unref(blob);
+  if (me_in && mine && mine->state == WG_ENTRY_WAITING &&
+      wg_member_go(c, mine, lr->activator, lr->nmembers, n, ranks, versions) != 0) {
+    abort_round(c, lr, "out of memory");
+    return;
+  }
+  mark_finished(c, lr->round); /* a JOIN from now on is too late: EXCLUDED */
+  unlink_round(&c->lrounds, lr);
+  lr->data = 1;
+  lr->go_at = now;
+  double slack = c->floor_s / 2 > 0.1 ? c->floor_s / 2 : 0.1;
+  lr->deadline = now + wg_engine_data_timeout(c) + slack;
+  lr->next = c->drounds;
+  c->drounds = lr;
+  pthread_cond_broadcast(&c->cv);
+}
+
+void wg_leader_done(wagma_comm_t *c, uint64_t round, int src, int ok) {
+  wg_lround_t *lr = wg_leader_data_find(c, round);
+  int i = lr ? member_index(lr, src) : -1;
+  if (i < 0 || !lr->contributed[i] || lr->done[i])
+    return;
+  lr->done[i] = 1;
+  lr->ndone++;
+  if (!ok)
+    abort_round(c, lr, "a contributor's allreduce failed");
+  else if (lr->ndone == lr->ncontrib)
+    commit_round(c, lr, wg_now());
+}
+
+/* Data-phase rounds past their deadline, or with a contributor gone before its DONE: abort
+ * (the missing ones are suspected). */
+static void data_tick(wagma_comm_t *c, double now) {
+  wg_lround_t *lr = c->drounds;
+  while (lr) {
+    wg_lround_t *next = lr->next;
+    int gone = 0, late = now >= lr->deadline;
+    for (int i = 0; i < lr->nmembers; i++) {
+      int m = lr->members[i];
+      if (!lr->contributed[i] || lr->done[i] || m == c->rank)
+        continue;
+      if (!c->ops->peer_alive(c->tp, m))
+        gone = 1;
+      if (late)
+        c->suspect[m] = 1;
+    }
+    if (late || gone)
+      abort_round(c, lr, late ? "its allreduce missed the deadline" : "a contributor died");
+    lr = next;
+  }
 }
 
 void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now) {
@@ -163,6 +347,10 @@ void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now) {
   for (int i = 0; i < lr->nmembers; i++)
     if (lr->expected[i] && !lr->contributed[i] && lr->members[i] != c->rank)
       c->suspect[lr->members[i]] = 1; /* missed the deadline: do not wait for it again */
+  if (c->rounds_allreduce) {
+    go_round(c, lr, now);
+    return;
+  }
   int n = lr->ncontrib;
   wg_entry_t *mine = wg_member_entry(c, lr->round);
   int me = member_index(lr, c->rank);
@@ -242,4 +430,5 @@ void wg_leader_tick(wagma_comm_t *c, double now) {
       wg_leader_finalize(c, lr, now);
     lr = next;
   }
+  data_tick(c, now);
 }

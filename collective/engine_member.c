@@ -79,31 +79,69 @@ wg_entry_t *wg_member_contribute(wagma_comm_t *c, uint64_t round, uint32_t group
     c->counters.rounds_joined++;
   if (leader == c->rank) {
     wg_lround_t *lr = wg_leader_find(c, round);
-    if (lr)
-      wg_leader_add(c, lr, c->rank, e->version, c->snap.buf[c->snap.pinned]);
+    if (lr) /* (an allreduce round moves no data through its leader) */
+      wg_leader_add(c, lr, c->rank, e->version,
+                    c->rounds_allreduce ? NULL : c->snap.buf[c->snap.pinned]);
     else
       wg_member_void(c, e, "my round is closed");
+    return e;
+  }
+  if (c->rounds_allreduce) { /* JOIN: a CONTRIB without the snapshot */
+    wg_frame_header_t h = {0};
+    h.kind = WG_FRAME_CONTRIB;
+    h.round = round;
+    h.group = group;
+    h.aux = e->version;
+    wg_outbox_post(c, leader, &h, NULL);
     return e;
   }
   wg_outbox_post_contrib(c, e);
   return e;
 }
 
+/* Copies of n ranks and versions into e's arrays (replacing them; the arguments may be e's
+ * own). 0 or WAGMA_ENOMEM (e keeps its old arrays). */
+static int set_list(wg_entry_t *e, int n, const int *ranks, const uint64_t *versions) {
+  int *r = malloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+  uint64_t *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint64_t));
+  if (!r || !v) {
+    free(r);
+    free(v);
+    return WAGMA_ENOMEM;
+  }
+  memcpy(r, ranks, (size_t)n * sizeof(int));
+  memcpy(v, versions, (size_t)n * sizeof(uint64_t));
+  free(e->ranks);
+  free(e->versions);
+  e->ranks = r;
+  e->versions = v;
+  e->ncontrib = n;
+  return 0;
+}
+
+int wg_member_go(wagma_comm_t *c, wg_entry_t *e, int activator, int members, int n,
+                 const int *ranks, const uint64_t *versions) {
+  if (e->state != WG_ENTRY_WAITING || e->go)
+    return 0;
+  if (set_list(e, n, ranks, versions) != 0)
+    return WAGMA_ENOMEM;
+  e->go = 1;
+  e->activator = activator;
+  e->members = members;
+  pthread_cond_broadcast(&c->cv); /* the data thread */
+  return 0;
+}
+
 void wg_member_resolve(wagma_comm_t *c, wg_entry_t *e, const float *mean, int activator,
                        int members, int ncontrib, const int *ranks, const uint64_t *versions) {
   if (e->state != WG_ENTRY_WAITING)
     return;
-  e->ranks = malloc((size_t)(ncontrib > 0 ? ncontrib : 1) * sizeof(int));
-  e->versions = malloc((size_t)(ncontrib > 0 ? ncontrib : 1) * sizeof(uint64_t));
-  if (!e->ranks || !e->versions) {
+  if (set_list(e, ncontrib, ranks, versions) != 0) {
     free(e->ranks);
     free(e->versions);
     e->ranks = NULL;
     e->versions = NULL;
     ncontrib = 0;
-  } else {
-    memcpy(e->ranks, ranks, (size_t)ncontrib * sizeof(int));
-    memcpy(e->versions, versions, (size_t)ncontrib * sizeof(uint64_t));
   }
   wg_snapshot_resolve(c, mean, e->round, e->global);
   e->state = WG_ENTRY_RESOLVED;

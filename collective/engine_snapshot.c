@@ -1,7 +1,8 @@
 /* engine_snapshot.c — the snapshot my contributions are taken from and the accumulator of
  * corrections that the compute thread adds to its model (engine_internal.h, wg_snapshot_t).
  *
- * Owns: comm->snap (three buffers of count floats and the accumulator).
+ * Owns: comm->snap (three buffers of count floats and the accumulator). Their arithmetic goes
+ * through comm->mem (memops.h), so device buffers can take the same path with kernels.
  * Threads: publish runs on the compute thread and copies the model outside mu into the one
  * buffer that is neither front nor pinned (nobody else reads it); everything else runs under
  * comm->mu from either thread.
@@ -49,10 +50,7 @@ int wg_snapshot_apply(wagma_comm_t *c, float *model) {
   int n = s->acc_n;
   if (n == 0)
     return 0;
-  for (size_t i = 0; i < s->count; i++) {
-    model[i] += s->acc[i];
-    s->acc[i] = 0.0f;
-  }
+  c->mem->add_clear(c->mem->self, model, s->acc, s->count);
   for (wg_entry_t *e = c->entries; e; e = e->next)
     if (e->state == WG_ENTRY_RESOLVED)
       e->state = WG_ENTRY_APPLIED;
@@ -74,14 +72,11 @@ int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int app
   s->writing = w;
   pthread_mutex_unlock(&c->mu);
 
-  memcpy(s->buf[w], model, s->count * sizeof(float));
+  c->mem->copy(c->mem->self, s->buf[w], model, s->count);
 
   pthread_mutex_lock(&c->mu);
-  if (s->acc_n > 0) {
-    /* Corrections not in model (resolved during the copy, or all of them without apply). */
-    for (size_t i = 0; i < s->count; i++)
-      s->buf[w][i] += s->acc[i];
-  }
+  if (s->acc_n > 0) /* corrections not in model (resolved during the copy, or all without apply) */
+    c->mem->add(c->mem->self, s->buf[w], s->acc, s->count);
   s->front = w;
   s->writing = -1;
   s->version = version;
@@ -94,9 +89,13 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
   wg_snapshot_t *s = &c->snap;
   if (s->pinned < 0)
     return;
+  const wg_memops_t *m = c->mem;
   const float *pinned = s->buf[s->pinned];
-  for (size_t i = 0; i < s->count; i++)
-    s->acc[i] += mean[i] - pinned[i];
+  int moved_on = s->front >= 0 && s->front != s->pinned;
+  if (moved_on) /* the accumulator and the newer snapshot both take mean - pinned, in one pass */
+    m->add_diff2(m->self, s->acc, s->buf[s->front], mean, pinned, s->count);
+  else
+    m->add_diff(m->self, s->acc, mean, pinned, s->count);
   s->acc_n++;
   if (global && round + 1 > s->acc_global)
     s->acc_global = round + 1;
@@ -109,14 +108,10 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
     int w = 0;
     while (w == s->pinned || w == s->writing)
       w++;
-    memcpy(s->buf[w], mean, s->count * sizeof(float));
+    m->copy(m->self, s->buf[w], mean, s->count);
     s->front = w;
     if (round > s->version)
       s->version = round;
-  } else if (s->front >= 0) {
-    float *f = s->buf[s->front];
-    for (size_t i = 0; i < s->count; i++)
-      f[i] += mean[i] - pinned[i];
   }
   /* A publish copying right now gets the correction from acc when it finishes. */
   s->pinned = -1;

@@ -55,7 +55,15 @@ static void handle_contrib(wagma_comm_t *c, const wg_message_t *m) {
       wg_leader_release(c, lr, src);
     return;
   }
-  if (h->length != c->count * sizeof(float) || !wg_engine_same_group(c, h->round, h->group, src)) {
+  if (h->flags & WG_CONTRIB_DONE) { /* an allreduce round's contributor is through */
+    if (c->rounds_allreduce && h->length == 0)
+      wg_leader_done(c, h->round, src, !(h->flags & WG_CONTRIB_FAILED));
+    else
+      c->counters.frames_rejected++;
+    return;
+  }
+  size_t want = c->rounds_allreduce ? 0 : c->count * sizeof(float); /* a JOIN, or the snapshot */
+  if (h->length != want || !wg_engine_same_group(c, h->round, h->group, src)) {
     c->counters.frames_rejected++;
     send_excluded(c, h);
     return;
@@ -78,6 +86,10 @@ static void handle_contrib(wagma_comm_t *c, const wg_message_t *m) {
       return;
     }
   }
+  if (c->rounds_allreduce) {
+    wg_leader_add(c, lr, src, h->aux, NULL);
+    return;
+  }
   const float *model = wg_codec_floats_view(m->payload);
   float *copy = NULL;
   if (!model) {
@@ -93,6 +105,56 @@ static void handle_contrib(wagma_comm_t *c, const wg_message_t *m) {
   free(copy);
 }
 
+/* Allreduce rounds: GO (the list: my data thread runs the allreduce) or COMMIT (apply the
+ * allreduce's mean, c->work; a lone contributor's COMMIT carries the list and its own snapshot
+ * is the mean). */
+static void handle_go_commit(wagma_comm_t *c, const wg_message_t *m, wg_entry_t *e) {
+  const wg_frame_header_t *h = &m->header;
+  int go = (h->flags & WG_RESULT_GO) != 0;
+  uint64_t n = h->aux;
+  if (!c->rounds_allreduce || n == 0 || n > (uint64_t)c->nranks || (go && e->go)) {
+    c->counters.frames_rejected++;
+    return;
+  }
+  int activator = (int)(int64_t)h->seq;
+  if (activator < -1 || activator >= c->nranks)
+    activator = -1;
+  const int *gr = NULL;
+  uint32_t g = 0;
+  int members = wg_engine_group_of(c, h->round, c->rank, &g, &gr);
+  if (!go && e->go) { /* COMMIT after GO: my allreduce succeeded, or the leader is wrong */
+    if (e->data_done && e->data_rc == 0)
+      wg_member_resolve(c, e, c->work, e->activator, e->members, e->ncontrib, e->ranks,
+                        e->versions);
+    else
+      wg_member_void(c, e, "a commit without my allreduce's result");
+    return;
+  }
+  if (h->length != wg_codec_list_size((int)n)) {
+    c->counters.frames_rejected++;
+    return;
+  }
+  int ranks[c->nranks];
+  uint64_t versions[c->nranks];
+  int listed = 0;
+  if (wg_codec_list_decode(m->payload, (int)n, c->nranks, ranks, versions) != 0) {
+    c->counters.frames_rejected++;
+    return;
+  }
+  for (uint64_t i = 0; i < n; i++)
+    listed |= ranks[i] == c->rank;
+  if (!listed) {
+    wg_member_void(c, e, "not among the contributors");
+  } else if (go) {
+    if (wg_member_go(c, e, activator, members, (int)n, ranks, versions) != 0)
+      wg_member_void(c, e, "out of memory"); /* (the leader aborts at my missing DONE) */
+  } else if (n == 1 && c->snap.pinned >= 0) {
+    wg_member_resolve(c, e, c->snap.buf[c->snap.pinned], activator, members, 1, ranks, versions);
+  } else {
+    c->counters.frames_rejected++;
+  }
+}
+
 static void handle_result(wagma_comm_t *c, const wg_message_t *m) {
   const wg_frame_header_t *h = &m->header;
   note_peer(c, (int)h->src, h->round);
@@ -100,7 +162,11 @@ static void handle_result(wagma_comm_t *c, const wg_message_t *m) {
   if (!e || e->state != WG_ENTRY_WAITING || e->leader != (int)h->src)
     return; /* not mine: duplicate, or for a contribution that went elsewhere */
   if (h->flags & WG_RESULT_EXCLUDED) {
-    wg_member_void(c, e, "excluded by the leader");
+    wg_member_void(c, e, e->go ? "the round's allreduce was aborted" : "excluded by the leader");
+    return;
+  }
+  if (h->flags & (WG_RESULT_GO | WG_RESULT_COMMIT)) {
+    handle_go_commit(c, m, e);
     return;
   }
   uint64_t n = h->aux;
@@ -194,6 +260,9 @@ void *wg_engine_round_main(void *arg) {
     }
     double deadline = wg_now() + ROUND_TICK_S;
     for (wg_lround_t *lr = c->lrounds; lr; lr = lr->next)
+      if (lr->deadline < deadline)
+        deadline = lr->deadline;
+    for (wg_lround_t *lr = c->drounds; lr; lr = lr->next)
       if (lr->deadline < deadline)
         deadline = lr->deadline;
     pthread_mutex_unlock(&c->mu);

@@ -315,6 +315,7 @@ const wg_transport_ops_t NC_OPS_NAME = {
     .recv = nc_recv,
     .reader_begin = NULL,
     .reader_end = NULL,
+    .reader_release = NULL,
     .recv_into = NULL,
     .peer_alive = nc_peer_alive,
     .interrupt = nc_interrupt,

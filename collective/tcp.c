@@ -437,6 +437,22 @@ static void linger_arm(struct wg_transport *t, uint64_t at_ns, int push) {
   pthread_mutex_unlock(&t->linger_lock);
 }
 
+/* A lingering socket back to the progress thread (EPOLLIN on: what came meanwhile wakes it
+ * now), unless a session took it back first; wakes threads waiting to claim it. Any thread. */
+static void take_back(struct wg_transport *t, wg_tcp_peer_t *p) {
+  int expected = WG_RD_LINGER;
+  if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_FREE))
+    return; /* a session took it back */
+  pthread_mutex_lock(&p->ev_lock);
+  ev_update(t, p);
+  pthread_mutex_unlock(&p->ev_lock);
+  if (atomic_exchange(&p->claim_waiting, 0)) {
+    pthread_mutex_lock(&t->mbox_lock);
+    pthread_cond_broadcast(&t->mbox_cond);
+    pthread_mutex_unlock(&t->mbox_lock);
+  }
+}
+
 /* Progress thread, timerfd fired: takes back the sockets whose linger has passed (EPOLLIN on:
  * what came meanwhile wakes it now) and arms the timer for the others. */
 static void on_timer(struct wg_transport *t) {
@@ -457,17 +473,7 @@ static void on_timer(struct wg_transport *t) {
         next = until;
       continue;
     }
-    int expected = WG_RD_LINGER;
-    if (!atomic_compare_exchange_strong(&p->reader, &expected, WG_RD_FREE))
-      continue; /* a session took it back */
-    pthread_mutex_lock(&p->ev_lock);
-    ev_update(t, p);
-    pthread_mutex_unlock(&p->ev_lock);
-    if (atomic_exchange(&p->claim_waiting, 0)) {
-      pthread_mutex_lock(&t->mbox_lock);
-      pthread_cond_broadcast(&t->mbox_cond);
-      pthread_mutex_unlock(&t->mbox_lock);
-    }
+    take_back(t, p);
   }
   if (next != 0)
     linger_arm(t, next, 0);
@@ -1064,23 +1070,36 @@ static int tcp_reader_begin(wg_transport_t *t, const int *ranks, int n, wg_reade
   return 0;
 }
 
-static void tcp_reader_end(wg_transport_t *t, wg_reader_t *rd) {
+/* Ends a session: its sockets linger LINGER_S (reader_end), or go back to the progress thread
+ * at once (release: frames for other threads are read now, not after the linger). */
+static void reader_finish(wg_transport_t *t, wg_reader_t *rd, int release) {
   if (t == NULL || rd == NULL)
     return;
   if (tls_reader == rd)
     tls_reader = NULL;
   flush_handoff(t, rd);
-  uint64_t until = now_ns() + (uint64_t)(LINGER_S * 1e9);
+  uint64_t until = now_ns() + (release ? 0 : (uint64_t)(LINGER_S * 1e9));
   int any = 0;
   for (int i = 0; i < rd->n; i++) {
-    any |= rd->held[i];
+    int held = rd->held[i];
+    any |= held;
     let_go(t, rd, i, until);
+    if (held && release)
+      take_back(t, &t->peers[rd->ranks[i]]);
   }
-  if (any)
+  if (any && !release)
     linger_arm(t, until, 1);
   void *none = NULL;
   if (!atomic_compare_exchange_strong(&t->spare_reader, &none, (void *)rd))
     reader_free(rd);
+}
+
+static void tcp_reader_end(wg_transport_t *t, wg_reader_t *rd) {
+  reader_finish(t, rd, 0);
+}
+
+static void tcp_reader_release(wg_transport_t *t, wg_reader_t *rd) {
+  reader_finish(t, rd, 1);
 }
 
 /* A session waits (ppoll) on the socket of ranks[idx], the one its recv wants, until it is
@@ -1371,6 +1390,7 @@ const wg_transport_ops_t wg_tcp_transport = {
     .recv = tcp_recv,
     .reader_begin = tcp_reader_begin,
     .reader_end = tcp_reader_end,
+    .reader_release = tcp_reader_release,
     .recv_into = tcp_recv_into,
     .peer_alive = tcp_peer_alive,
     .interrupt = tcp_interrupt,

@@ -168,6 +168,10 @@ typedef struct wg_transport_ops {
   /* Hands the connections back to the progress thread. Complete frames already read are in
    * the mailbox; NULL is a no-op. */
   void (*reader_end)(wg_transport_t *t, wg_reader_t *reader);
+  /* Optional (NULL: callers use reader_end). As reader_end, but the connections go back to the
+   * progress thread at once instead of lingering for the next session: for a thread whose next
+   * operation is far off while other threads expect frames from the same peers. */
+  void (*reader_release)(wg_transport_t *t, wg_reader_t *reader);
 
   /* recv with an optional reader (NULL: as recv) and an optional sink: with a sink, the
    * matching message's payload is copied to sink->dst (read straight from the socket into it

@@ -131,6 +131,8 @@ typedef enum wagma_transport_kind {
                                WAGMA_ENOSYS in a build without NCCL */
 } wagma_transport_kind_t;
 
+enum { WAGMA_ROUNDS_DEFAULT = 0, WAGMA_ROUNDS_STAR = 1, WAGMA_ROUNDS_ALLREDUCE = 2 };
+
 typedef struct wagma_comm_options {
   const wagma_plan_t *plan; /* copied by wagma_comm_create */
   int rank;                 /* my rank in the plan */
@@ -175,6 +177,13 @@ typedef struct wagma_comm_options {
    * epochs, so the port cannot be lost between them. 0 (default): bind the address. */
   int use_listen_fd;
   int listen_fd;
+  /* How a wait-avoiding round moves its data (docs/design.md "The engine", "Rounds as an
+   * allreduce"): WAGMA_ROUNDS_STAR, every contribution to the round's leader and the mean back;
+   * WAGMA_ROUNDS_ALLREDUCE, the leader agrees who contributes and the contributors run one
+   * allreduce among themselves, then commit. Every member of an epoch must use the same.
+   * 0 (WAGMA_ROUNDS_DEFAULT): $WAGMA_ENGINE_ROUNDS ("star" or "allreduce") if set, else the
+   * allreduce over TCP for models of 256 KiB and more, the star otherwise (docs/benchmarks.md). */
+  int rounds;
 } wagma_comm_options_t;
 
 #define WAGMA_SECRET_MIN_LEN 16 /* bytes; shorter secrets are refused (WAGMA_EINVAL) */

@@ -11,7 +11,9 @@
  *    the initial models, the local updates and the catch-up deltas (model after - before of
  *    each step that adopted a peer's global mean), to float tolerance;
  *  - no snapshot in two rounds: the CONTRIB payloads a rank sends (watched on the wire, less
- *    those its leader answered EXCLUDED) are pairwise different;
+ *    those its leader answered EXCLUDED) are pairwise different; with allreduce rounds
+ *    (WAGMA_ENGINE_ROUNDS=allreduce: a CONTRIB carries no snapshot) the snapshots the data
+ *    thread stages for a leader (wg_engine_staged_hook), and the check must have seen some;
  * and at every step: each contribution's staleness <= tau, and in barrier mode the model's
  * global age (rounds since the newest global mean it contains) <= tau (in wait-avoiding mode
  * a global round still open is in no model yet: the age is reported, not asserted).
@@ -71,6 +73,7 @@ typedef struct world {
   /* findings */
   int errors;
   int bad_staleness, bad_global_age, conservation_failures, reused;
+  uint64_t staged_total;                           /* allreduce rounds: snapshots the hook saw */
   uint64_t steps, catchups, corrections, left_out; /* corrections: applied by steps */
   uint64_t max_global_age;
   pthread_mutex_t mu;
@@ -116,6 +119,21 @@ static void tap(int dst, const wg_frame_header_t *h, const void *payload, size_t
         W.seen[i].excluded = 1;
         break;
       }
+  }
+  pthread_mutex_unlock(&W.mu);
+}
+
+/* Allreduce rounds: a member's staged snapshot (engine_data.c), as the wire's CONTRIB. */
+static void staged(int rank, int leader, uint64_t round, const float *snap, size_t count) {
+  pthread_mutex_lock(&W.mu);
+  if (W.nseen < MAX_CONTRIBS) {
+    contrib_seen_t *c = &W.seen[W.nseen++];
+    c->src = W.ids[rank];
+    c->dst = W.ids[leader];
+    c->round = round;
+    c->hash = fnv((const uint8_t *)snap, count * sizeof(float));
+    c->excluded = 0;
+    W.staged_total++;
   }
   pthread_mutex_unlock(&W.mu);
 }
@@ -278,6 +296,7 @@ static void run_epoch(uint64_t epoch) {
   }
   fake_world_init(W.P);
   fake_set_tap(tap, NULL);
+  wg_engine_staged_hook = staged;
   pthread_barrier_init(&W.barrier, NULL, (unsigned)W.P);
   pthread_t th[MAXM];
   rank_arg_t args[MAXM];
@@ -290,6 +309,7 @@ static void run_epoch(uint64_t epoch) {
     pthread_join(th[i], NULL);
   pthread_barrier_destroy(&W.barrier);
   fake_set_tap(NULL, NULL);
+  wg_engine_staged_hook = NULL;
   fake_world_free();
   wagma_plan_free(&W.plan);
   uint64_t top = W.start_round;
@@ -329,6 +349,9 @@ static void run_seed(unsigned seed) {
   assert_int_equal(W.errors, 0);
   assert_int_equal(W.conservation_failures, 0);
   assert_int_equal(W.reused, 0);
+  const char *rounds = getenv("WAGMA_ENGINE_ROUNDS");
+  if (rounds && strcmp(rounds, "allreduce") == 0)
+    assert_true(W.staged_total > 0); /* the snapshot check looked at something */
   assert_int_equal(W.bad_staleness, 0);
   assert_int_equal(W.bad_global_age, 0);
   assert_true(W.corrections > 0);
