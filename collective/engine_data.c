@@ -26,6 +26,7 @@
 #include "wagma/log_internal.h"
 
 wg_engine_staged_hook_t wg_engine_staged_hook = NULL;
+wg_engine_data_fault_t wg_engine_data_fault = NULL;
 
 /* Seconds an allreduce of the model is given: the measured round latency's multiple (at least
  * the floor), plus the bytes at a pessimistic 100 MB/s, so large models are not cut off by a
@@ -91,6 +92,8 @@ void *wg_engine_data_main(void *arg) {
     int rc = wg_coll_allreduce(&ctx, c->work, c->count, WAGMA_REDUCE_MEAN, wg_now() + timeout);
     if (rc == WAGMA_ECLOSED)
       break; /* destroy or abort: nothing more to report */
+    if (wg_engine_data_fault)
+      rc = wg_engine_data_fault(c->rank, round, rc);
 
     pthread_mutex_lock(&c->mu);
     wg_entry_t *now = wg_member_entry(c, round);

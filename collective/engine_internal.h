@@ -368,6 +368,10 @@ uint64_t wg_engine_list_seq(const int *ranks, int n);
 typedef void (*wg_engine_staged_hook_t)(int rank, int leader, uint64_t round, const float *snap,
                                         size_t count);
 extern wg_engine_staged_hook_t wg_engine_staged_hook;
+/* Tests only (NULL otherwise): the data thread reports the status this returns for its
+ * allreduce of round (rc: what the allreduce returned), to inject a partial success. */
+typedef int (*wg_engine_data_fault_t)(int rank, uint64_t round, int rc);
+extern wg_engine_data_fault_t wg_engine_data_fault;
 int wg_global_barrier(wagma_comm_t *c, float *model, uint64_t g, wagma_round_stats_t *st);
 int wg_global_catch_up(wagma_comm_t *c, float *model, uint64_t r, uint64_t *next);
 enum wg_coll_op { WG_COLL_ALLREDUCE, WG_COLL_BROADCAST, WG_COLL_AVERAGE };

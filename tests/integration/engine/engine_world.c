@@ -76,7 +76,9 @@ static void child(ew_shared_t *sh, int rank) {
   wagma_comm_options_init(&o);
   o.plan = &plan;
   o.rank = rank;
-  o.count = EW_COUNT;
+  size_t count = sc->count > EW_COUNT ? sc->count : EW_COUNT;
+  o.count = count;
+  o.rounds = sc->rounds_path;
   o.connect_timeout_s = 20;
   o.round_deadline_floor_s = sc->floor_s;
   o.global_timeout_s = 30;
@@ -96,6 +98,14 @@ static void child(ew_shared_t *sh, int rank) {
     res->model[i] = (float)(rank * 100 + (i % 13));
     res->initial[i] = res->model[i];
   }
+  /* a large model: the tracked prefix is res->model, mirrored around each call */
+  float *big = count > EW_COUNT ? calloc(count, sizeof(float)) : NULL;
+  float *model = big ? big : res->model;
+  if (count > EW_COUNT && !big) {
+    res->errors++;
+    wagma_comm_destroy(comm);
+    return;
+  }
   res->started = 1;
   /* same delay draws in every loop kind: seeded by (seed, rank) */
   unsigned seed = sc->seed * 7919u + (unsigned)rank * 104729u;
@@ -113,6 +123,7 @@ static void child(ew_shared_t *sh, int rank) {
       res->finished = 1;
       sh->victim_hit = 1;
       wagma_comm_destroy(comm);
+      free(big);
       res->exited_ok = 1;
       return;
     }
@@ -137,7 +148,11 @@ static void child(ew_shared_t *sh, int rank) {
       float *before = sc->track_catchup ? malloc(sizeof(res->model)) : NULL;
       if (before)
         memcpy(before, res->model, sizeof(res->model));
-      rc = wagma_comm_step(comm, res->model, &st);
+      if (big)
+        memcpy(big, res->model, sizeof(res->model));
+      rc = wagma_comm_step(comm, model, &st);
+      if (big)
+        memcpy(res->model, big, sizeof(res->model));
       if (before && st.caught_up)
         for (int i = 0; i < EW_COUNT; i++)
           res->catchup[i] += (double)res->model[i] - (double)before[i];
@@ -181,9 +196,14 @@ static void child(ew_shared_t *sh, int rank) {
   while (now_s() < settle_until ||
          (sc->settle_s > 0.5 && wg_comm_busy(comm) > 0 && now_s() < settle_until + 15))
     usleep(10000);
-  wg_comm_apply_pending(comm, res->model);
+  if (big)
+    memcpy(big, res->model, sizeof(res->model));
+  wg_comm_apply_pending(comm, model);
+  if (big)
+    memcpy(res->model, big, sizeof(res->model));
   wagma_comm_counters(comm, &res->counters);
   wagma_comm_destroy(comm);
+  free(big);
   res->exited_ok = 1;
 }
 

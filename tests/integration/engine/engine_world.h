@@ -36,6 +36,9 @@ typedef struct ew_scenario {
   double hard_timeout_s; /* default 90 */
   double settle_s;       /* after all finished: let open rounds end (default 0.1 s) */
   int track_catchup;     /* record each catch-up's model change in results[].catchup */
+  size_t count;          /* the model's floats (0 = EW_COUNT); beyond EW_COUNT they are zeros
+                            and untracked: a large model makes each round's data phase long */
+  int rounds_path;       /* wagma_comm_options_t.rounds (0 = the default) */
 } ew_scenario_t;
 
 typedef struct ew_result {

@@ -257,6 +257,64 @@ static void test_create_cancelled_by_newer_plan(void **s) {
   wagma_plan_free(&plan);
 }
 
+/* Allreduce rounds (docs/design.md §5.11) with a model large enough (4 MiB) that a member
+ * SIGSTOPped at a random moment is most likely inside a round's allreduce: its partners' data
+ * phase times out, the leader aborts, the rounds end void (or committed) alike for their
+ * contributors, so the sum of the models is still conserved over the four ranks once the
+ * frozen one resumed; no errors, the staleness bound holds, the others went on. A SIGKILL in
+ * the same setting: the survivors go on. (A partial success, where the commit step matters,
+ * is not forced here: a freeze makes both sides of a pair fail or both succeed.) */
+static void check_big_allreduce_fault(int kill) {
+  ew_scenario_t sc;
+  ew_scenario_init(&sc, 4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  sc.count = (size_t)1 << 20;
+  sc.rounds_path = WAGMA_ROUNDS_ALLREDUCE;
+  sc.rounds = 40;
+  sc.floor_s = 0.3;
+  for (int r = 0; r < 4; r++)
+    sc.base_ms[r] = 2;
+  if (kill) {
+    sc.kill_rank = 3;
+  } else {
+    sc.stop_rank = 3;
+    sc.stop_s = 1.0;
+  }
+  sc.settle_s = 3.0; /* > every data-phase deadline: every round has ended */
+  sc.track_catchup = 1;
+  assert_int_equal(ew_run(&sc, res), 0);
+  uint64_t left_out = 0;
+  for (int r = 0; r < 4; r++) {
+    if (kill && r == 3)
+      continue;
+    assert_int_equal(res[r].errors, 0);
+    assert_int_equal(res[r].bad_staleness, 0);
+    assert_true(res[r].final_round >= 40);
+    left_out += res[r].counters.rounds_left_out;
+  }
+  fprintf(stderr, "  %s: %llu rounds left out or aborted on the others\n",
+          kill ? "sigkill" : "sigstop", (unsigned long long)left_out);
+  if (kill)
+    return;
+  for (int i = 0; i < EW_COUNT; i++) {
+    double have = 0, want = 0;
+    for (int r = 0; r < sc.P; r++) {
+      have += res[r].model[i];
+      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
+    }
+    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
+  }
+}
+
+static void test_sigstop_in_allreduce_round_conserves(void **s) {
+  (void)s;
+  check_big_allreduce_fault(0);
+}
+
+static void test_sigkill_in_allreduce_round(void **s) {
+  (void)s;
+  check_big_allreduce_fault(1);
+}
+
 static void test_sigkill_wait_avoiding(void **s) {
   (void)s;
   check_kill(WAGMA_GLOBAL_WAIT_AVOIDING);
@@ -599,6 +657,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_sigkill_wait_avoiding),
       cmocka_unit_test(test_sigkill_barrier),
       cmocka_unit_test(test_sigstop_catches_up),
+      cmocka_unit_test(test_sigstop_in_allreduce_round_conserves),
+      cmocka_unit_test(test_sigkill_in_allreduce_round),
       cmocka_unit_test(test_epoch_changes),
       cmocka_unit_test(test_bye_in_barrier_round),
       cmocka_unit_test(test_collectives_beyond_count),

@@ -8,7 +8,11 @@
  *    must end as 50 and 50, not 50 and 100);
  *  - a member that jumped over a wait-avoiding global round it contributed to, and was then
  *    left out of it, catches up at its next step (it used to count the round as in its model
- *    and train on without its mean). */
+ *    and train on without its mean);
+ *  - allreduce rounds: a partial success (rank 1's allreduce reports a failure, rank 0's
+ *    succeeded: injected through wg_engine_data_fault) ends the round void for both, so the
+ *    models stay 0 and 100; applying one's own result without the leader's COMMIT would
+ *    leave 50 and 100 and break conservation. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -41,6 +45,7 @@ typedef struct rank_ctx {
 } rank_ctx_t;
 
 static pthread_barrier_t g_barrier;
+static int g_rounds;        /* wagma_comm_options_t.rounds of the world's ranks */
 static rank_ctx_t *g_ranks; /* the world's ranks, for a rank that must wait on another */
 
 static void *rank_main(void *arg) {
@@ -52,6 +57,7 @@ static void *rank_main(void *arg) {
   o.count = COUNT;
   o.round_deadline_floor_s = rc->floor_s;
   o.global_timeout_s = 20;
+  o.rounds = g_rounds;
   if (wg_comm_create_with(&o, &fake_transport, &rc->comm) != 0)
     rc->errors++;
   pthread_barrier_wait(&g_barrier);
@@ -186,6 +192,37 @@ static void test_stalled_leader_result_applied_by_all(void **state) {
   }
 }
 
+/* ---- allreduce rounds: a partial success is void for every contributor ------------------ */
+
+static int fail_rank1_round0(int rank, uint64_t round, int rc) {
+  if (rank != 1 || round != 0)
+    return rc;
+  usleep(200 * 1000); /* rank 0's allreduce has ended well by now: a partial success */
+  return WAGMA_EPEER; /* the data moved; rank 1 says it did not */
+}
+
+static void body_one_round(rank_ctx_t *rc) {
+  step(rc, 0);
+  pthread_barrier_wait(&g_barrier);
+  settle(rc, 5);
+}
+
+static void test_partial_allreduce_success_is_void_for_all(void **state) {
+  (void)state;
+  rank_ctx_t ranks[2];
+  const double floors[2] = {0.5, 0.5};
+  g_rounds = WAGMA_ROUNDS_ALLREDUCE;
+  wg_engine_data_fault = fail_rank1_round0;
+  run_world(2, 2, 8, floors, body_one_round, ranks);
+  wg_engine_data_fault = NULL;
+  g_rounds = 0;
+  for (int k = 0; k < COUNT; k++) {
+    assert_float_equal(ranks[0].model[k], 0.0f, 1e-6);
+    assert_float_equal(ranks[1].model[k], 100.0f, 1e-6);
+  }
+  assert_int_equal(ranks[0].st[0].left_out, ranks[0].st[0].members); /* void: no correction */
+}
+
 /* ---- a jump over a global round that then goes void ------------------------------------- */
 
 static wg_transport_t *g_raw; /* rank 0 of the jump test, driven by hand */
@@ -311,6 +348,7 @@ static void test_jump_over_a_void_global_round_catches_up(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_partial_allreduce_success_is_void_for_all),
       cmocka_unit_test(test_leader_contributes_a_snapshot_to_one_round),
       cmocka_unit_test(test_stalled_leader_result_applied_by_all),
       cmocka_unit_test(test_jump_over_a_void_global_round_catches_up),
