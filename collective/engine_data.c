@@ -47,10 +47,10 @@ uint64_t wg_engine_list_seq(const int *ranks, int n) {
   return (h & ((1ull << 40) - 1)) << 20;
 }
 
-/* The outstanding entry with GO and not yet taken by this thread, or NULL. (mu) */
+/* The outstanding entry this thread has not taken yet, or NULL. (mu) */
 static wg_entry_t *job(wagma_comm_t *c) {
   wg_entry_t *e = c->outstanding;
-  return e && e->state == WG_ENTRY_WAITING && e->go && !e->claimed ? e : NULL;
+  return e && e->state == WG_ENTRY_WAITING && !e->claimed ? e : NULL;
 }
 
 void *wg_engine_data_main(void *arg) {
@@ -65,18 +65,33 @@ void *wg_engine_data_main(void *arg) {
       pthread_mutex_unlock(&c->mu);
       break;
     }
+    /* Stage the snapshot at once, while the leader still gathers the round: the copy overlaps
+     * the JOIN -> GO wait. */
     e->claimed = 1;
     uint64_t round = e->round;
-    uint32_t group = e->group;
-    int leader = e->leader, n = e->ncontrib;
-    memcpy(ranks, e->ranks, (size_t)n * sizeof(int));
+    int leader = e->leader;
     const float *pinned = c->snap.buf[c->snap.pinned]; /* immutable while pinned */
+    pthread_mutex_unlock(&c->mu);
+    c->mem->copy(c->mem->self, c->work, pinned, c->count);
+
+    pthread_mutex_lock(&c->mu);
+    e = wg_member_entry(c, round);
+    if (wg_engine_staged_hook && leader != c->rank && e && e->state == WG_ENTRY_WAITING)
+      wg_engine_staged_hook(c->rank, leader, round, c->work, c->count); /* (a contribution
+                                                                           still in its round) */
+    while (!c->stopping && (e = wg_member_entry(c, round)) && e->state == WG_ENTRY_WAITING &&
+           !e->go)
+      wg_engine_wait(c, wg_now() + 0.2); /* no timer of its own: the round's end decides */
+    if (c->stopping || !e || e->state != WG_ENTRY_WAITING) {
+      pthread_mutex_unlock(&c->mu);
+      continue; /* void, a lone contributor's COMMIT, or the end */
+    }
+    uint32_t group = e->group;
+    int n = e->ncontrib;
+    memcpy(ranks, e->ranks, (size_t)n * sizeof(int));
     double timeout = wg_engine_data_timeout(c);
     pthread_mutex_unlock(&c->mu);
 
-    c->mem->copy(c->mem->self, c->work, pinned, c->count);
-    if (wg_engine_staged_hook && leader != c->rank)
-      wg_engine_staged_hook(c->rank, leader, round, c->work, c->count);
     int failed = -1;
     wg_coll_ctx_t ctx = {0};
     ctx.ops = c->ops;

@@ -263,6 +263,12 @@ static void go_round(wagma_comm_t *c, wg_lround_t *lr, double now) {
         !c->ops->peer_alive(c->tp, lr->members[i])) {
       lr->contributed[i] = 0;
       lr->ncontrib--;
+      wg_frame_header_t h = {0}; /* (answered all the same, as every contribution is) */
+      h.kind = WG_FRAME_RESULT;
+      h.round = lr->round;
+      h.group = lr->group;
+      h.flags = WG_RESULT_EXCLUDED;
+      wg_outbox_post(c, lr->members[i], &h, NULL);
     }
   int n = contributor_list(lr, ranks, versions);
   wg_entry_t *mine = wg_member_entry(c, lr->round);

@@ -73,7 +73,11 @@ typedef struct world {
   /* findings */
   int errors;
   int bad_staleness, bad_global_age, conservation_failures, reused;
-  uint64_t staged_total;                           /* allreduce rounds: snapshots the hook saw */
+  uint64_t staged_total; /* allreduce rounds: snapshots the hook saw */
+  /* exclusions tapped before the staged hook of their contribution ran (the data thread
+   * stages while the JOIN travels: the leader's EXCLUDED may come first) */
+  contrib_seen_t early_excl[256];
+  int nearly;
   uint64_t steps, catchups, corrections, left_out; /* corrections: applied by steps */
   uint64_t max_global_age;
   pthread_mutex_t mu;
@@ -113,12 +117,19 @@ static void tap(int dst, const wg_frame_header_t *h, const void *payload, size_t
   } else if (h->kind == WG_FRAME_RESULT && ((h->flags & WG_RESULT_EXCLUDED) || h->aux == 1)) {
     /* Excluded, or the only contributor: the round changed nothing, its snapshot is unspent
      * (a mean of one is the contribution itself). */
-    for (int i = W.nseen - 1; i >= 0; i--)
+    int i;
+    for (i = W.nseen - 1; i >= 0; i--)
       if (W.seen[i].src == W.ids[dst] && W.seen[i].round == h->round &&
           W.seen[i].dst == W.ids[h->src]) {
         W.seen[i].excluded = 1;
         break;
       }
+    if (i < 0) { /* its staged hook has not run yet */
+      contrib_seen_t *x = &W.early_excl[W.nearly++ % 256];
+      x->src = W.ids[dst];
+      x->dst = W.ids[h->src];
+      x->round = h->round;
+    }
   }
   pthread_mutex_unlock(&W.mu);
 }
@@ -133,6 +144,10 @@ static void staged(int rank, int leader, uint64_t round, const float *snap, size
     c->round = round;
     c->hash = fnv((const uint8_t *)snap, count * sizeof(float));
     c->excluded = 0;
+    for (int i = 0; i < W.nearly && i < 256; i++)
+      if (W.early_excl[i].src == c->src && W.early_excl[i].dst == c->dst &&
+          W.early_excl[i].round == round)
+        c->excluded = 1;
     W.staged_total++;
   }
   pthread_mutex_unlock(&W.mu);
