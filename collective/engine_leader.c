@@ -389,14 +389,7 @@ void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now) {
   }
   for (size_t k = 0; k < c->count; k++)
     mean[k] = (float)(lr->sum[k] / n);
-  int j = 0;
-  for (int i = 0; i < lr->nmembers; i++) {
-    if (!lr->contributed[i])
-      continue;
-    ranks[j] = lr->members[i];
-    versions[j] = lr->versions[i];
-    j++;
-  }
+  contributor_list(lr, ranks, versions);
   wg_codec_result_encode(blob->data, mean, c->count, n, ranks, versions);
   for (int i = 0; i < n; i++) {
     if (ranks[i] == c->rank)

@@ -87,6 +87,19 @@ static void test_means_p8(void **s) {
 
 /* ---------------------------------------------------------------- conservation */
 
+/* The sum of the P ranks' models is their initial models, local updates and catch-up deltas,
+ * to float tolerance. */
+static void assert_conserved(int P) {
+  for (int i = 0; i < EW_COUNT; i++) {
+    double have = 0, want = 0;
+    for (int r = 0; r < P; r++) {
+      have += res[r].model[i];
+      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
+    }
+    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
+  }
+}
+
 static void check_conservation(wagma_global_sync_t mode) {
   ew_scenario_t sc;
   ew_scenario_init(&sc, 4, 2, 4, mode);
@@ -100,14 +113,7 @@ static void check_conservation(wagma_global_sync_t mode) {
   sc.settle_s = 1.5;    /* > deadline floor: every open round has finished */
   sc.track_catchup = 1; /* a loaded machine may make a rank miss a global round and catch up */
   assert_int_equal(ew_run(&sc, res), 0);
-  for (int i = 0; i < EW_COUNT; i++) {
-    double have = 0, want = 0;
-    for (int r = 0; r < sc.P; r++) {
-      have += res[r].model[i];
-      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
-    }
-    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
-  }
+  assert_conserved(sc.P);
   uint64_t joined = 0;
   for (int r = 0; r < sc.P; r++) {
     assert_int_equal(res[r].errors, 0);
@@ -293,16 +299,8 @@ static void check_big_allreduce_fault(int kill) {
   }
   fprintf(stderr, "  %s: %llu rounds left out or aborted on the others\n",
           kill ? "sigkill" : "sigstop", (unsigned long long)left_out);
-  if (kill)
-    return;
-  for (int i = 0; i < EW_COUNT; i++) {
-    double have = 0, want = 0;
-    for (int r = 0; r < sc.P; r++) {
-      have += res[r].model[i];
-      want += res[r].initial[i] + res[r].added[i] + res[r].catchup[i];
-    }
-    assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
-  }
+  if (!kill)
+    assert_conserved(sc.P);
 }
 
 static void test_sigstop_in_allreduce_round_conserves(void **s) {
