@@ -373,16 +373,7 @@ void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now) {
     /* The round is void for everybody: excluded answers, my contribution void. */
     wg_logf(c->log, c->log_user, WAGMA_LOG_ERROR, "engine: out of memory finishing round %llu",
             (unsigned long long)lr->round);
-    for (int i = 0; i < lr->nmembers; i++) {
-      if (!lr->contributed[i] || lr->members[i] == c->rank)
-        continue;
-      wg_frame_header_t h = {0};
-      h.kind = WG_FRAME_RESULT;
-      h.round = lr->round;
-      h.group = lr->group;
-      h.flags = WG_RESULT_EXCLUDED;
-      wg_outbox_post(c, lr->members[i], &h, NULL);
-    }
+    post_decision(c, lr, WG_RESULT_EXCLUDED, NULL, 0);
     if (i_contributed && mine && mine->state == WG_ENTRY_WAITING)
       wg_member_void(c, mine, "out of memory");
     goto out;
@@ -391,18 +382,7 @@ void wg_leader_finalize(wagma_comm_t *c, wg_lround_t *lr, double now) {
     mean[k] = (float)(lr->sum[k] / n);
   contributor_list(lr, ranks, versions);
   wg_codec_result_encode(blob->data, mean, c->count, n, ranks, versions);
-  for (int i = 0; i < n; i++) {
-    if (ranks[i] == c->rank)
-      continue;
-    wg_frame_header_t h = {0};
-    h.kind = WG_FRAME_RESULT;
-    h.round = lr->round;
-    h.group = lr->group;
-    h.seq = (uint64_t)(int64_t)lr->activator;
-    h.aux = (uint64_t)n;
-    h.flags = lr->global ? WG_RESULT_GLOBAL : 0;
-    wg_outbox_post(c, ranks[i], &h, blob);
-  }
+  post_decision(c, lr, 0, blob, n); /* the RESULT, to every other contributor */
   if (lr->global)
     wg_engine_store_global(c, lr->round, mean);
   if (i_contributed && mine && mine->state == WG_ENTRY_WAITING)

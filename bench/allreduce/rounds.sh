@@ -39,7 +39,7 @@ for p in "${PS[@]}"; do
   done
 done
 echo "rounds on $(nproc) cores, S=$S, REPEAT=$REPEAT; medians; load $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$raw" "$S" <<'PY'
+/usr/bin/python3 - "$raw" "$S" <<'PY'
 import sys, statistics as st
 raw, S = sys.argv[1], int(sys.argv[2])
 grp, rnd = {}, {}
