@@ -249,6 +249,4 @@ int wg_runner_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_runne
  * and leaves it running when it did not finish (the process then exits anyway). */
 int wg_runner_join(wg_runner_t *r, double timeout_s);
 
-void wg_sleep_s(double s);
-
 #endif

@@ -419,8 +419,8 @@ static void on_checkpoint(wg_launcher_t *l, const wg_job_config_t *cfg,
                           const wg_proto_checkpoint_t *ck) {
   const char *problem = wg_ckroot_path_problem(ck->path);
   if (problem) {
-    LLOG(l, WAGMA_LOG_WARN, "job %s: program's checkpoint %s not recorded: %s", cfg->job,
-         ck->path, problem);
+    LLOG(l, WAGMA_LOG_WARN, "job %s: program's checkpoint %s not recorded: %s", cfg->job, ck->path,
+         problem);
     return;
   }
   pthread_mutex_lock(&l->shared->mu);

@@ -24,8 +24,8 @@ void wg_launcher_free(wg_launcher_t *l);
 /* One turn for the program job cfg (runner thread; a built-in job under --trainer program
  * runs wagma-train): launches the program if none runs for it, sends a new plan (plan
  * non-NULL: the newest, with its secret and the job's checkpoint record ck, NULL = none; the
- * launcher keeps copies), relays what the program sent, reaps it when it exited and reports a death.
- * Returns within about wait_s. */
+ * launcher keeps copies), relays what the program sent, reaps it when it exited and reports a
+ * death. Returns within about wait_s. */
 void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_plan_t *plan,
                       const uint8_t *secret, size_t secret_len, const wg_checkpoint_rec_t *ck,
                       double wait_s);

@@ -38,14 +38,6 @@ static void on_stop_signal(int sig) {
   g_stop_signal = sig;
 }
 
-void wg_sleep_s(double s) {
-  if (s <= 0)
-    return;
-  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-    ;
-}
-
 void wg_agent_log(void *user, int level, const char *msg) {
   static const char *const names[] = {"DEBUG", "INFO", "WARN", "ERROR"};
   struct timespec ts;

@@ -27,9 +27,9 @@ typedef struct wg_job {
   wagma_sampler_t sampler;
   wagma_batch_t batch;
   size_t nparams, nstate;
-  float *sync_buf; /* params | optimizer state: the epoch's opening global sync */
+  float *sync_buf;      /* params | optimizer state: the epoch's opening global sync */
   wg_model_host_t host; /* the model as host memory for the collective (model_host.h) */
-  int have_model; /* the model holds this job's training (not just an init) */
+  int have_model;       /* the model holds this job's training (not just an init) */
 
   /* the current epoch */
   uint64_t epoch;    /* plan epoch entered, 0 = none */

@@ -1,4 +1,5 @@
 /* clock.c — the clocks of wagma/clock_internal.h. No state: safe from any thread. */
+#include <errno.h>
 #include <time.h>
 
 #include "wagma/clock_internal.h"
@@ -15,4 +16,12 @@ double wg_mono(void) {
 
 double wg_wall(void) {
   return seconds_of(CLOCK_REALTIME);
+}
+
+void wg_sleep_s(double s) {
+  if (s <= 0)
+    return;
+  struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+    ;
 }

@@ -135,8 +135,7 @@ const char *wg_proto_type(const json_t *msg) {
 }
 
 /* A checkpoint message: a relative path below the limit, integer iteration and epoch. */
-static int checkpoint_message(const json_t *msg, wg_proto_checkpoint_t *ck, char *why,
-                              size_t len) {
+static int checkpoint_message(const json_t *msg, wg_proto_checkpoint_t *ck, char *why, size_t len) {
   const char *path = json_string_value(json_object_get(msg, "path"));
   const json_t *it = json_object_get(msg, "iteration"), *ep = json_object_get(msg, "epoch");
   if (!path || !path[0] || path[0] == '/' || strlen(path) >= sizeof ck->path ||

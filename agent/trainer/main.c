@@ -22,12 +22,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "agent/ckroot.h"
 #include "agent/model_host.h"
 #include "agent/train/train.h"
 #include "wagma/api.h"
+#include "wagma/clock_internal.h"
 #include "wagma/worker.h"
 
 typedef struct trainer_opts {
@@ -80,17 +80,6 @@ static void tlog(int level, const char *fmt, ...) {
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   log_line(NULL, level, msg);
-}
-
-static double mono(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
 }
 
 /* ---- options ------------------------------------------------------------------------------- */
@@ -259,7 +248,7 @@ static void straggle(trainer_t *t, double compute_s) {
   if (t->o.sleep_prob > 0 && wagma_rng_uniform(&t->straggler_rng) < t->o.sleep_prob)
     pause += t->o.sleep_ms / 1000.0;
   if (pause > 0)
-    sleep_s(pause);
+    wg_sleep_s(pause);
 }
 
 static void evaluate(trainer_t *t, size_t count) {
@@ -308,7 +297,7 @@ static int iteration(trainer_t *t) {
   wagma_eval_t ev;
   float *host;
   int e;
-  double t0 = mono();
+  double t0 = wg_mono();
   wagma_worker_status(t->w, &st);
   uint64_t it = st.iteration;
   if ((e = wagma_batch_draw(&t->batch, &t->sampler, &t->train, (size_t)t->spec.batch_size)) ||
@@ -317,7 +306,7 @@ static int iteration(trainer_t *t) {
     return e;
   int allreduce = t->spec.algorithm == WAGMA_ALGO_ALLREDUCE;
   if (allreduce) {
-    straggle(t, mono() - t0); /* the straggler's delay is its compute's, before the collective */
+    straggle(t, wg_mono() - t0); /* the straggler's delay is its compute's, before the collective */
     if (!(host = wg_model_host_grads(&t->host, &e)))
       return e;
     if ((e = wagma_worker_average_gradients(t->w, host)) ||
@@ -333,7 +322,7 @@ static int iteration(trainer_t *t) {
   else
     wagma_optim_step(t->optim, it, wagma_model_params(t->model), wagma_model_grads(t->model));
   if (!allreduce)
-    straggle(t, mono() - t0);
+    straggle(t, wg_mono() - t0);
   if (ev.n && isfinite(ev.loss))
     t->loss_ema = isfinite(t->loss_ema) ? 0.95 * t->loss_ema + 0.05 * ev.loss : ev.loss;
   if (!(host = wg_model_host_params(&t->host, &e)))
@@ -384,7 +373,7 @@ static int train(trainer_t *t) {
     if (e) {
       tlog(WAGMA_LOG_ERROR, "job %s: iteration failed: %s (%s)", t->cfg.job, wagma_strerror(e),
            wagma_worker_last_error(t->w));
-      sleep_s(0.1);
+      wg_sleep_s(0.1);
     }
   }
   wagma_worker_status_t st;

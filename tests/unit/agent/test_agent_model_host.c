@@ -2,8 +2,8 @@
  * collective, on the CPU backend and on "cuda-emu" (the CUDA backend's algorithm on the host
  * with device memory reachable only through upload / download, tests/unit/train/emu_backend.c):
  *  - CPU: the collective works on the model's own buffers (no mirror, no copy);
- *  - device: wg_model_host_params / _grads fill the mirror with the device buffer (equal to the same model on
- *    the CPU), and what the collective writes into the mirror reaches the device through
+ *  - device: wg_model_host_params / _grads fill the mirror with the device buffer (equal to the
+ * same model on the CPU), and what the collective writes into the mirror reaches the device through
  *    *_back (the parameters, the gradients before the update, and params | optimizer
  *    state of the global sync). A no-op download or upload fails these checks. */
 #include <math.h>
