@@ -89,9 +89,9 @@ typedef struct wg_agent_options {
   const char *program_env[32];
   double program_grace_s;
   double program_connect_timeout_s;
-  /* --trainer program: built-in jobs of the algorithms libwagma runs (wagma, allreduce,
-   * local-sgd; tcp transport) train in trainer_path (wagma-train beside the agent's binary),
-   * launched like a user's program (launcher.c) */
+  /* --trainer program: built-in jobs (every algorithm, either transport) train in
+   * trainer_path (wagma-train beside the agent's binary), launched like a user's program
+   * (launcher.c) */
   int trainer_program;
   char trainer_path[PATH_MAX];
   /* the data plane's socket, bound to --listen at start when --programs is given (a port in
@@ -132,8 +132,8 @@ typedef struct wg_job_config {
   wagma_job_spec_t spec;        /* the whole spec as decoded: a program's "config" carries it */
 } wg_job_config_t;
 
-/* Whether the built-in job cfg trains in wagma-train (--trainer program and an algorithm
- * libwagma runs) rather than on the runner thread. */
+/* Whether the built-in job cfg trains in wagma-train (--trainer program: every algorithm and
+ * transport) rather than on the runner thread. */
 int wg_trainer_runs(const wg_agent_options_t *o, const wg_job_config_t *cfg);
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */

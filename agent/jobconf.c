@@ -48,9 +48,7 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
 }
 
 int wg_trainer_runs(const wg_agent_options_t *o, const wg_job_config_t *cfg) {
-  return o->trainer_program && !o->transport_nccl && !cfg->program.name[0] &&
-         (cfg->algorithm == WAGMA_ALGO_WAGMA || cfg->algorithm == WAGMA_ALGO_ALLREDUCE ||
-          cfg->algorithm == WAGMA_ALGO_LOCAL_SGD);
+  return o->trainer_program && !cfg->program.name[0];
 }
 
 void wg_progress_snap_from_progress(wg_progress_snap_t *s, const wagma_progress_t *p,

@@ -283,6 +283,8 @@ static void trainer_argv(const wg_launcher_t *l, char args[][PATH_MAX + 32], cha
   ARG("--sleep-prob=%.17g", o->sleep_prob);
   ARG("--sleep-ms=%.17g", o->sleep_ms);
   ARG("--log-level=%d", o->log_level);
+  ARG("--listen-host=%s", o->listen); /* adpsgd's and the parameter server's endpoints */
+  ARG("--round-deadline=%.17g", o->round_deadline_s);
 #undef ARG
   argv[n] = NULL;
 }
@@ -364,7 +366,7 @@ static int send_json(wg_launcher_t *l, json_t *m) {
 
 static int send_config(wg_launcher_t *l, const wg_job_config_t *c) {
   json_t *m = json_pack(
-      "{s:s,s:i,s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:I,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:b}", "type",
+      "{s:s,s:i,s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:I,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:b,s:s}", "type",
       "config", "version", WG_PROTO_VERSION, "job", c->job, "agent", l->opt->name, "algorithm",
       wagma_algorithm_name(c->algorithm), "iterations", (json_int_t)c->iterations, "epochs",
       (json_int_t)c->epochs, "batch_size", c->batch_size, "workers", c->workers, "seed",
@@ -373,7 +375,7 @@ static int send_config(wg_launcher_t *l, const wg_job_config_t *c) {
       l->opt->progress_interval_s < 0.25 ? l->opt->progress_interval_s : 0.25, "connect_timeout",
       l->opt->connect_timeout_s, "round_deadline", l->opt->round_deadline_s, "collective_timeout",
       l->opt->collective_timeout_s, "linger", l->opt->linger_s, "encrypt",
-      l->opt->encrypt_data_plane);
+      l->opt->encrypt_data_plane, "transport", l->opt->transport_nccl ? "nccl" : "tcp");
   json_t *spec = wagma_job_spec_to_value(&c->spec);
   if (m && (!spec || json_object_set_new(m, "spec", spec) != 0)) {
     json_decref(m);

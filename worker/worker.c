@@ -36,6 +36,7 @@
 
 #include "cuda_stage.h"
 #include "proto.h"
+#include "worker_internal.h"
 #include "wagma/api.h"
 #include "wagma/clock_internal.h"
 #include "wagma/collective.h"
@@ -47,75 +48,11 @@
 #define SEND_DEADLINE_S 5.0 /* one report to the agent */
 #define CREATE_RETRY_S 10.0 /* a communicator that cannot be created: then "unavailable" */
 
-struct wagma_worker {
-  int fd;      /* the agent's socket */
-  int wake[2]; /* close() wakes the control thread */
-  pthread_t thread;
-  int thread_started;
-  wagma_log_fn log;
-  void *log_user;
-  char err[512]; /* the last failed call's message (training thread) */
-
-  pthread_mutex_t mu;
-  pthread_cond_t cv; /* CLOCK_MONOTONIC; signalled on every change below */
-  /* under mu, written by the control thread */
-  int have_config;
-  wagma_worker_config_t cfg;
-  double progress_interval, connect_timeout, round_deadline, collective_timeout, linger;
-  int encrypt;
-  char *spec;        /* the job spec's JSON text ("{}" when the agent sent none) */
-  uint64_t ck_every; /* spec checkpoint.every, 0 = none */
-  int ck_dir;        /* the spec has a checkpoint.path */
-  int have_plan;
-  wagma_plan_t plan; /* the newest plan the agent sent */
-  uint8_t secret[WAGMA_API_SECRET_LEN];
-  size_t secret_len;
-  char ck_path[WAGMA_API_CHECKPOINT_PATH_MAX]; /* the plan's checkpoint record, "" = none */
-  uint64_t ck_iteration;
-  int stop;
-  char stop_reason[160];
-  wagma_comm_t *comm; /* the training thread's, published for abort */
-
-  /* training thread */
-  int listen_fd; /* the agent's data-plane socket, -1 = bind per epoch */
-  float *params; /* the registered parameters, or their page-locked mirror (device) */
-  size_t n;
-  /* device buffers (wagma_worker_use_cuda): the caller's device parameters and stream, the
-   * runtime, and the gradients' page-locked mirror */
-  int device;
-  void *stream;
-  wg_cuda_t cuda;
-  float *dparams, *hgrads;
-  wagma_worker_state_fns_t st;
-  void *st_user;
-  float *sync_buf;
-  size_t sync_cap;
-  wagma_plan_t cur; /* the plan of the current epoch */
-  uint64_t epoch;   /* 0 = none entered */
-  int rank;
-  int has_model; /* the parameters hold the job's training (after a step or a sync) */
-  int joined;
-  uint64_t iteration, total;
-  int finished; /* final average done */
-  int fresh;    /* the current epoch began with no member holding the job's model */
-  wagma_worker_restore_fn restore;
-  void *restore_user;
-  int ck_due;
-  int nfp; /* the fingerprint of the parameters before the final average */
-  double fp[WAGMA_API_FINGERPRINT_MAX];
-  int done;
-  double loss, accuracy, step_ema, last_step_at, last_report;
-  uint64_t staleness;
-  int round_global, ngroup, group[64];
-  wagma_comm_counters_t base;
-  double last_warn;
-};
-
 /* ---- errors and logging ---------------------------------------------------------------- */
 
-static int fail(wagma_worker_t *w, int e, const char *fmt, ...)
+int wg_worker_fail(wagma_worker_t *w, int e, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int fail(wagma_worker_t *w, int e, const char *fmt, ...) {
+int wg_worker_fail(wagma_worker_t *w, int e, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(w->err, sizeof w->err, fmt, ap);
@@ -132,25 +69,25 @@ const char *wagma_worker_last_error(const wagma_worker_t *w) {
 /* ---- device buffers: the host mirrors, staged on the caller's stream --------------------- */
 
 /* The device parameters into the mirror (waits for the caller's stream): 0 on host buffers. */
-static int params_in(wagma_worker_t *w) {
+int wg_worker_params_in(wagma_worker_t *w) {
   char why[256];
   if (!w->device)
     return 0;
   int e = wg_cuda_to_host(&w->cuda, w->params, w->dparams, w->n, w->stream, why, sizeof why);
-  return e ? fail(w, e, "the device parameters: %s", why) : 0;
+  return e ? wg_worker_fail(w, e, "the device parameters: %s", why) : 0;
 }
 
 /* The mirror back to the device parameters (queued on the caller's stream). */
-static int params_out(wagma_worker_t *w) {
+int wg_worker_params_out(wagma_worker_t *w) {
   char why[256];
   if (!w->device)
     return 0;
   int e = wg_cuda_to_device(&w->cuda, w->dparams, w->params, w->n, w->stream, why, sizeof why);
-  return e ? fail(w, e, "the device parameters: %s", why) : 0;
+  return e ? wg_worker_fail(w, e, "the device parameters: %s", why) : 0;
 }
 
 /* A failed data-plane operation, at most every 2 s (the round goes on without it). */
-static void warn(wagma_worker_t *w, const char *what, int e) {
+void wg_worker_warn(wagma_worker_t *w, const char *what, int e) {
   if (wg_mono() - w->last_warn < 2.0)
     return;
   w->last_warn = wg_mono();
@@ -204,6 +141,9 @@ static void on_config(wagma_worker_t *w, const json_t *m) {
   copy_str(c->algorithm, sizeof c->algorithm, m, "algorithm");
   copy_str(c->global_sync, sizeof c->global_sync, m, "global_sync");
   copy_str(c->device, sizeof c->device, m, "device");
+  copy_str(c->transport, sizeof c->transport, m, "transport");
+  if (!c->transport[0])
+    snprintf(c->transport, sizeof c->transport, "tcp");
   c->iterations = (uint64_t)num_or(m, "iterations", 0);
   c->epochs = (uint64_t)num_or(m, "epochs", 0);
   c->batch_size = (int)num_or(m, "batch_size", 0);
@@ -359,7 +299,10 @@ static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *e
   p.rounds_left_out = w->base.rounds_left_out + cc.rounds_left_out;
   p.rounds_skipped = w->base.rounds_skipped + cc.rounds_skipped;
   p.time = wg_wall();
-  snprintf(p.role, sizeof p.role, "worker");
+  snprintf(p.role, sizeof p.role, "%s", w->role[0] ? w->role : "worker");
+  p.rounds_activated += w->own_averaged; /* a program's own averagings (own.c) */
+  p.rounds_joined += w->own_served;
+  p.rounds_skipped += w->own_skipped;
   if (error)
     snprintf(p.error, sizeof p.error, "%s", error);
   if (state == WAGMA_PROGRESS_DONE && w->nfp) {
@@ -382,7 +325,7 @@ static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *e
 
 /* ---- epochs ----------------------------------------------------------------------------- */
 
-static void close_comm(wagma_worker_t *w) {
+void wg_worker_close_comm(wagma_worker_t *w) {
   if (!w->comm)
     return;
   wagma_comm_counters_t cc;
@@ -416,11 +359,12 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, fl
   if (total > w->sync_cap) {
     float *b = realloc(w->sync_buf, total * sizeof(float));
     if (!b)
-      return fail(w, WAGMA_ENOMEM, "out of memory for the opening sync (%zu floats)", total);
+      return wg_worker_fail(w, WAGMA_ENOMEM, "out of memory for the opening sync (%zu floats)",
+                            total);
     w->sync_buf = b;
     w->sync_cap = total;
   }
-  int e = params_in(w);
+  int e = wg_worker_params_in(w);
   if (e)
     return e;
   memcpy(w->sync_buf, w->params, w->n * sizeof(float));
@@ -443,20 +387,21 @@ static int opening_sync(wagma_worker_t *w, int plan_joiner, const char **how, fl
     }
   }
   if (e == WAGMA_ECANCELED)
-    return fail(w, e, "the opening sync of epoch %llu was superseded",
-                (unsigned long long)w->epoch);
+    return wg_worker_fail(w, e, "the opening sync of epoch %llu was superseded",
+                          (unsigned long long)w->epoch);
   if (e && plan_joiner)
-    return fail(w, e,
-                "the joining sync of epoch %llu brought no model of the job (%s): not training "
-                "from the seed",
-                (unsigned long long)w->epoch, wagma_strerror(e));
+    return wg_worker_fail(
+        w, e,
+        "the joining sync of epoch %llu brought no model of the job (%s): not training "
+        "from the seed",
+        (unsigned long long)w->epoch, wagma_strerror(e));
   if (e) {
-    warn(w, "global sync", e);
+    wg_worker_warn(w, "global sync", e);
   } else if (!fresh) {
     memcpy(w->params, w->sync_buf, w->n * sizeof(float));
     if (ns)
       w->st.load(w->st_user, w->sync_buf + w->n);
-    if ((e = params_out(w)))
+    if ((e = wg_worker_params_out(w)))
       return e;
   }
   w->joined = e == 0 && !fresh && weight == 0.0f;
@@ -501,17 +446,17 @@ static int member_of_plan(wagma_worker_t *w) {
 static int enter_epoch(wagma_worker_t *w) {
   double create_since = 0;
   for (;;) {
-    close_comm(w);
+    wg_worker_close_comm(w);
     pthread_mutex_lock(&w->mu);
     int ok = wait_until(w, member_of_plan, wg_mono() + PLAN_WAIT_S);
     if (w->stop) {
       pthread_mutex_unlock(&w->mu);
-      return fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason);
+      return wg_worker_fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason);
     }
     if (!ok) {
       pthread_mutex_unlock(&w->mu);
-      return fail(w, WAGMA_ETIMEDOUT, "no plan listed agent %s for %.0f s", w->cfg.agent,
-                  PLAN_WAIT_S);
+      return wg_worker_fail(w, WAGMA_ETIMEDOUT, "no plan listed agent %s for %.0f s", w->cfg.agent,
+                            PLAN_WAIT_S);
     }
     wagma_plan_free(&w->cur);
     int e = wagma_plan_copy(&w->cur, &w->plan);
@@ -520,16 +465,17 @@ static int enter_epoch(wagma_worker_t *w) {
     memcpy(secret, w->secret, slen);
     pthread_mutex_unlock(&w->mu);
     if (e)
-      return fail(w, e, "out of memory copying the plan");
+      return wg_worker_fail(w, e, "out of memory copying the plan");
     w->epoch = w->cur.epoch;
     w->rank = wagma_plan_rank_of(&w->cur, w->cfg.agent);
     if (slen == 0) {
       /* the coordinator writes every plan's secret with the plan: none means the agent could
        * not read it, and an unauthenticated data plane is open to anyone (runner.c's rule) */
-      fail(w, WAGMA_EPERM,
-           "no data-plane secret for epoch %llu (unreadable in etcd): not running the data "
-           "plane unauthenticated",
-           (unsigned long long)w->epoch);
+      wg_worker_fail(
+          w, WAGMA_EPERM,
+          "no data-plane secret for epoch %llu (unreadable in etcd): not running the data "
+          "plane unauthenticated",
+          (unsigned long long)w->epoch);
       report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);
       continue;
     }
@@ -553,6 +499,11 @@ static int enter_epoch(wagma_worker_t *w) {
     co.cancel_user = w;
     co.use_listen_fd = w->listen_fd >= 0;
     co.listen_fd = w->listen_fd;
+    /* the agent's --transport: nccl moves large payloads over NCCL on the process's device 0
+     * (CUDA_VISIBLE_DEVICES, set by the agent, names the GPU) */
+    co.transport =
+        strcmp(w->cfg.transport, "nccl") == 0 ? WAGMA_TRANSPORT_NCCL : WAGMA_TRANSPORT_TCP;
+    co.device = 0;
     wagma_comm_t *c = NULL;
     e = wagma_comm_create(&co, &c);
     memset(secret, 0, sizeof secret);
@@ -562,8 +513,8 @@ static int enter_epoch(wagma_worker_t *w) {
       if (create_since == 0)
         create_since = wg_mono();
       if (wg_mono() - create_since > CREATE_RETRY_S) {
-        fail(w, e, "cannot create the communicator of epoch %llu: %s", (unsigned long long)w->epoch,
-             wagma_strerror(e));
+        wg_worker_fail(w, e, "cannot create the communicator of epoch %llu: %s",
+                       (unsigned long long)w->epoch, wagma_strerror(e));
         report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);
         w->epoch = w->cur.epoch; /* wait for a newer plan */
         create_since = 0;
@@ -594,17 +545,17 @@ static int enter_epoch(wagma_worker_t *w) {
       /* a joiner that got no model must not train from its seed: out until a newer plan */
       WLOG(w, WAGMA_LOG_ERROR, "job %s: %s; reporting this member unavailable for the job",
            w->cfg.job, w->err);
-      close_comm(w);
+      wg_worker_close_comm(w);
       report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);
       continue;
     }
     w->iteration = w->cur.start_round;
     if (w->fresh && !restored && w->iteration > 0 && w->total && w->iteration >= w->total) {
       /* nothing left to train: the "result" would be the seed's model */
-      fail(w, WAGMA_ENOTFOUND,
-           "epoch %llu starts at the job's last iteration %llu with no trained model (no "
-           "survivor, no checkpoint): the job's model is lost",
-           (unsigned long long)w->epoch, (unsigned long long)w->iteration);
+      wg_worker_fail(w, WAGMA_ENOTFOUND,
+                     "epoch %llu starts at the job's last iteration %llu with no trained model (no "
+                     "survivor, no checkpoint): the job's model is lost",
+                     (unsigned long long)w->epoch, (unsigned long long)w->iteration);
       report(w, WAGMA_PROGRESS_FAILED, w->err);
       w->done = 1;
       return WAGMA_ENOTFOUND;
@@ -625,12 +576,12 @@ static int enter_epoch(wagma_worker_t *w) {
 }
 
 /* At an iteration boundary: a newer plan (or none yet) -> the next epoch. */
-static int boundary(wagma_worker_t *w) {
+int wg_worker_boundary(wagma_worker_t *w) {
   pthread_mutex_lock(&w->mu);
   int stop = w->stop, newer = w->have_plan && w->plan.epoch > w->epoch;
   pthread_mutex_unlock(&w->mu);
   if (stop)
-    return fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason);
+    return wg_worker_fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason);
   if (newer || !w->comm)
     return enter_epoch(w);
   return 0;
@@ -708,11 +659,11 @@ int wagma_worker_config(const wagma_worker_t *w, wagma_worker_config_t *out) {
 int wagma_worker_register(wagma_worker_t *w, float *params, size_t n,
                           const wagma_worker_state_fns_t *state, void *state_user) {
   if (w->params)
-    return fail(w, WAGMA_EEXIST, "the parameters are registered already");
+    return wg_worker_fail(w, WAGMA_EEXIST, "the parameters are registered already");
   if (!params || n == 0)
-    return fail(w, WAGMA_EINVAL, "no parameters to register");
+    return wg_worker_fail(w, WAGMA_EINVAL, "no parameters to register");
   if (state && (!state->size || (state->size(state_user) > 0 && (!state->save || !state->load))))
-    return fail(w, WAGMA_EINVAL, "state functions need size, save and load");
+    return wg_worker_fail(w, WAGMA_EINVAL, "state functions need size, save and load");
   w->params = params;
   w->n = n;
   if (w->device) {
@@ -724,8 +675,9 @@ int wagma_worker_register(wagma_worker_t *w, float *params, size_t n,
       if (host)
         w->cuda.free_host(host);
       w->params = NULL;
-      return fail(w, WAGMA_ENOMEM, "no page-locked memory for %zu floats: CUDA error %d (%s)", n,
-                  ce, w->cuda.error_string(ce));
+      return wg_worker_fail(w, WAGMA_ENOMEM,
+                            "no page-locked memory for %zu floats: CUDA error %d (%s)", n, ce,
+                            w->cuda.error_string(ce));
     }
     w->dparams = params;
     w->params = host;
@@ -756,34 +708,53 @@ int wagma_worker_average_gradients(wagma_worker_t *w, float *grads) {
     return 0;
   float *host = w->device ? w->hgrads : grads;
   for (int attempt = 0; attempt < 2; attempt++) {
-    int e = boundary(w);
+    int e = wg_worker_boundary(w);
     if (e)
       return e;
     if (w->device && (e = wg_cuda_to_host(&w->cuda, host, grads, w->n, w->stream, why, sizeof why)))
-      return fail(w, e, "the device gradients: %s", why);
+      return wg_worker_fail(w, e, "the device gradients: %s", why);
     e = wagma_comm_allreduce(w->comm, host, w->n, WAGMA_REDUCE_MEAN);
     if (e == WAGMA_ECANCELED) {
-      close_comm(w); /* a newer plan: again there */
+      wg_worker_close_comm(w); /* a newer plan: again there */
       continue;
     }
     if (e) /* a lost peer: local this once (the gradients as they were) */
-      return warn(w, "gradient allreduce", e), 0;
+      return wg_worker_warn(w, "gradient allreduce", e), 0;
     if (w->device &&
         (e = wg_cuda_to_device(&w->cuda, grads, host, w->n, w->stream, why, sizeof why)))
-      return fail(w, e, "the device gradients: %s", why);
+      return wg_worker_fail(w, e, "the device gradients: %s", why);
     return 0;
   }
   return 0;
 }
 
-int wagma_worker_step(wagma_worker_t *w) {
+int wg_worker_averages(const wagma_worker_t *w) {
+  return strcmp(w->cfg.algorithm, "wagma") == 0 || strcmp(w->cfg.algorithm, "allreduce") == 0 ||
+         strcmp(w->cfg.algorithm, "local-sgd") == 0;
+}
+
+int wg_worker_step_end(wagma_worker_t *w, uint64_t before) {
   double now = wg_mono();
   if (w->last_step_at > 0) {
     double dt = now - w->last_step_at;
     w->step_ema = isfinite(w->step_ema) ? 0.9 * w->step_ema + 0.1 * dt : dt;
   }
   w->last_step_at = now;
-  int e = boundary(w);
+  w->ck_due = w->rank == 0 && w->ck_every && w->ck_dir &&
+              (before / w->ck_every != w->iteration / w->ck_every ||
+               (w->total && w->iteration >= w->total));
+  if (now - w->last_report >= w->progress_interval)
+    report(w, WAGMA_PROGRESS_RUNNING, NULL);
+  pthread_mutex_lock(&w->mu);
+  int stop = w->stop;
+  pthread_mutex_unlock(&w->mu);
+  return stop ? wg_worker_fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason) : 0;
+}
+
+int wagma_worker_step(wagma_worker_t *w) {
+  if (!wg_worker_averages(w))
+    return wagma_worker_advance(w, 1); /* the program averages by its own algorithm */
+  int e = wg_worker_boundary(w);
   if (e)
     return e;
   w->has_model = 1;
@@ -791,10 +762,10 @@ int wagma_worker_step(wagma_worker_t *w) {
   if (strcmp(w->cfg.algorithm, "wagma") == 0) {
     wagma_round_stats_t st;
     memset(&st, 0, sizeof st);
-    if ((e = params_in(w)))
+    if ((e = wg_worker_params_in(w)))
       return e;
     e = wagma_comm_step(w->comm, w->params, &st);
-    int out = params_out(w); /* what the engine wrote (corrections, a result), whatever it said */
+    int out = wg_worker_params_out(w); /* what the engine wrote, whatever it said */
     if (out)
       return out;
     if (e == 0) {
@@ -813,27 +784,19 @@ int wagma_worker_step(wagma_worker_t *w) {
     w->iteration++;
     if (strcmp(w->cfg.algorithm, "local-sgd") == 0 && w->cfg.staleness_bound > 0 &&
         w->iteration % (uint64_t)w->cfg.staleness_bound == 0) {
-      if ((e = params_in(w)))
+      if ((e = wg_worker_params_in(w)))
         return e;
       e = wagma_comm_allreduce(w->comm, w->params, w->n, WAGMA_REDUCE_MEAN);
-      int out = e ? 0 : params_out(w);
+      int out = e ? 0 : wg_worker_params_out(w);
       if (out)
         return out;
     }
   }
   if (e == WAGMA_ECANCELED)
-    close_comm(w); /* a newer plan or a stop: the next boundary takes it */
+    wg_worker_close_comm(w); /* a newer plan or a stop: the next boundary takes it */
   else if (e)
-    warn(w, "model averaging", e);
-  w->ck_due = w->rank == 0 && w->ck_every && w->ck_dir &&
-              (before / w->ck_every != w->iteration / w->ck_every ||
-               (w->total && w->iteration >= w->total));
-  if (wg_mono() - w->last_report >= w->progress_interval)
-    report(w, WAGMA_PROGRESS_RUNNING, NULL);
-  pthread_mutex_lock(&w->mu);
-  int stop = w->stop;
-  pthread_mutex_unlock(&w->mu);
-  return stop ? fail(w, WAGMA_ECANCELED, "stopped: %s", w->stop_reason) : 0;
+    wg_worker_warn(w, "model averaging", e);
+  return wg_worker_step_end(w, before);
 }
 
 int wagma_worker_report(wagma_worker_t *w, double loss, double accuracy) {
@@ -859,38 +822,38 @@ int wagma_worker_status(const wagma_worker_t *w, wagma_worker_status_t *out) {
 }
 
 int wagma_worker_final_average(wagma_worker_t *w) {
-  int in = params_in(w);
+  int in = wg_worker_params_in(w);
   if (in)
     return in;
   if (!w->nfp) /* the models as trained: how far apart they ended shows the averaging worked */
     wg_fingerprint(w->params, w->n, w->fp, &w->nfp);
   for (int attempt = 0; attempt < 3; attempt++) {
-    int e = boundary(w);
+    int e = wg_worker_boundary(w);
     if (e)
       return e;
     e = wagma_comm_average(w->comm, w->params, w->n, 1.0f);
     if (e == 0) {
       w->finished = 1;
-      return params_out(w);
+      return wg_worker_params_out(w);
     }
     if (e != WAGMA_ECANCELED)
-      return fail(w, e, "the final average failed: %s (%s)", wagma_strerror(e),
-                  wagma_comm_last_error(w->comm));
-    close_comm(w);
+      return wg_worker_fail(w, e, "the final average failed: %s (%s)", wagma_strerror(e),
+                            wagma_comm_last_error(w->comm));
+    wg_worker_close_comm(w);
   }
-  return fail(w, WAGMA_ECANCELED, "the final average was superseded three times");
+  return wg_worker_fail(w, WAGMA_ECANCELED, "the final average was superseded three times");
 }
 
 int wagma_worker_done(wagma_worker_t *w, double loss, double accuracy) {
   wagma_worker_report(w, loss, accuracy);
-  if (!w->finished && params_in(w))
+  if (!w->finished && wg_worker_params_in(w))
     return WAGMA_EIO;
   for (size_t i = 0; i < w->n; i++)
     if (!isfinite(w->params[i]))
       return wagma_worker_fail(w, "the final model is not finite (NaN or Inf)");
   w->done = 1;
   int e = report(w, WAGMA_PROGRESS_DONE, NULL);
-  return e ? fail(w, e, "cannot report to the agent: %s", wagma_strerror(e)) : 0;
+  return e ? wg_worker_fail(w, e, "cannot report to the agent: %s", wagma_strerror(e)) : 0;
 }
 
 int wagma_worker_fail(wagma_worker_t *w, const char *why) {
@@ -903,11 +866,12 @@ int wagma_worker_fail(wagma_worker_t *w, const char *why) {
 int wagma_worker_use_cuda(wagma_worker_t *w, void *stream) {
   char why[300];
   if (w->params)
-    return fail(w, WAGMA_EEXIST, "wagma_worker_use_cuda comes before wagma_worker_register");
+    return wg_worker_fail(w, WAGMA_EEXIST,
+                          "wagma_worker_use_cuda comes before wagma_worker_register");
   if (!w->device) {
     int e = wg_cuda_load(&w->cuda, why, sizeof why);
     if (e)
-      return fail(w, e, "device buffers: %s", why);
+      return wg_worker_fail(w, e, "device buffers: %s", why);
   }
   w->device = 1;
   w->stream = stream;
@@ -936,11 +900,12 @@ int wagma_worker_checkpoint_due(const wagma_worker_t *w) {
 
 int wagma_worker_checkpoint_saved(wagma_worker_t *w, const char *path, uint64_t iteration) {
   if (!path || !path[0] || path[0] == '/' || strlen(path) >= WAGMA_API_CHECKPOINT_PATH_MAX)
-    return fail(w, WAGMA_EINVAL, "a checkpoint path relative to the checkpoint root, please");
+    return wg_worker_fail(w, WAGMA_EINVAL,
+                          "a checkpoint path relative to the checkpoint root, please");
   w->ck_due = 0;
   int e = send_msg(w, json_pack("{s:s,s:s,s:I,s:I}", "type", "checkpoint", "path", path,
                                 "iteration", (json_int_t)iteration, "epoch", (json_int_t)w->epoch));
-  return e ? fail(w, e, "cannot tell the agent: %s", wagma_strerror(e)) : 0;
+  return e ? wg_worker_fail(w, e, "cannot tell the agent: %s", wagma_strerror(e)) : 0;
 }
 
 static int stopped(wagma_worker_t *w) {
@@ -956,7 +921,7 @@ void wagma_worker_close(wagma_worker_t *w) {
     wait_until(w, stopped, wg_mono() + w->linger);
     pthread_mutex_unlock(&w->mu);
   }
-  close_comm(w);
+  wg_worker_close_comm(w);
   if (w->thread_started) {
     if (w->wake[1] >= 0 && write(w->wake[1], "x", 1) < 0)
       shutdown(w->fd, SHUT_RDWR);

@@ -23,42 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent/ckroot.h"
-#include "agent/model_host.h"
-#include "agent/train/train.h"
-#include "wagma/api.h"
+#include "agent/trainer/trainer.h"
 #include "wagma/clock_internal.h"
-#include "wagma/worker.h"
-
-typedef struct trainer_opts {
-  int cuda;
-  char checkpoint_root[PATH_MAX];
-  char data_dir[PATH_MAX];
-  size_t synthetic_train, synthetic_test, eval_samples;
-  int threads;
-  double slow_factor, sleep_prob, sleep_ms;
-  int log_level;
-} trainer_opts_t;
-
-typedef struct trainer {
-  trainer_opts_t o;
-  wagma_worker_t *w;
-  wagma_worker_config_t cfg;
-  wagma_job_spec_t spec;
-  wagma_backend_t *backend;
-  wg_ckroot_t root;
-  wagma_dataset_t train, test;
-  wagma_model_t *model;
-  wagma_optim_t *optim;
-  wagma_grad_delay_t *delay;
-  wg_model_host_t host;
-  wagma_sampler_t sampler;
-  wagma_batch_t batch;
-  wagma_rng_t straggler_rng;
-  double loss_ema, accuracy;
-  uint64_t total; /* the job's iterations */
-  uint64_t epoch; /* the libwagma epoch the optimizer and sampler were set for */
-} trainer_t;
 
 static int log_level = WAGMA_LOG_INFO;
 
@@ -72,8 +38,7 @@ static void log_line(void *user, int level, const char *msg) {
   fprintf(stderr, "wagma-train %s %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], msg);
 }
 
-static void tlog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void tlog(int level, const char *fmt, ...) {
+void wg_trainer_log(int level, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -84,14 +49,26 @@ static void tlog(int level, const char *fmt, ...) {
 
 /* ---- options ------------------------------------------------------------------------------- */
 
-static int parse_options(int argc, char **argv, trainer_opts_t *o) {
+/* The host part of "host:port" or "[v6]:port" ("" = any). */
+static void listen_host(const char *address, char *out, size_t len) {
+  const char *colon = strrchr(address, ':');
+  size_t n = colon ? (size_t)(colon - address) : strlen(address);
+  if (n >= 2 && address[0] == '[' && address[n - 1] == ']') {
+    address++;
+    n -= 2;
+  }
+  snprintf(out, len, "%.*s", (int)n, address);
+}
+
+static int parse_options(int argc, char **argv, wg_trainer_opts_t *o) {
   static const struct option longs[] = {
       {"device", required_argument, 0, 'D'},         {"checkpoint-root", required_argument, 0, 'K'},
       {"data-dir", required_argument, 0, 'd'},       {"synthetic-train", required_argument, 0, 'S'},
       {"synthetic-test", required_argument, 0, 'T'}, {"eval-samples", required_argument, 0, 'V'},
       {"threads", required_argument, 0, 't'},        {"slow-factor", required_argument, 0, 'f'},
       {"sleep-prob", required_argument, 0, 'b'},     {"sleep-ms", required_argument, 0, 'm'},
-      {"log-level", required_argument, 0, 'v'},      {0, 0, 0, 0}};
+      {"log-level", required_argument, 0, 'v'},      {"listen-host", required_argument, 0, 'L'},
+      {"round-deadline", required_argument, 0, 'R'}, {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->synthetic_train = 20000;
   o->synthetic_test = 2000;
@@ -99,6 +76,7 @@ static int parse_options(int argc, char **argv, trainer_opts_t *o) {
   o->threads = 1;
   o->slow_factor = 1;
   o->log_level = WAGMA_LOG_INFO;
+  o->round_deadline = 1.0;
   int c;
   while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
     switch (c) {
@@ -113,6 +91,8 @@ static int parse_options(int argc, char **argv, trainer_opts_t *o) {
     case 'b': o->sleep_prob = atof(optarg); break;
     case 'm': o->sleep_ms = atof(optarg); break;
     case 'v': o->log_level = atoi(optarg); break;
+    case 'L': listen_host(optarg, o->listen_host, sizeof o->listen_host); break;
+    case 'R': o->round_deadline = atof(optarg); break;
     default:
       fprintf(stderr, "wagma-train: launched by wagma-agent --trainer program, not by hand\n");
       return -1;
@@ -125,7 +105,7 @@ static int parse_options(int argc, char **argv, trainer_opts_t *o) {
 
 /* Builds the job from the spec: 0, or a status with why; *mine says the failure is this
  * agent's (its data, its device): "unavailable", else the job's: "failed". */
-static int setup(trainer_t *t, char *why, size_t len, int *mine) {
+static int setup(wg_trainer_t *t, char *why, size_t len, int *mine) {
   const wagma_job_spec_t *s = &t->spec;
   int e;
   *mine = 0;
@@ -179,10 +159,16 @@ static int setup(trainer_t *t, char *why, size_t len, int *mine) {
     snprintf(why, len, "out of page-locked memory for %zu parameters", n);
     return e;
   }
+  /* the parameter server's workers push host gradients: their delay line is in host memory */
+  int ps = s->algorithm == WAGMA_ALGO_ASGD || s->algorithm == WAGMA_ALGO_DC_ASGD;
   if (s->gradient_delay > 0 &&
-      (e = wagma_grad_delay_create_on(t->backend, n, (unsigned)s->gradient_delay, &t->delay, why,
-                                      len)))
+      (e = wagma_grad_delay_create_on(ps ? NULL : t->backend, n, (unsigned)s->gradient_delay,
+                                      &t->delay, why, len)))
     return e;
+  if ((e = wg_own_setup(t, why, len))) {
+    *mine = 1;
+    return e;
+  }
   if ((e = wagma_sampler_init(&t->sampler, t->train.n, WAGMA_SAMPLE_SHUFFLE,
                               wagma_seed_derive(s->seed, t->cfg.agent))) ||
       (e = wagma_batch_alloc(&t->batch, (size_t)s->batch_size, t->train.features))) {
@@ -190,12 +176,14 @@ static int setup(trainer_t *t, char *why, size_t len, int *mine) {
     return e;
   }
   wagma_rng_seed(&t->straggler_rng, wagma_seed_derive(s->seed ^ 0x5157u, t->cfg.agent));
-  tlog(WAGMA_LOG_INFO, "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d",
-       t->cfg.job, wagma_model_describe(t->model), n, t->train.n, t->test.n, s->batch_size);
+  wg_trainer_log(
+      WAGMA_LOG_INFO, "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d",
+      t->cfg.job, wagma_model_describe(t->model), n, t->train.n, t->test.n, s->batch_size);
   return 0;
 }
 
-static void teardown(trainer_t *t) {
+static void teardown(wg_trainer_t *t) {
+  wg_own_teardown(t);
   wg_model_host_free(&t->host);
   wagma_grad_delay_destroy(t->delay);
   wagma_model_destroy(t->model);
@@ -211,27 +199,27 @@ static void teardown(trainer_t *t) {
 /* ---- libwagma's hooks ------------------------------------------------------------------------ */
 
 static size_t state_size(void *user) {
-  return ((trainer_t *)user)->host.nstate;
+  return ((wg_trainer_t *)user)->host.nstate;
 }
 
 static void state_save(void *user, float *buf) {
-  trainer_t *t = user;
+  wg_trainer_t *t = user;
   wagma_optim_get_state(t->optim, buf);
 }
 
 static void state_load(void *user, const float *buf) {
-  trainer_t *t = user;
+  wg_trainer_t *t = user;
   wagma_optim_set_state(t->optim, buf);
 }
 
 /* A restart of the whole job from its checkpoint: the model and optimizer from the file, then
  * the host mirror libwagma averages. */
 static int restore(void *user, const char *path, uint64_t *iteration) {
-  trainer_t *t = user;
+  wg_trainer_t *t = user;
   char err[512];
   int e = wg_ckroot_load(&t->root, path, t->model, t->optim, iteration, err, sizeof err);
   if (e) {
-    tlog(WAGMA_LOG_WARN, "job %s: cannot resume from %s: %s", t->cfg.job, path, err);
+    wg_trainer_log(WAGMA_LOG_WARN, "job %s: cannot resume from %s: %s", t->cfg.job, path, err);
     return e;
   }
   wg_model_host_params(&t->host, &e);
@@ -241,7 +229,7 @@ static int restore(void *user, const char *path, uint64_t *iteration) {
 /* ---- the loop ----------------------------------------------------------------------------------
  */
 
-static void straggle(trainer_t *t, double compute_s) {
+void wg_trainer_straggle(wg_trainer_t *t, double compute_s) {
   double pause = 0;
   if (t->o.slow_factor > 1.0)
     pause += (t->o.slow_factor - 1.0) * compute_s;
@@ -251,7 +239,7 @@ static void straggle(trainer_t *t, double compute_s) {
     wg_sleep_s(pause);
 }
 
-static void evaluate(trainer_t *t, size_t count) {
+static void evaluate(wg_trainer_t *t, size_t count) {
   wagma_eval_t ev;
   if (t->test.n == 0)
     return;
@@ -262,41 +250,64 @@ static void evaluate(trainer_t *t, size_t count) {
 }
 
 /* A new epoch began inside libwagma (at register or in a step): the optimizer's update count
- * (the lr schedule) and the data stream follow the plan's start_round. */
-static void follow_epoch(trainer_t *t) {
+ * (the lr schedule) and the data stream follow the plan's start_round; an algorithm of
+ * wagma-train's own sets its endpoint up for the epoch's members. */
+static void follow_epoch(wg_trainer_t *t) {
   wagma_worker_status_t st;
   wagma_worker_status(t->w, &st);
   if (st.epoch == t->epoch)
     return;
   t->epoch = st.epoch;
+  t->rank = st.rank;
+  t->size = st.size;
+  t->entered_at = wg_mono();
   wagma_optim_set_updates(t->optim, st.iteration);
   wagma_sampler_seek(&t->sampler, st.iteration * (uint64_t)t->spec.batch_size);
+  if (wg_own_algorithm(t) && st.rank >= 0)
+    wg_own_enter_epoch(t);
 }
 
-static void checkpoint(trainer_t *t, uint64_t iteration) {
+static void checkpoint(wg_trainer_t *t, uint64_t iteration) {
   char name[WAGMA_API_NAME_MAX + 8], path[WAGMA_API_CHECKPOINT_PATH_MAX], err[512];
   snprintf(name, sizeof name, "%s.ckpt", t->cfg.job);
   if (snprintf(path, sizeof path, "%s/%s", t->spec.checkpoint.path, name) >= (int)sizeof path) {
-    tlog(WAGMA_LOG_WARN, "job %s: checkpoint path longer than %zu bytes", t->cfg.job,
-         sizeof path - 1);
+    wg_trainer_log(WAGMA_LOG_WARN, "job %s: checkpoint path longer than %zu bytes", t->cfg.job,
+                   sizeof path - 1);
     return;
   }
   if (wg_ckroot_save(&t->root, t->spec.checkpoint.path, name, t->model, t->optim, iteration, err,
                      sizeof err) != 0) {
-    tlog(WAGMA_LOG_WARN, "job %s: checkpoint failed: %s", t->cfg.job, err);
+    wg_trainer_log(WAGMA_LOG_WARN, "job %s: checkpoint failed: %s", t->cfg.job, err);
     return;
   }
   if (wagma_worker_checkpoint_saved(t->w, path, iteration) != 0)
-    tlog(WAGMA_LOG_WARN, "job %s: %s", t->cfg.job, wagma_worker_last_error(t->w));
+    wg_trainer_log(WAGMA_LOG_WARN, "job %s: %s", t->cfg.job, wagma_worker_last_error(t->w));
 }
 
-/* One iteration: compute, the gradient allreduce (allreduce), the optimizer step, then
- * libwagma's averaging. 0, WAGMA_ECANCELED when stopped, or a compute failure. */
-static int iteration(trainer_t *t) {
+void wg_trainer_after_step(wg_trainer_t *t, uint64_t it_before) {
+  wagma_worker_status_t st;
+  follow_epoch(t);
+  wagma_worker_status(t->w, &st);
+  uint64_t every = t->spec.eval_every;
+  if (every && st.iteration / every != it_before / every)
+    evaluate(t, t->o.eval_samples);
+  wagma_worker_report(t->w, t->loss_ema, t->accuracy);
+  if (wg_own_algorithm(t))
+    wg_own_report(t);
+  if (wagma_worker_checkpoint_due(t->w))
+    checkpoint(t, st.iteration);
+}
+
+/* One iteration: compute, the gradient allreduce (allreduce), the optimizer step, then the
+ * averaging (libwagma's; adpsgd's pairwise one first). 0, WAGMA_ECANCELED when stopped, or a
+ * compute failure. */
+static int iteration(wg_trainer_t *t) {
   wagma_worker_status_t st;
   wagma_eval_t ev;
   float *host;
   int e;
+  if (t->ps && t->ps_shards > 0 && t->rank >= 0)
+    return wg_own_ps_iteration(t);
   double t0 = wg_mono();
   wagma_worker_status(t->w, &st);
   uint64_t it = st.iteration;
@@ -306,7 +317,8 @@ static int iteration(trainer_t *t) {
     return e;
   int allreduce = t->spec.algorithm == WAGMA_ALGO_ALLREDUCE;
   if (allreduce) {
-    straggle(t, wg_mono() - t0); /* the straggler's delay is its compute's, before the collective */
+    /* the straggler's delay is its compute's, before the collective */
+    wg_trainer_straggle(t, wg_mono() - t0);
     if (!(host = wg_model_host_grads(&t->host, &e)))
       return e;
     if ((e = wagma_worker_average_gradients(t->w, host)) ||
@@ -322,29 +334,24 @@ static int iteration(trainer_t *t) {
   else
     wagma_optim_step(t->optim, it, wagma_model_params(t->model), wagma_model_grads(t->model));
   if (!allreduce)
-    straggle(t, wg_mono() - t0);
+    wg_trainer_straggle(t, wg_mono() - t0);
   if (ev.n && isfinite(ev.loss))
     t->loss_ema = isfinite(t->loss_ema) ? 0.95 * t->loss_ema + 0.05 * ev.loss : ev.loss;
   if (!(host = wg_model_host_params(&t->host, &e)))
     return e;
+  if (t->gossip)
+    wg_own_gossip(t, host);
   e = wagma_worker_step(t->w);
   int back = wg_model_host_params_back(&t->host); /* what the averaging wrote, whatever it said */
   if (e)
     return e;
   if (back)
     return back;
-  follow_epoch(t);
-  wagma_worker_status(t->w, &st);
-  uint64_t every = t->spec.eval_every;
-  if (every && st.iteration / every != it / every)
-    evaluate(t, t->o.eval_samples);
-  wagma_worker_report(t->w, t->loss_ema, t->accuracy);
-  if (wagma_worker_checkpoint_due(t->w))
-    checkpoint(t, st.iteration);
+  wg_trainer_after_step(t, it);
   return 0;
 }
 
-static int train(trainer_t *t) {
+static int train(wg_trainer_t *t) {
   wagma_worker_state_fns_t fns = {state_size, state_save, state_load};
   int e;
   float *host = wg_model_host_params(&t->host, &e);
@@ -371,8 +378,8 @@ static int train(trainer_t *t) {
     if (e == WAGMA_ECANCELED)
       return e;
     if (e) {
-      tlog(WAGMA_LOG_ERROR, "job %s: iteration failed: %s (%s)", t->cfg.job, wagma_strerror(e),
-           wagma_worker_last_error(t->w));
+      wg_trainer_log(WAGMA_LOG_ERROR, "job %s: iteration failed: %s (%s)", t->cfg.job,
+                     wagma_strerror(e), wagma_worker_last_error(t->w));
       wg_sleep_s(0.1);
     }
   }
@@ -380,16 +387,12 @@ static int train(trainer_t *t) {
   wagma_worker_status(t->w, &st);
   if (st.iteration < t->total)
     return WAGMA_ECANCELED; /* stopped by the agent, or failed (reported) */
-  if (!(host = wg_model_host_params(&t->host, &e)))
-    return e;
-  e = wagma_worker_final_average(t->w);
-  if (e == 0)
-    e = wg_model_host_params_back(&t->host);
+  e = wg_own_final_model(t);
   if (e == WAGMA_ECANCELED)
     return e;
   if (e)
-    tlog(WAGMA_LOG_WARN, "job %s: final model average: %s", t->cfg.job,
-         wagma_worker_last_error(t->w));
+    wg_trainer_log(WAGMA_LOG_WARN, "job %s: final model average: %s", t->cfg.job,
+                   wagma_worker_last_error(t->w));
   evaluate(t, 0);
   if (t->test.n && !isfinite(t->accuracy)) {
     char why[200];
@@ -399,13 +402,13 @@ static int train(trainer_t *t) {
              (unsigned long long)st.iteration);
     return wagma_worker_fail(t->w, why);
   }
-  tlog(WAGMA_LOG_INFO, "job %s: done at iteration %llu, loss %.4f, test accuracy %.4f", t->cfg.job,
-       (unsigned long long)st.iteration, t->loss_ema, t->accuracy);
+  wg_trainer_log(WAGMA_LOG_INFO, "job %s: done at iteration %llu, loss %.4f, test accuracy %.4f",
+                 t->cfg.job, (unsigned long long)st.iteration, t->loss_ema, t->accuracy);
   return wagma_worker_done(t->w, t->loss_ema, t->accuracy);
 }
 
 int main(int argc, char **argv) {
-  static trainer_t t;
+  static wg_trainer_t t;
   char why[512] = "";
   int mine;
   if (parse_options(argc, argv, &t.o) != 0)
@@ -429,7 +432,7 @@ int main(int argc, char **argv) {
   if ((e = setup(&t, why, sizeof why, &mine)) != 0) {
     char msg[600];
     snprintf(msg, sizeof msg, "setup failed: %s", why[0] ? why : wagma_strerror(e));
-    tlog(WAGMA_LOG_ERROR, "job %s: %s", t.cfg.job, msg);
+    wg_trainer_log(WAGMA_LOG_ERROR, "job %s: %s", t.cfg.job, msg);
     if (mine)
       wagma_worker_unavailable(t.w, msg);
     else
@@ -437,7 +440,7 @@ int main(int argc, char **argv) {
   } else {
     e = train(&t);
     if (e && e != WAGMA_ECANCELED)
-      tlog(WAGMA_LOG_ERROR, "job %s: %s", t.cfg.job, wagma_worker_last_error(t.w));
+      wg_trainer_log(WAGMA_LOG_ERROR, "job %s: %s", t.cfg.job, wagma_worker_last_error(t.w));
   }
   wagma_worker_close(t.w); /* after done: lingers for the peers until the agent says stop */
   teardown(&t);

@@ -184,6 +184,7 @@ class _Config(ctypes.Structure):
         ("group_size", ctypes.c_int),
         ("global_sync", ctypes.c_char * 16),
         ("device", ctypes.c_char * 8),
+        ("transport", ctypes.c_char * 8),
     ]
 
 
@@ -285,6 +286,7 @@ class Config:
     group_size: int
     global_sync: str  # "barrier" or "wait-avoiding"
     device: str  # "cpu" or "cuda"
+    transport: str  # the agent's data plane: "tcp" or "nccl"
 
     @classmethod
     def _from_c(cls, c: _Config) -> "Config":
@@ -293,7 +295,8 @@ class Config:
             iterations=c.iterations, epochs=c.epochs, batch_size=c.batch_size,
             workers=c.workers, seed=c.seed, eval_every=c.eval_every,
             staleness_bound=c.staleness_bound, group_size=c.group_size,
-            global_sync=_text(c.global_sync), device=_text(c.device))
+            global_sync=_text(c.global_sync), device=_text(c.device),
+            transport=_text(c.transport))
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ static void churn(const char *job, int sig) {
   /* a member lost: the survivors shrink the communicator they kept and train on */
   int gone = cluster_agent_index(&c, v.members[3].name);
   assert_true(gone >= 0);
-  assert_int_equal(kill(c.agent[gone], sig), 0);
+  /* the whole member: its agent, and its wagma-train under --trainer program */
+  assert_int_equal(cluster_signal_member(&c, gone, job, sig), 0);
   if (sig == SIGKILL) {
     waitpid(c.agent[gone], NULL, 0);
     c.agent[gone] = 0;
@@ -145,7 +146,7 @@ static void churn(const char *job, int sig) {
   if (sig == SIGKILL)
     assert_int_equal(cluster_restart_agent(&c, gone, NULL), 0);
   else
-    assert_int_equal(kill(c.agent[gone], SIGCONT), 0);
+    assert_int_equal(cluster_signal_member(&c, gone, job, SIGCONT), 0);
   train_on(&c, job, e2, 4, &v);
   assert_lanes_up(&c, &v, 4);
   for (int k = 0; k < v.nmembers; k++) {

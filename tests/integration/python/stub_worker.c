@@ -107,6 +107,7 @@ int wagma_worker_open(const char *socket_path, wagma_log_fn log, void *log_user,
   w->cfg.group_size = 2;
   snprintf(w->cfg.global_sync, sizeof w->cfg.global_sync, "%s", "wait-avoiding");
   snprintf(w->cfg.device, sizeof w->cfg.device, "%s", env("WAGMA_STUB_DEVICE", "cpu"));
+  snprintf(w->cfg.transport, sizeof w->cfg.transport, "%s", "tcp");
   w->st.rank = -1;
   w->rank = (int)env_u64("WAGMA_STUB_RANK", 0);
   w->grad_scale = strtod(env("WAGMA_STUB_GRAD_SCALE", "1"), NULL);
@@ -419,6 +420,7 @@ size_t wagma_stub_layout(char *buf, size_t cap) {
   F(wagma_worker_config_t, group_size);
   F(wagma_worker_config_t, global_sync);
   F(wagma_worker_config_t, device);
+  F(wagma_worker_config_t, transport);
   S(wagma_worker_status_t);
   F(wagma_worker_status_t, epoch);
   F(wagma_worker_status_t, rank);

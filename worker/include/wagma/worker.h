@@ -56,7 +56,8 @@ typedef struct wagma_worker wagma_worker_t;
 typedef struct wagma_worker_config {
   char job[64];        /* the job's id */
   char agent[64];      /* the agent that launched this process */
-  char algorithm[16];  /* "wagma", "allreduce" or "local-sgd" */
+  char algorithm[16];  /* "wagma", "allreduce" or "local-sgd" (a program's job); the built-in
+                          trainer also gets "adpsgd", "asgd", "dc-asgd" (below) */
   uint64_t iterations; /* the job's iterations; 0 when it counts epochs */
   uint64_t epochs;     /* the job's epochs over the data (0 when iterations is set): the
                           program decides what an epoch is; wagma_worker_set_iterations */
@@ -68,6 +69,7 @@ typedef struct wagma_worker_config {
   int group_size;
   char global_sync[16]; /* "barrier" or "wait-avoiding" */
   char device[8];       /* "cpu" or "cuda" */
+  char transport[8];    /* the agent's data plane: "tcp" or "nccl" */
 } wagma_worker_config_t;
 
 /* Where the process stands (after the last call that returned). */
@@ -186,6 +188,48 @@ int wagma_worker_checkpoint_due(const wagma_worker_t *w);
 /* The checkpoint at path (relative to the checkpoint root) holds iteration: the agent records
  * it in etcd as the job's checkpoint, from which a restart of the whole job resumes. */
 int wagma_worker_checkpoint_saved(wagma_worker_t *w, const char *path, uint64_t iteration);
+
+/* A program that averages by an algorithm of its own. libwagma runs the averaging of wagma,
+ * allreduce and local-sgd; for any other algorithm in the configuration (the built-in
+ * trainer's adpsgd, asgd and dc-asgd: a user's program job is refused one at submission)
+ * wagma_worker_step only counts the iteration, and the program moves its models itself, over
+ * endpoints of its own that it announces to its peers through wagma_worker_allreduce. */
+
+/* The iteration boundary of such a program: a newer plan (its epoch entered, with the opening
+ * sync of the registered parameters and state) or the stop (WAGMA_ECANCELED), then iterations
+ * more are counted: 1 for a trained step (what wagma_worker_step does), 0 when nothing was
+ * trained (a parameter server that did not answer), more when the program's iteration follows
+ * others' (a parameter-server shard counts its workers' steps). WAGMA_EINVAL for the
+ * algorithms libwagma averages. Compare wagma_worker_status's epoch before and after: a new
+ * epoch has new members, and the program's first collective in it must be the same on all. */
+int wagma_worker_advance(wagma_worker_t *w, uint64_t iterations);
+
+typedef enum wagma_worker_reduce {
+  WAGMA_WORKER_SUM = 0,
+  WAGMA_WORKER_MEAN = 1
+} wagma_worker_reduce_t;
+
+/* buf (n float32 in host memory, any n) replaced by its sum or mean over every member of the
+ * current epoch; every member calls it with the same n in the same order. It takes no newer
+ * plan (WAGMA_ECANCELED when one arrived or the agent said stop: the next step enters it);
+ * WAGMA_EUNAVAIL when no epoch is entered; a lost peer fails it (WAGMA_ETIMEDOUT, a status of
+ * the data plane) on every member. */
+int wagma_worker_allreduce(wagma_worker_t *w, float *buf, size_t n, wagma_worker_reduce_t op);
+
+/* The data-plane address ("host:port") that member rank of the current epoch advertises, into
+ * out (len bytes). WAGMA_EINVAL for a rank outside the epoch, WAGMA_ERANGE when it is longer. */
+int wagma_worker_member_address(const wagma_worker_t *w, int rank, char *out, size_t len);
+
+/* What the progress reports show of a program's own algorithm, replacing the last values:
+ * the member's role ("worker", "active", "passive" or "server"; NULL or "" = "worker"), the
+ * staleness of its latest update (in iterations), and its averagings so far: those it asked
+ * for (shown as rounds activated), answered (rounds joined) and gave up (rounds skipped). */
+typedef struct wagma_worker_algorithm_stats {
+  const char *role;
+  uint64_t staleness;
+  uint64_t averaged, served, skipped;
+} wagma_worker_algorithm_stats_t;
+int wagma_worker_report_algorithm(wagma_worker_t *w, const wagma_worker_algorithm_stats_t *stats);
 
 /* The message of the last failed call on this handle ("" if none). Borrowed. */
 const char *wagma_worker_last_error(const wagma_worker_t *w);
