@@ -1,6 +1,6 @@
-/* agent/agent.h — private header of wagma-agent: its options, the job configuration the
- * runner trains with, and the state shared between the control thread (etcd side) and the
- * runner thread (training side).
+/* agent/agent.h — private header of wagma-agent: its options, the job configuration a job's
+ * program gets, and the state shared between the control thread (etcd side) and the runner
+ * thread (the program's side).
  *
  *   main.c        options, logging, signals, start / stop order
  *   ckroot.c      the checkpoint root: checkpoints are written and read only below it, no
@@ -8,23 +8,19 @@
  *   registry.c    the control thread: lease + agent key, assignment and plan watches, job spec,
  *                 progress and checkpoint records (the only code that talks to etcd)
  *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress and checkpoint records
- *   runner.c      the runner thread: job setup, epochs (communicator, global sync), the loop
- *   algorithms.c  one iteration of wagma / allreduce / local-sgd / adpsgd, straggler injection,
- *                 the gradient delay line, adpsgd's per-epoch exchange of endpoints
- *   adpsgd.c      AD-PSGD's pairwise averaging endpoint (its own header, adpsgd.h)
- *   ps.c          the asgd / dc-asgd parameter-server endpoint (its own header, ps.h)
- *   peer_io.c     TCP helpers with deadlines of those two endpoints (peer_io.h)
- *   launcher.c    a program job: the user's program launched, supervised and talked to
- *                 (launcher.h, worker/proto.h)
+ *   runner.c      the runner thread: the assigned job's program, through the launcher
+ *   launcher.c    a job's program (the user's, or wagma-train for a built-in job) launched,
+ *                 supervised and talked to (launcher.h, worker/proto.h)
+ * Beside them, linked by wagma-train (agent/trainer/): model_host.c (a model as host memory),
+ * adpsgd.c, ps.c and peer_io.c (AD-PSGD's and the parameter server's endpoints, their own
+ * headers).
  *
  * The job config carries the api's kinds as they are (wagma_model_kind_t, wagma_dataset_kind_t,
- * wagma_algorithm_t, wagma_optimizer_type_t); runner.c maps the model kind to the training
- * library's architecture (WAGMA_ARCH_*) and the optimizer type to WAGMA_OPTIM_*, the only place
- * that does.
+ * wagma_algorithm_t, wagma_optimizer_type_t); wagma-train maps them to the training library's.
  *
  * Threads: the main thread waits for signals; the control thread owns the etcd handle; the
- * runner thread owns the model, the data and the communicator. They meet only in wg_shared_t,
- * under its mutex. */
+ * runner thread owns the launcher and its program. They meet only in wg_shared_t, under its
+ * mutex. */
 #ifndef WAGMA_AGENT_H
 #define WAGMA_AGENT_H
 
@@ -63,7 +59,8 @@ typedef struct wg_agent_options {
    * --etcd-password-file or $WAGMA_ETCD_PASSWORD (strings of argv / the environment) */
   const char *etcd_ca_file, *etcd_cert_file, *etcd_key_file;
   const char *etcd_user, *etcd_password_file, *etcd_password;
-  double listen_timeout_s; /* retry a plan's communicator this long, then report unavailable */
+  double listen_timeout_s; /* a program retries a plan's communicator this long (libwagma),
+                              then reports unavailable */
   double slow_factor;      /* >= 1: compute takes F x longer */
   double sleep_prob;       /* transient imbalance: probability of a pause per iteration */
   double sleep_ms;
@@ -89,14 +86,11 @@ typedef struct wg_agent_options {
   const char *program_env[32];
   double program_grace_s;
   double program_connect_timeout_s;
-  /* --trainer program: built-in jobs (every algorithm, either transport) train in
-   * trainer_path (wagma-train beside the agent's binary), launched like a user's program
-   * (launcher.c) */
-  int trainer_program;
+  /* wagma-train beside the agent's binary: built-in jobs train in it, launched like a user's
+   * program (launcher.c) */
   char trainer_path[PATH_MAX];
-  /* the data plane's socket, bound to --listen at start when --programs is given (a port in
-   * use fails the start) and used by every communicator (and inherited by programs); -1 =
-   * each communicator binds --listen itself */
+  /* the data plane's socket, bound to --listen at start (a port in use fails the start) and
+   * inherited by every program, whose communicators accept on it */
   int listen_fd;
 } wg_agent_options_t;
 
@@ -128,13 +122,9 @@ typedef struct wg_job_config {
   int dc_adaptive;     /* dc-asgd: lambda / sqrt(mean square of g) */
   uint64_t checkpoint_every;
   char checkpoint_dir[256];     /* spec checkpoint.path: relative to the checkpoint root */
-  wagma_program_spec_t program; /* program.name "" = a built-in model job (runner.c) */
+  wagma_program_spec_t program; /* program.name "" = a built-in model job (wagma-train) */
   wagma_job_spec_t spec;        /* the whole spec as decoded: a program's "config" carries it */
 } wg_job_config_t;
-
-/* Whether the built-in job cfg trains in wagma-train (--trainer program: every algorithm and
- * transport) rather than on the runner thread. */
-int wg_trainer_runs(const wg_agent_options_t *o, const wg_job_config_t *cfg);
 
 /* ---- runner -> control: progress and checkpoint records ---------------------------------- */
 
@@ -192,9 +182,6 @@ typedef struct wg_shared {
   wg_progress_snap_t progress;
   int checkpoint_dirty;
   wg_checkpoint_rec_t checkpoint_out;
-  wagma_comm_t *comm; /* the runner's communicator (epoch comm_epoch), set and cleared before
-                         destroy under mu: the control side wagma_comm_abort's it under mu */
-  uint64_t comm_epoch;
 } wg_shared_t;
 
 int wg_shared_init(wg_shared_t *s);

@@ -47,10 +47,6 @@ int wg_job_config_from_spec_json(const char *json, size_t len, const char *job,
   return 0;
 }
 
-int wg_trainer_runs(const wg_agent_options_t *o, const wg_job_config_t *cfg) {
-  return o->trainer_program && !cfg->program.name[0];
-}
-
 void wg_progress_snap_from_progress(wg_progress_snap_t *s, const wagma_progress_t *p,
                                     const char *job) {
   memset(s, 0, sizeof *s);

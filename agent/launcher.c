@@ -1,4 +1,5 @@
-/* agent/launcher.c — a program job on this agent (launcher.h, docs/programs.md).
+/* agent/launcher.c — the job's program on this agent: the user's, or wagma-train for a
+ * built-in job (launcher.h, docs/programs.md).
  *
  * Owns: the local socket the program connects to (in a private directory made at start,
  * removed at the end), the program's process (its own group), its connection, the pipes of
@@ -366,16 +367,17 @@ static int send_json(wg_launcher_t *l, json_t *m) {
 
 static int send_config(wg_launcher_t *l, const wg_job_config_t *c) {
   json_t *m = json_pack(
-      "{s:s,s:i,s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:I,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:b,s:s}", "type",
-      "config", "version", WG_PROTO_VERSION, "job", c->job, "agent", l->opt->name, "algorithm",
-      wagma_algorithm_name(c->algorithm), "iterations", (json_int_t)c->iterations, "epochs",
-      (json_int_t)c->epochs, "batch_size", c->batch_size, "workers", c->workers, "seed",
+      "{s:s,s:i,s:s,s:s,s:s,s:I,s:I,s:i,s:i,s:I,s:I,s:i,s:s,s:f,s:f,s:f,s:f,s:f,s:b,s:s,s:f}",
+      "type", "config", "version", WG_PROTO_VERSION, "job", c->job, "agent", l->opt->name,
+      "algorithm", wagma_algorithm_name(c->algorithm), "iterations", (json_int_t)c->iterations,
+      "epochs", (json_int_t)c->epochs, "batch_size", c->batch_size, "workers", c->workers, "seed",
       (json_int_t)c->seed, "eval_every", (json_int_t)c->eval_every, "staleness_bound",
       c->staleness_bound, "device", wagma_device_name(c->device), "progress_interval",
       l->opt->progress_interval_s < 0.25 ? l->opt->progress_interval_s : 0.25, "connect_timeout",
       l->opt->connect_timeout_s, "round_deadline", l->opt->round_deadline_s, "collective_timeout",
       l->opt->collective_timeout_s, "linger", l->opt->linger_s, "encrypt",
-      l->opt->encrypt_data_plane, "transport", l->opt->transport_nccl ? "nccl" : "tcp");
+      l->opt->encrypt_data_plane, "transport", l->opt->transport_nccl ? "nccl" : "tcp",
+      "listen_timeout", l->opt->listen_timeout_s);
   json_t *spec = wagma_job_spec_to_value(&c->spec);
   if (m && (!spec || json_object_set_new(m, "spec", spec) != 0)) {
     json_decref(m);
@@ -416,7 +418,7 @@ static void protocol_fault(wg_launcher_t *l, const char *why) {
   report_failed(l, msg);
 }
 
-/* The program saved a checkpoint: the control thread records it in etcd (as runner.c's). */
+/* The program saved a checkpoint: the control thread records it in etcd. */
 static void on_checkpoint(wg_launcher_t *l, const wg_job_config_t *cfg,
                           const wg_proto_checkpoint_t *ck) {
   const char *problem = wg_ckroot_path_problem(ck->path);
@@ -608,7 +610,7 @@ void wg_launcher_turn(wg_launcher_t *l, const wg_job_config_t *cfg, const wagma_
 
 void wg_launcher_release(wg_launcher_t *l, const char *why) {
   if (!l || (l->pid <= 0 && !l->job[0]))
-    return; /* (called at every turn of a runner without a program job) */
+    return; /* (called at every turn of a runner without a job) */
   if (l->pid <= 0) {
     forget_job(l); /* a later assignment to the same job launches anew */
     return;

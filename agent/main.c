@@ -3,10 +3,10 @@
  * Threads: the main thread only waits for SIGINT / SIGTERM (blocked in every thread it
  * starts, taken with sigtimedwait; a thread started before main, e.g. OpenBLAS's, may take
  * one through a handler that only records it) and watches the control thread's startup; the
- * control thread (registry.c) talks to etcd; the runner thread (runner.c) trains. On a
- * signal: ask both to stop, revoke the lease first (the coordinator replans at once), then
- * join the runner within a deadline (it aborts its rounds: every wait in it is bounded) and
- * exit. */
+ * control thread (registry.c) talks to etcd; the runner thread (runner.c) runs the job's
+ * program (the user's, or wagma-train for a built-in job). On a signal: ask both to stop,
+ * revoke the lease first (the coordinator replans at once), then join the runner within a
+ * deadline (it stops the program: SIGTERM, then SIGKILL after --program-grace) and exit. */
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -96,8 +96,9 @@ static void usage(FILE *f) {
           "\n"
           "  --etcd ENDPOINTS        etcd client endpoints, comma separated (required)\n"
           "  --name NAME             agent name, unique in the cluster (required)\n"
-          "  --listen HOST:PORT      address the collective binds (required); 0.0.0.0:PORT\n"
-          "                          binds every interface\n"
+          "  --listen HOST:PORT      address of the data plane (required), bound at start (a\n"
+          "                          port in use fails the start, exit 2) and handed to the\n"
+          "                          job's program; 0.0.0.0:PORT binds every interface\n"
           "  --advertise ADDR        address peers dial, registered and put in plans: HOST,\n"
           "                          HOST:PORT, [V6]:PORT or a bare IPv6 address (the port\n"
           "                          defaults to --listen's; default: the --listen address)\n"
@@ -124,9 +125,9 @@ static void usage(FILE *f) {
           "  --etcd-user NAME        etcd user (etcd auth enabled); its password from\n"
           "  --etcd-password-file FILE  (re-read at each authentication), else from\n"
           "                          $WAGMA_ETCD_PASSWORD; never on the command line\n"
-          "  --listen-timeout S      how long a plan's communicator is retried (binding\n"
-          "                          --listen) before the agent reports itself unavailable\n"
-          "                          for the job (default 10)\n"
+          "  --listen-timeout S      how long a job's program retries a plan's communicator\n"
+          "                          before it reports this agent unavailable for the job\n"
+          "                          (default 10)\n"
           "  --data-dir DIR          Fashion-MNIST directory (default %s)\n"
           "  --checkpoint-root DIR   checkpoints are written and read only below DIR: a\n"
           "                          job's checkpoint.path is relative to it, and no\n"
@@ -149,20 +150,14 @@ static void usage(FILE *f) {
           "  --sleep-ms D            ... for D milliseconds (default 0)\n"
           "  --programs DIR          the programs this agent can launch: each executable\n"
           "                          file in DIR (named like a job name) is a program a job\n"
-          "                          spec can name (docs/programs.md); registered at start.\n"
-          "                          With it, --listen is bound at start (a port in use\n"
-          "                          fails the start, exit 2) and handed to the programs\n"
+          "                          spec can name (docs/programs.md); registered at start\n"
           "  --program-env NAME=VALUE  set in every program's environment (repeatable, at\n"
           "                          most 32), e.g. PYTHONPATH or WAGMA_LIBRARY\n"
           "  --program-grace S       a program asked to stop gets SIGTERM, then SIGKILL S\n"
           "                          seconds later (default 10)\n"
           "  --program-connect-timeout S  a launched program that has not connected within S\n"
           "                          seconds is killed and reported (default 30)\n"
-          "  --trainer WHERE         thread: built-in jobs train in the agent (default);\n"
-          "                          program: wagma, allreduce and local-sgd jobs on the\n"
-          "                          tcp transport train in wagma-train, a program beside\n"
-          "                          the agent's binary, through libwagma like a user's\n"
-          "                          program (docs/programs.md); --listen is bound at start\n"
+
           "  --log-level LEVEL       debug, info, warn or error (default info)\n"
           "  --help                  this text\n"
           "\n"
@@ -260,7 +255,7 @@ static int scan_programs(wg_agent_options_t *o, char *why, size_t len) {
   return 0;
 }
 
-/* --trainer program: wagma-train in the directory of this agent's executable (both are
+/* wagma-train, the built-in trainer: in the directory of this agent's executable (both are
  * installed to the same bin directory, and built to the same build directory). 0 when it is
  * there and executable; o->trainer_path names it either way. */
 static int trainer_path(wg_agent_options_t *o) {
@@ -278,8 +273,9 @@ static int trainer_path(wg_agent_options_t *o) {
   return access(o->trainer_path, X_OK) == 0 ? 0 : -1;
 }
 
-/* With --programs the data plane's socket is the agent's for its whole life: bound to
- * --listen now (a port in use is a start-up error), inherited by the programs. */
+/* The data plane's socket is the agent's for its whole life: bound to --listen now (a port in
+ * use is a start-up error, exit 2), inherited by the job's program, whose communicators accept
+ * on it, so the address in etcd stays right across programs and epochs. */
 static int bind_listen(wg_agent_options_t *o, char *why, size_t len) {
   char host[WAGMA_ADDRESS_MAX], port[16];
   const char *colon = strrchr(o->listen, ':');
@@ -364,7 +360,6 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"program-env", required_argument, 0, 1008},
                                         {"program-grace", required_argument, 0, 1009},
                                         {"program-connect-timeout", required_argument, 0, 1010},
-                                        {"trainer", required_argument, 0, 1011},
                                         {"help", no_argument, 0, 'h'},
                                         {0, 0, 0, 0}};
   double v;
@@ -564,11 +559,6 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
       if (parse_double(optarg, 0.1, 3600, &o->program_connect_timeout_s))
         FAIL("--program-connect-timeout must be 0.1..3600 seconds");
       break;
-    case 1011:
-      if (strcmp(optarg, "thread") != 0 && strcmp(optarg, "program") != 0)
-        FAIL("--trainer must be thread or program");
-      o->trainer_program = strcmp(optarg, "program") == 0;
-      break;
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return 2;
     }
@@ -607,9 +597,9 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
     if (wg_ckroot_open(o->checkpoint_root_arg, &o->checkpoint_root, why, sizeof why) != 0)
       FAIL("%s", why);
   }
-  if (o->trainer_program && trainer_path(o) != 0)
-    FAIL("--trainer program: no executable %s beside this agent's binary", o->trainer_path);
-  if (o->programs_dir[0] || o->trainer_program) {
+  if (trainer_path(o) != 0)
+    FAIL("no executable %s beside this agent's binary: built-in jobs train in it", o->trainer_path);
+  {
     char why[PATH_MAX + 128];
     if (o->programs_dir[0] && scan_programs(o, why, sizeof why) != 0)
       FAIL("%s", why);
@@ -649,7 +639,6 @@ int main(int argc, char **argv) {
       return 3;
     }
   }
-  wagma_train_set_threads(opt.threads);
 
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);

@@ -13,13 +13,13 @@
  *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
  *    record and starts watching the plan; every valid plan of a newer epoch is handed to the
  *    runner through wg_shared_t (with the checkpoint record read again and, when the plan
- *    lists me, the epoch's data-plane secret <prefix>/secrets/<job>/<epoch>), and the runner's
- *    communicator of an older epoch is aborted (wagma_comm_abort) so a round blocked on a
- *    frozen peer gives way at once; so is it on a release and on stop;
+ *    lists me, the epoch's data-plane secret <prefix>/secrets/<job>/<epoch>); the program's
+ *    libwagma aborts its communicator of an older epoch when the plan reaches it, so a round
+ *    blocked on a frozen peer gives way at once;
  *  - publishes the runner's progress (at most one put per progress_interval_s, at once for
  *    a final state) and rank 0's checkpoint records.
  * etcd being down never blocks training: only this thread waits on etcd (every call has the
- * handle's deadline), and the runner keeps training on the last plan meanwhile.
+ * handle's deadline), and the job's program keeps training on the last plan meanwhile.
  *
  * Threads: the control thread; the etcd library's watch / keepalive threads run the callbacks
  * below, which only copy values under c->mu and wake the control thread. The startup outcome
@@ -422,9 +422,9 @@ static int newer_plan_waiting(wg_control_t *c) {
 /* Reads the data-plane secret of the job's plan epoch into secret (WAGMA_API_SECRET_LEN bytes).
  * The coordinator writes it in the plan's Txn, so it is there whenever the plan is; a failed
  * read is retried for up to SECRET_READ_S (given up at once when a newer plan or a stop
- * comes). Returns its length, or 0 when there is none: the runner then refuses the epoch
- * (reports this agent unavailable) rather than run its data plane unauthenticated. Every copy
- * of the hex value this code sees is wiped. */
+ * comes). Returns its length, or 0 when there is none: the program then refuses the epoch
+ * (libwagma reports this agent unavailable) rather than run its data plane unauthenticated. Every
+ * copy of the hex value this code sees is wiped. */
 #define SECRET_READ_S 5.0
 
 static size_t read_secret(wg_control_t *c, uint64_t epoch, uint8_t *secret) {
@@ -490,8 +490,6 @@ static void offer_plan(wg_control_t *c, const char *json, size_t len) {
       (unsigned long long)plan.epoch, plan.nranks, (unsigned long long)plan.start_round,
       wagma_plan_rank_of(&plan, c->opt->name) >= 0 ? "" : " (not a member)");
   pthread_mutex_lock(&c->shared->mu);
-  if (c->shared->comm && plan.epoch > c->shared->comm_epoch)
-    wagma_comm_abort(c->shared->comm); /* the runner drops the old epoch now, not at a deadline */
   wagma_plan_free(&c->shared->plan);
   c->shared->plan = plan; /* moved */
   c->shared->have_plan = 1;
@@ -524,13 +522,10 @@ static void put_failed(wg_control_t *c, const char *job, const char *why) {
   free(json);
 }
 
-/* Hands the runner a new job (cfg), or with cfg NULL takes its job away (aborting its
- * communicator, so the runner tears the job down); either way without a plan or checkpoint
- * until offered. */
+/* Hands the runner a new job (cfg), or with cfg NULL takes its job away (the runner releases
+ * its program); either way without a plan or checkpoint until offered. */
 static void hand_job(wg_control_t *c, const wg_job_config_t *cfg) {
   pthread_mutex_lock(&c->shared->mu);
-  if (!cfg && c->shared->comm)
-    wagma_comm_abort(c->shared->comm);
   c->shared->assigned = cfg != NULL;
   if (cfg)
     c->shared->job = *cfg;
@@ -812,11 +807,6 @@ int wg_control_state(wg_control_t *c, char *err, size_t err_len) {
 void wg_control_stop(wg_control_t *c) {
   if (!c)
     return;
-  /* Stopping: a round blocked on a frozen peer must not hold the runner until its deadline. */
-  pthread_mutex_lock(&c->shared->mu);
-  if (c->shared->comm)
-    wagma_comm_abort(c->shared->comm);
-  pthread_mutex_unlock(&c->shared->mu);
   pthread_mutex_lock(&c->mu);
   c->stop = 1;
   pthread_cond_signal(&c->cv);

@@ -9,7 +9,7 @@
 # ncclAllReduce, by size; bench_nccl_multi_gpu, a round of wagma_comm_step between two GPUs
 # over NCCL (with and without an agent's device copies) against a bare ncclAllReduce among them
 # (not run on a machine of one GPU). The gpu tests: test_train_gpu (the CUDA backend's conformance),
-# test_agent_gpu (agents training cuda jobs; test_agent_gpu_trainer the same through wagma-train),
+# test_agent_gpu (agents training cuda jobs, each in its wagma-train over libwagma),
 # test_nccl_gpu (single-rank NCCL: initialisation,
 # a self-transfer, fresh communicators per epoch, revoke, abort; docs/design.md §6.4), and the
 # multigpu ones, test_nccl_multi_gpu and test_nccl_engine_multi_gpu.
@@ -41,9 +41,7 @@ echo "== configure ($build, WAGMA_WITH_CUDA=ON)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWAGMA_WITH_CUDA=ON \
   -DWAGMA_WERROR="${WAGMA_WERROR:-ON}" >/dev/null
 # The gpu-labelled tests; each test is the executable of the same name (wagma_add_test).
-# (a *_trainer test runs the executable without the suffix under --trainer program)
-mapfile -t tests < <(cd "$build" && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p' |
-  sed 's/_trainer$//' | sort -u)
+mapfile -t tests < <(cd "$build" && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: *//p' | sort -u)
 if [ "${#tests[@]}" -eq 0 ]; then
   echo "no test is labelled gpu" >&2
   exit 1

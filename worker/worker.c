@@ -46,7 +46,6 @@
 #define CONFIG_WAIT_S 30.0  /* open: the agent's configuration after hello */
 #define PLAN_WAIT_S 600.0   /* a member out of every plan waits this long for one */
 #define SEND_DEADLINE_S 5.0 /* one report to the agent */
-#define CREATE_RETRY_S 10.0 /* a communicator that cannot be created: then "unavailable" */
 
 /* ---- errors and logging ---------------------------------------------------------------- */
 
@@ -157,6 +156,7 @@ static void on_config(wagma_worker_t *w, const json_t *m) {
   w->round_deadline = num_or(m, "round_deadline", 0);
   w->collective_timeout = num_or(m, "collective_timeout", 0);
   w->linger = num_or(m, "linger", 5);
+  w->create_retry = num_or(m, "listen_timeout", 10); /* the agent's --listen-timeout */
   w->encrypt = json_is_true(json_object_get(m, "encrypt"));
   const json_t *spec = json_object_get(m, "spec");
   free(w->spec);
@@ -512,7 +512,7 @@ static int enter_epoch(wagma_worker_t *w) {
     if (e) {
       if (create_since == 0)
         create_since = wg_mono();
-      if (wg_mono() - create_since > CREATE_RETRY_S) {
+      if (wg_mono() - create_since > w->create_retry) {
         wg_worker_fail(w, e, "cannot create the communicator of epoch %llu: %s",
                        (unsigned long long)w->epoch, wagma_strerror(e));
         report(w, WAGMA_PROGRESS_UNAVAILABLE, w->err);

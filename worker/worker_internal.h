@@ -28,6 +28,7 @@ struct wagma_worker {
   int have_config;
   wagma_worker_config_t cfg;
   double progress_interval, connect_timeout, round_deadline, collective_timeout, linger;
+  double create_retry; /* a communicator that cannot be created this long: "unavailable" */
   int encrypt;
   char *spec;        /* the job spec's JSON text ("{}" when the agent sent none) */
   uint64_t ck_every; /* spec checkpoint.every, 0 = none */

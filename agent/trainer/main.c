@@ -49,6 +49,33 @@ void wg_trainer_log(int level, const char *fmt, ...) {
 
 /* ---- options ------------------------------------------------------------------------------- */
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: wagma-train [options]   (launched by wagma-agent for a built-in job, with\n"
+             "                                $WAGMA_AGENT_SOCKET set; not run by hand)\n"
+             "\n"
+             "The agent's options that shape training (docs/programs.md):\n"
+             "  --device cpu|cuda       the backend (the agent's --device)\n"
+             "  --checkpoint-root DIR   checkpoints only below DIR\n"
+             "  --data-dir DIR          Fashion-MNIST directory (default: the Debian package's)\n"
+             "  --synthetic-train N     samples of the synthetic training set (default 20000)\n"
+             "  --synthetic-test N      samples of the synthetic test set (default 2000)\n"
+             "  --eval-samples N        test samples of the periodic evaluation (default 1000)\n"
+             "  --threads N             BLAS threads (default 1)\n"
+             "  --slow-factor F         straggler: compute takes F times longer (default 1)\n"
+             "  --sleep-prob P          transient imbalance: pause with probability P per step\n"
+             "  --sleep-ms D            ... for D milliseconds (default 0)\n"
+             "  --log-level N           0 debug, 1 info (default), 2 warn, 3 error\n"
+             "  --listen-host HOST:PORT the agent's data-plane address: adpsgd's and the\n"
+             "                          parameter server's endpoints listen on an ephemeral\n"
+             "                          port of HOST\n"
+             "  --round-deadline S      deadline of one exchange with a peer's endpoint\n"
+             "                          (default 1)\n"
+             "  --help                  this text\n"
+             "\n"
+             "Exit status: 0 after reporting done, failed or unavailable, or when stopped; 1 when\n"
+             "the agent cannot be reached or libwagma fails; 2 usage error.\n");
+}
+
 /* The host part of "host:port" or "[v6]:port" ("" = any). */
 static void listen_host(const char *address, char *out, size_t len) {
   const char *colon = strrchr(address, ':');
@@ -61,14 +88,21 @@ static void listen_host(const char *address, char *out, size_t len) {
 }
 
 static int parse_options(int argc, char **argv, wg_trainer_opts_t *o) {
-  static const struct option longs[] = {
-      {"device", required_argument, 0, 'D'},         {"checkpoint-root", required_argument, 0, 'K'},
-      {"data-dir", required_argument, 0, 'd'},       {"synthetic-train", required_argument, 0, 'S'},
-      {"synthetic-test", required_argument, 0, 'T'}, {"eval-samples", required_argument, 0, 'V'},
-      {"threads", required_argument, 0, 't'},        {"slow-factor", required_argument, 0, 'f'},
-      {"sleep-prob", required_argument, 0, 'b'},     {"sleep-ms", required_argument, 0, 'm'},
-      {"log-level", required_argument, 0, 'v'},      {"listen-host", required_argument, 0, 'L'},
-      {"round-deadline", required_argument, 0, 'R'}, {0, 0, 0, 0}};
+  static const struct option longs[] = {{"device", required_argument, 0, 'D'},
+                                        {"checkpoint-root", required_argument, 0, 'K'},
+                                        {"data-dir", required_argument, 0, 'd'},
+                                        {"synthetic-train", required_argument, 0, 'S'},
+                                        {"synthetic-test", required_argument, 0, 'T'},
+                                        {"eval-samples", required_argument, 0, 'V'},
+                                        {"threads", required_argument, 0, 't'},
+                                        {"slow-factor", required_argument, 0, 'f'},
+                                        {"sleep-prob", required_argument, 0, 'b'},
+                                        {"sleep-ms", required_argument, 0, 'm'},
+                                        {"log-level", required_argument, 0, 'v'},
+                                        {"listen-host", required_argument, 0, 'L'},
+                                        {"round-deadline", required_argument, 0, 'R'},
+                                        {"help", no_argument, 0, 'h'},
+                                        {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
   o->synthetic_train = 20000;
   o->synthetic_test = 2000;
@@ -93,9 +127,8 @@ static int parse_options(int argc, char **argv, wg_trainer_opts_t *o) {
     case 'v': o->log_level = atoi(optarg); break;
     case 'L': listen_host(optarg, o->listen_host, sizeof o->listen_host); break;
     case 'R': o->round_deadline = atof(optarg); break;
-    default:
-      fprintf(stderr, "wagma-train: launched by wagma-agent --trainer program, not by hand\n");
-      return -1;
+    case 'h': usage(stdout); return 1;
+    default: usage(stderr); return -1;
     }
   }
   return 0;
@@ -411,8 +444,9 @@ int main(int argc, char **argv) {
   static wg_trainer_t t;
   char why[512] = "";
   int mine;
-  if (parse_options(argc, argv, &t.o) != 0)
-    return 2;
+  int p = parse_options(argc, argv, &t.o);
+  if (p)
+    return p > 0 ? 0 : 2;
   log_level = t.o.log_level;
   t.loss_ema = t.accuracy = NAN;
   int e = wagma_worker_open(NULL, log_line, NULL, &t.w);

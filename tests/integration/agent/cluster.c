@@ -67,13 +67,6 @@ static int start_agent(cluster_t *c, int i, const char *const *extra) {
     argv[n++] = c->agent_args[k];
   for (int k = 0; extra && extra[k] && n < 68; k++)
     argv[n++] = extra[k];
-  /* WAGMA_TEST_TRAINER=program: the same test with built-in jobs trained by wagma-train (the
-   * agent's --trainer program; tests/integration/agent/CMakeLists.txt runs chosen tests so) */
-  const char *trainer = getenv("WAGMA_TEST_TRAINER");
-  if (trainer && trainer[0]) {
-    argv[n++] = "--trainer";
-    argv[n++] = trainer;
-  }
   argv[n] = NULL;
   /* wagma-agent-fakenccl: the fake NCCL's listeners on the agent's own address, so that an
    * agent in a network namespace of its own meets its peers (other agents ignore it) */

@@ -159,7 +159,7 @@ int cluster_agent_log_count(const cluster_t *c, int i, const char *needle, const
 pid_t cluster_program_pid(const cluster_t *c, int i, const char *job);
 
 /* Sends sig (SIGSTOP, SIGCONT, ...) to agent i and, when it launched a program for job (a
- * user's, or wagma-train under WAGMA_TEST_TRAINER=program), to that program's process group:
+ * user's, or wagma-train for a built-in job), to that program's process group:
  * the member freezes as a whole. 0 or -1 (as kill). */
 int cluster_signal_member(const cluster_t *c, int i, const char *job, int sig);
 

@@ -19,7 +19,7 @@
  *    TTL + 1 s, the other members' programs keep their PIDs;
  *  - SIGKILL of an agent: its program is gone within 1 s, the survivors' programs train on in
  *    the next epoch (3 members);
- *  - an agent whose --listen port is taken fails its start (exit 2) when it has --programs.
+ *  - an agent whose --listen port is taken fails its start (exit 2).
  * Everything started is stopped by PID (cluster.c; the programs die with their agents). */
 #include <errno.h>
 #include <math.h>
@@ -359,7 +359,8 @@ static void test_agent_killed(void **state) {
   assert_int_equal(cluster_job_stop(c, "prog-churn", 30), 0);
 }
 
-/* With --programs the agent binds --listen at start: a taken port fails the start. */
+/* Every agent binds --listen at start (its programs inherit the socket): a taken port fails
+ * the start, exit 2, "cannot bind" (no --programs needed). */
 static void test_port_in_use(void **state) {
   cluster_t *c = *state;
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -378,8 +379,6 @@ static void test_port_in_use(void **state) {
                         "taken",
                         "--listen",
                         listen_addr,
-                        "--programs",
-                        programs_dir,
                         NULL};
   double t0 = cluster_now();
   pid_t pid = proc_spawn(argv, log, NULL);

@@ -59,6 +59,9 @@ for f in Dockerfile Dockerfile.cuda; do
     grep -q "^COPY --from=build .* $bin\$" <<<"$s" || no "docker/$f $target: does not install $bin"
     grep -q "^ENTRYPOINT \[\"$bin\"\]" <<<"$s" || no "docker/$f $target: ENTRYPOINT is not $bin"
   done
+  # the agent launches wagma-train from its own directory for every built-in job
+  grep -q '^COPY --from=build /src/build/agent/wagma-train /usr/local/bin/wagma-train$' <<<"$(stage_of "$df" agent)" ||
+    no "docker/$f agent: does not install wagma-train beside /usr/local/bin/wagma-agent"
   grep -q '^WORKDIR /var/lib/wagma$' <<<"$(stage_of "$df" agent)" || no "docker/$f agent: WORKDIR is not /var/lib/wagma"
   grep -q 'dataset-fashion-mnist' <<<"$(stage_of "$df" agent)" || no "docker/$f agent: no Fashion-MNIST"
   grep -q '^EXPOSE 8080$' <<<"$(stage_of "$df" coordinator)" || no "docker/$f coordinator: EXPOSE is not 8080"

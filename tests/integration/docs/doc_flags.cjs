@@ -3,8 +3,9 @@
 // every installed wagma binary against what users read, both ways.
 //
 // The binaries: every file docker/Dockerfile* copies from the build into /usr/local/bin
-// (wagma-coordinator, wagma-agent, wagmactl today). A binary whose option table this test cannot
-// find fails it: teach it the new table.
+// (wagma-coordinator, wagma-agent, wagma-train, wagmactl today). A binary whose option table this
+// test cannot find fails it: teach it the new table (SOURCES: where a binary's main is, when not
+// in the directory of its build output).
 //
 // The truth is the option table the binary's main parses (getopt_long's `struct option` array in
 // coordinator/main.c and agent/main.c, wagmactl's `opts[]` in api/wagmactl/args.c). Checked:
@@ -12,7 +13,8 @@
 //     every `--flag` it names is an option (or another program's flag, FOREIGN below);
 //  2. the binary's home in docs/ names every option, and every flag there is an option. Homes
 //     (HOMES below): wagma-agent = the flag table of docs/agent.md (first cell of each row of the
-//     table whose header starts with "flag"); wagma-coordinator = the first code block of
+//     table whose header starts with "flag"); wagma-train = the same kind of table in
+//     docs/programs.md "## The built-in trainer as a program: `wagma-train`"; wagma-coordinator = the first code block of
 //     docs/api.md "## Running the coordinator"; wagmactl = the tables and code blocks of
 //     docs/wagmactl.md "## Usage" (options, and commands with their options);
 //  3. invocations: everywhere users read (README.md, docs/*.md, charts/wagma/values.yaml and
@@ -67,13 +69,14 @@ const flagsIn = (text) => (text.match(FLAG) || []);
 
 // ---- the binaries and their option tables ------------------------------------------------------
 const bins = new Map(); // name -> {dir, options:Set}
+const SOURCES = { 'wagma-train': 'agent/trainer' }; // built to build/agent, its main elsewhere
 for (const f of fs.readdirSync(path.join(root, 'docker')).filter((f) => /^Dockerfile[^.]*(\.cuda)?$/.test(f))) {
   for (const m of read(`docker/${f}`).matchAll(/COPY\s+--from=\S+\s+\/src\/build\/(\S+)\/([^/\s]+)\s+\/usr\/local\/bin\/(\S+)/g))
     if (!bins.has(m[3])) bins.set(m[3], { dir: m[1], options: null });
 }
 check(bins.size >= 3, `docker/: expected at least 3 installed binaries, found ${[...bins.keys()]}`);
 for (const [name, b] of bins) {
-  const dir = path.join(root, b.dir);
+  const dir = path.join(root, SOURCES[name] || b.dir);
   const opts = new Set();
   for (const f of fs.readdirSync(dir).filter((f) => f.endsWith('.c'))) {
     const src = fs.readFileSync(path.join(dir, f), 'utf8');
@@ -164,19 +167,22 @@ function section(text, title) {
   const parts = text.split(/^(?=## )/m);
   return parts.find((p) => p.startsWith(`## ${title}\n`)) || null;
 }
+// The first cells of the first table whose header starts with "flag" in text.
+function flagTable(text) {
+  const out = [];
+  let inTable = false;
+  for (const l of (text || '').split('\n')) {
+    if (/^\|\s*flag\s*\|/.test(l)) inTable = true;
+    else if (inTable && !l.startsWith('|')) break;
+    else if (inTable) out.push(...flagsIn(l.split('|')[1] || ''));
+  }
+  return out;
+}
 const HOMES = {
-  'wagma-agent': {
-    file: 'docs/agent.md',
-    flags: (text) => {
-      const out = [];
-      let inTable = false;
-      for (const l of text.split('\n')) {
-        if (/^\|\s*flag\s*\|/.test(l)) inTable = true;
-        else if (inTable && !l.startsWith('|')) break;
-        else if (inTable) out.push(...flagsIn(l.split('|')[1] || ''));
-      }
-      return out;
-    },
+  'wagma-agent': { file: 'docs/agent.md', flags: flagTable },
+  'wagma-train': {
+    file: 'docs/programs.md',
+    flags: (text) => flagTable(section(text, 'The built-in trainer as a program: `wagma-train`')),
   },
   'wagma-coordinator': {
     file: 'docs/api.md',

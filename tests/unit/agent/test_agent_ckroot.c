@@ -21,7 +21,8 @@
 
 #include <cmocka.h>
 
-#include "agent/runner.h"
+#include "agent/ckroot.h"
+#include "agent/train/train.h"
 
 static char base[256], root_dir[300], outside[300];
 
