@@ -63,6 +63,8 @@ typedef struct coll {
   uint64_t span;       /* seq values this operation may use from ctx->seq */
   uint64_t notice_seq; /* seq of this operation's failure notices */
   wg_reader_t *rd;     /* the reader session over the peers it receives from, or NULL */
+  const float *src;    /* an out-of-place allreduce's input (wg_coll_allreduce_from), read
+                          where the output is touched first; NULL = in place */
 } coll_t;
 
 /* Starts the operation's reader session over the positions in idx (best effort: without
@@ -102,6 +104,7 @@ static int coll_init(coll_t *c, const wg_coll_ctx_t *ctx, const float *buf, size
   c->deadline = deadline;
   c->span = SEQ_SPAN;
   c->rd = NULL;
+  c->src = NULL;
   for (int i = 0; i < ctx->nranks; i++) {
     if (i > 0 && ctx->ranks[i] <= ctx->ranks[i - 1])
       return WAGMA_EINVAL; /* must be sorted and unique */
@@ -210,9 +213,12 @@ static int recv_frame(const coll_t *c, int idx, uint64_t seq, size_t n, float *d
   return rc;
 }
 
-/* Receives n floats (src idx, seq) and adds them to dst; with div > 0, divides each sum by
- * div in the same pass (the owner of a MEAN block: no second pass over it). */
-static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n, float div);
+/* Receives n floats (src idx, seq) and adds them to dst, or with from non-NULL writes
+ * from + them into dst (the first touch of an out-of-place allreduce's output: the same sums,
+ * operand for operand); with div > 0, divides each sum by div in the same pass (the owner of
+ * a MEAN block: no second pass over it). */
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const float *from, size_t n,
+                    float div);
 
 /* Receives n floats (src idx, seq) into dst. */
 static int recv_copy(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
@@ -244,13 +250,35 @@ add_div_floats(float *restrict dst, const float *restrict src, size_t n, float b
     dst[i] = (dst[i] + src[i]) / by;
 }
 
-static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n, float div) {
+/* dst = a + b (each sum rounded to float), in one pass. */
+__attribute__((optimize("tree-vectorize"))) static void
+sum_floats(float *restrict dst, const float *restrict a, const float *restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = a[i] + b[i];
+}
+
+/* dst = (a + b) / by, rounded as sum_floats then div_floats would. */
+__attribute__((optimize("tree-vectorize"))) static void sum_div_floats(float *restrict dst,
+                                                                       const float *restrict a,
+                                                                       const float *restrict b,
+                                                                       size_t n, float by) {
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (a[i] + b[i]) / by;
+}
+
+static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const float *from, size_t n,
+                    float div) {
   wg_message_t *m = NULL;
   int rc = recv_frame(c, idx, seq, n, NULL, &m);
-  if (rc == 0 && div > 0)
-    add_div_floats(dst, (const float *)m->payload, n, div);
+  const float *got = rc == 0 ? (const float *)m->payload : NULL;
+  if (rc == 0 && from && div > 0)
+    sum_div_floats(dst, from, got, n, div);
+  else if (rc == 0 && from)
+    sum_floats(dst, from, got, n);
+  else if (rc == 0 && div > 0)
+    add_div_floats(dst, got, n, div);
   else if (rc == 0)
-    add_floats(dst, (const float *)m->payload, n);
+    add_floats(dst, got, n);
   wg_message_free(m);
   return rc;
 }
@@ -296,13 +324,14 @@ static int send_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
 }
 
 /* Receives segments seq_base + k from idx into buf (add = 1: reduce, 0: copy; div > 0 with
- * add: each sum divided by div, recv_add). */
+ * add: each sum divided by div; from: the reduction's other operand when it is not buf,
+ * recv_add). */
 static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s, float *buf,
-                    size_t count, int add, float div) {
+                    const float *from, size_t count, int add, float div) {
   for (uint64_t k = 0; k < s->nseg; k++) {
     size_t a, len;
     seg_range(s, count, k, &a, &len);
-    int rc = add ? recv_add(c, idx, seq_base + k, buf + a, len, div)
+    int rc = add ? recv_add(c, idx, seq_base + k, buf + a, from ? from + a : NULL, len, div)
                  : recv_copy(c, idx, seq_base + k, buf + a, len);
     if (rc != 0)
       return rc;
@@ -311,10 +340,11 @@ static int recv_all(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
 }
 
 /* Sends buf[0..count) to idx and receives the peer's copy of it into the same range
- * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent; div as
+ * (add = 1: reduce, 0: copy; the copy needs rbuf distinct from what is sent; div and from as
  * recv_all), as segments seq_base + k, at most PIPE_WINDOW segments ahead. */
 static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s, const float *sbuf,
-                    size_t scount, float *rbuf, size_t rcount, int add, float div) {
+                    size_t scount, float *rbuf, const float *from, size_t rcount, int add,
+                    float div) {
   uint64_t sent = 0;
   for (uint64_t k = 0; k < s->nseg; k++) {
     for (; sent < s->nseg && sent < k + PIPE_WINDOW; sent++) {
@@ -326,7 +356,7 @@ static int exchange(const coll_t *c, int idx, uint64_t seq_base, const segs_t *s
     }
     size_t a, len;
     seg_range(s, rcount, k, &a, &len);
-    int rc = add ? recv_add(c, idx, seq_base + k, rbuf + a, len, div)
+    int rc = add ? recv_add(c, idx, seq_base + k, rbuf + a, from ? from + a : NULL, len, div)
                  : recv_copy(c, idx, seq_base + k, rbuf + a, len);
     if (rc != 0)
       return rc;
@@ -377,10 +407,14 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count, int mea
   segs_t s = make_segs(count, c->span / steps);
   const uint64_t base = c->ctx->seq;
   int rc = 0;
+  /* from: my data where buf is not written yet (out of place), NULL once it is (or in place) */
+  const float *from = c->src;
 
-  if (me < 2 * rem)
-    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
-                     : recv_all(c, me - 1, base, &s, buf, count, 1, 0);
+  if (me < 2 * rem) {
+    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, from ? from : buf, count)
+                     : recv_all(c, me - 1, base, &s, buf, from, count, 1, 0);
+    from = NULL; /* an odd rank's buf holds the fold; an even one's gets the fold-out */
+  }
   if (rc != 0)
     return rc;
   if (newrank >= 0) {
@@ -388,17 +422,18 @@ static int allreduce_doubling(const coll_t *c, float *buf, size_t count, int mea
     for (int mask = 1; mask < pof2; mask <<= 1, step++) {
       int peer = real_of(newrank ^ mask, rem);
       float div = mean && mask == pof2 / 2 ? (float)c->n : 0;
-      rc = send_all(c, peer, base + step * s.nseg, &s, buf, count);
+      rc = send_all(c, peer, base + step * s.nseg, &s, from ? from : buf, count);
       if (rc == 0)
-        rc = recv_all(c, peer, base + step * s.nseg, &s, buf, count, 1, div);
+        rc = recv_all(c, peer, base + step * s.nseg, &s, buf, from, count, 1, div);
       if (rc != 0)
         return rc;
+      from = NULL;
     }
   }
   const uint64_t last = base + (steps - 1) * s.nseg;
   if (me < 2 * rem)
     rc = me % 2 == 1 ? send_all(c, me - 1, last, &s, buf, count)
-                     : recv_all(c, me + 1, last, &s, buf, count, 0, 0);
+                     : recv_all(c, me + 1, last, &s, buf, NULL, count, 0, 0);
   return rc;
 }
 
@@ -421,9 +456,14 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
   segs_t s = make_segs(count, c->span / steps);
   const uint64_t base = c->ctx->seq;
   int rc = 0;
-  if (me < 2 * rem)
-    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, buf, count)
-                     : recv_all(c, me - 1, base, &s, buf, count, 1, 0);
+  /* from: as in allreduce_doubling; after the first halving step every later step reads and
+   * writes inside the range that step wrote, and the allgather copies the rest */
+  const float *from = c->src;
+  if (me < 2 * rem) {
+    rc = me % 2 == 0 ? send_all(c, me + 1, base, &s, from ? from : buf, count)
+                     : recv_all(c, me - 1, base, &s, buf, from, count, 1, 0);
+    from = NULL;
+  }
   if (rc != 0)
     return rc;
   if (newrank >= 0) {
@@ -439,9 +479,11 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
       segs_t ss = make_segs(sn > kn ? sn : kn, s.nseg);
       /* The last halving leaves me my block: for MEAN, divided as it is reduced. */
       float div = mean && mask == pof2 / 2 ? (float)n : 0;
-      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ko, kn, 1, div);
+      rc = exchange(c, peer, base + step * s.nseg, &ss, (from ? from : buf) + so, sn, buf + ko,
+                    from ? from + ko : NULL, kn, 1, div);
       if (rc != 0)
         return rc;
+      from = NULL;
       los[j] = lo;
       his[j] = hi;
       lo = klo;
@@ -453,7 +495,7 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
       int olo = lo == los[j] ? hi : los[j], ohi = lo == los[j] ? his[j] : lo;
       size_t so = BLK_OFF(lo), sn = BLK_OFF(hi) - so, ro = BLK_OFF(olo), rn = BLK_OFF(ohi) - ro;
       segs_t ss = make_segs(sn > rn ? sn : rn, s.nseg);
-      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ro, rn, 0, 0);
+      rc = exchange(c, peer, base + step * s.nseg, &ss, buf + so, sn, buf + ro, NULL, rn, 0, 0);
       if (rc != 0)
         return rc;
       lo = los[j];
@@ -466,7 +508,7 @@ static int allreduce_rabenseifner(const coll_t *c, float *buf, size_t count, int
     if (me % 2 == 1)
       rc = send_all(c, me - 1, last, &s, buf, count);
     else
-      rc = recv_all(c, me + 1, last, &s, buf, count, 0, 0);
+      rc = recv_all(c, me + 1, last, &s, buf, NULL, count, 0, 0);
   }
   return rc;
 }
@@ -505,7 +547,9 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
       }
       size_t a, len;
       seg_range(&s, CHUNK_LEN(ch), sent % nseg, &a, &len);
-      int rc = send_floats(c, right, rs + sent, buf + CHUNK_OFF(ch) + a, len);
+      /* my own chunk goes out before anything is written into it: out of place, from src */
+      const float *sb = sent < nseg && c->src ? c->src : buf;
+      int rc = send_floats(c, right, rs + sent, sb + CHUNK_OFF(ch) + a, len);
       if (rc != 0)
         return rc;
     }
@@ -520,7 +564,9 @@ static int allreduce_ring(const coll_t *c, float *buf, size_t count, int mean) {
     seg_range(&s, CHUNK_LEN(ch), k, &a, &len);
     /* At step n - 2 chunk me + 1 is complete: for MEAN, divided as it is reduced. */
     float div = phase0 && st == (uint64_t)(n - 2) && mean ? (float)n : 0;
-    int rc = phase0 ? recv_add(c, left, rs + i, cb + a, len, div)
+    /* phase 0 reduces each chunk but mine exactly once: its first touch (out of place) */
+    const float *from = phase0 && c->src ? c->src + CHUNK_OFF(ch) + a : NULL;
+    int rc = phase0 ? recv_add(c, left, rs + i, cb + a, from, len, div)
                     : recv_copy(c, left, rs + i, cb + a, len);
     if (rc != 0)
       return rc;
@@ -543,18 +589,25 @@ wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n) {
   return WG_COLL_RABENSEIFNER;
 }
 
-static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
-                          double deadline, uint64_t span, uint64_t notice_seq) {
+static int allreduce_span(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
+                          wagma_reduce_op_t op, double deadline, uint64_t span,
+                          uint64_t notice_seq) {
   coll_t c;
   int rc = coll_init(&c, ctx, buf, count, deadline);
   if (rc != 0)
     return rc;
   c.span = span;
   c.notice_seq = notice_seq;
+  c.src = src != buf ? src : NULL;
   if (op != WAGMA_REDUCE_SUM && op != WAGMA_REDUCE_MEAN)
     return WAGMA_EINVAL;
-  if (c.n == 1 || count == 0)
+  if (c.src && count > 0 && c.src < buf + count && buf < c.src + count)
+    return WAGMA_EINVAL; /* overlapping, but not the same buffer */
+  if (c.n == 1 || count == 0) {
+    if (c.src && count > 0)
+      memcpy(buf, c.src, count * sizeof(float));
     return 0;
+  }
   const size_t bytes = count * sizeof(float);
   int alg = ctx->algorithm;
   if (alg < WG_COLL_DOUBLING || alg > WG_COLL_RING) {
@@ -585,7 +638,13 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, float *buf, size_t count, wa
 
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
                       double deadline) {
-  return allreduce_span(ctx, buf, count, op, deadline, SEQ_SPAN,
+  return allreduce_span(ctx, NULL, buf, count, op, deadline, SEQ_SPAN,
+                        ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
+}
+
+int wg_coll_allreduce_from(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
+                           wagma_reduce_op_t op, double deadline) {
+  return allreduce_span(ctx, src, buf, count, op, deadline, SEQ_SPAN,
                         ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
 }
 
@@ -603,7 +662,7 @@ static int broadcast_run(coll_t *c, float *buf, size_t count, int root_idx) {
       if (vrank & mask) {
         int parent = REAL(vrank - mask);
         reader_begin(c, &parent, 1);
-        rc = recv_all(c, parent, base, &s, buf, count, 0, 0);
+        rc = recv_all(c, parent, base, &s, buf, NULL, count, 0, 0);
         reader_end(c);
         if (rc != 0)
           return rc;
@@ -659,7 +718,7 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
   /* First the weights (seq half 0), then the data (seq half 1). */
   wg_coll_ctx_t sub = *ctx;
   float wsum = weight;
-  rc = allreduce_span(&sub, &wsum, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
+  rc = allreduce_span(&sub, NULL, &wsum, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
   if (rc != 0)
     return rc;
   if (!(isfinite(wsum) && wsum != 0.0f))
@@ -670,7 +729,8 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
     for (size_t i = 0; i < count; i++)
       buf[i] *= weight;
   sub.seq = ctx->seq + SEQ_SPAN / 2;
-  rc = allreduce_span(&sub, buf, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
+  rc = allreduce_span(&sub, NULL, buf, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2,
+                      c.notice_seq);
   if (rc == 0 && wsum != 1.0f)
     div_floats(buf, count, wsum);
   return rc;

@@ -72,6 +72,12 @@ wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n);
 /* buf (count floats, identical count everywhere) <- sum or mean over ctx->ranks. */
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
                       double deadline);
+/* The same out of place: buf <- sum or mean of every participant's src, src unchanged and only
+ * read (where buf is first written: the same sums, bit for bit, as copying src into buf and
+ * reducing in place, one pass over the model fewer). src == buf or NULL is in place;
+ * overlapping buffers otherwise are WAGMA_EINVAL. On a failure buf is undefined. */
+int wg_coll_allreduce_from(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
+                           wagma_reduce_op_t op, double deadline);
 
 /* buf <- root's buf on every participant (root is a plan rank inside ctx->ranks). */
 int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int root,

@@ -491,9 +491,11 @@ done:
 int wg_comm_apply_pending(wagma_comm_t *c, float *model) {
   if (!c || !model)
     return WAGMA_EINVAL;
+  int n = 0;
   pthread_mutex_lock(&c->mu);
-  int n = wg_snapshot_apply(c, model);
+  float *taken = wg_snapshot_take(c, &n);
   pthread_mutex_unlock(&c->mu);
+  wg_snapshot_add_taken(c, model, taken); /* outside mu */
   return n;
 }
 

@@ -5,9 +5,10 @@
  * The protocol, per round (the leader's side is engine_leader.c, the frames engine_thread.c):
  *   ACTIVATE (leader -> members), JOIN (a CONTRIB without payload, member -> leader, aux = the
  *   snapshot version), then at the leader's finalize GO (a RESULT with WG_RESULT_GO and the
- *   list of contributors) to each contributor; each contributor's data thread copies its pinned
- *   snapshot into c->work and runs wg_coll_allreduce(MEAN) among the list (tag: round, group,
- *   seq = a hash of the list), then reports DONE (ok or failed) to the leader; the leader
+ *   list of contributors) to each contributor; each contributor's data thread runs
+ *   wg_coll_allreduce_from(MEAN) of its pinned snapshot into c->work among the list (out of
+ *   place: no staging copy; tag: round, group, seq = a hash of the list), then reports DONE
+ *   (ok or failed) to the leader; the leader
  *   answers COMMIT once every contributor's allreduce succeeded, ABORT (RESULT EXCLUDED) at the
  *   first failure, a contributor's death or its deadline. COMMIT applies c->work as the round's
  *   mean (the correction work - pinned, engine_snapshot.c); ABORT voids the round. So a round
@@ -15,9 +16,11 @@
  *   them only, and the mean is bit for bit the same on all (coll.c's allreduce).
  *
  * Owns: c->work while its allreduce runs (the one outstanding contribution's: a rank has at
- * most one, so at most one job at a time). Thread: its own; it takes mu to claim a job and to
- * report it, never while the allreduce runs, so the round thread answers other leaders
- * meanwhile. It never touches an entry after its round ended (it looks it up again by round). */
+ * most one, so at most one job at a time), and reads the pinned snapshot meanwhile, marked
+ * c->snap.reading so that no publish reuses it even if the round is voided under it. Thread:
+ * its own; it takes mu to claim a job and to report it, never while the allreduce runs, so
+ * the round thread answers other leaders meanwhile. It never touches an entry after its round
+ * ended (it looks it up again by round). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,24 +68,21 @@ void *wg_engine_data_main(void *arg) {
       pthread_mutex_unlock(&c->mu);
       break;
     }
-    /* Stage the snapshot at once, while the leader still gathers the round: the copy overlaps
-     * the JOIN -> GO wait. */
+    /* The pinned snapshot is the allreduce's input, read outside mu: marked as read until
+     * the report below (immutable while pinned; kept from reuse while read). */
     e->claimed = 1;
     uint64_t round = e->round;
     int leader = e->leader;
-    const float *pinned = c->snap.buf[c->snap.pinned]; /* immutable while pinned */
-    pthread_mutex_unlock(&c->mu);
-    c->mem->copy(c->mem->self, c->work, pinned, c->count);
-
-    pthread_mutex_lock(&c->mu);
-    e = wg_member_entry(c, round);
-    if (wg_engine_staged_hook && leader != c->rank && e && e->state == WG_ENTRY_WAITING)
-      wg_engine_staged_hook(c->rank, leader, round, c->work, c->count); /* (a contribution
-                                                                           still in its round) */
+    c->snap.reading = c->snap.pinned;
+    const float *pinned = c->snap.buf[c->snap.pinned];
+    if (wg_engine_staged_hook && leader != c->rank)
+      wg_engine_staged_hook(c->rank, leader, round, pinned, c->count); /* (a contribution
+                                                                          in its round) */
     while (!c->stopping && (e = wg_member_entry(c, round)) && e->state == WG_ENTRY_WAITING &&
            !e->go)
       wg_engine_wait(c, wg_now() + 0.2); /* no timer of its own: the round's end decides */
     if (c->stopping || !e || e->state != WG_ENTRY_WAITING) {
+      c->snap.reading = -1;
       pthread_mutex_unlock(&c->mu);
       continue; /* void, a lone contributor's COMMIT, or the end */
     }
@@ -103,14 +103,21 @@ void *wg_engine_data_main(void *arg) {
     ctx.group = group;
     ctx.seq = wg_engine_list_seq(ranks, n);
     ctx.failed_rank = &failed;
-    ctx.release = 1; /* DONE, COMMIT and the next round's frames come from these peers */
-    int rc = wg_coll_allreduce(&ctx, c->work, c->count, WAGMA_REDUCE_MEAN, wg_now() + timeout);
-    if (rc == WAGMA_ECLOSED)
+    ctx.release = 1;       /* DONE, COMMIT and the next round's frames come from these peers */
+    float *work = c->work; /* (the resolve that swaps it waits for this report) */
+    int rc =
+        wg_coll_allreduce_from(&ctx, pinned, work, c->count, WAGMA_REDUCE_MEAN, wg_now() + timeout);
+    if (rc == WAGMA_ECLOSED) {
+      pthread_mutex_lock(&c->mu);
+      c->snap.reading = -1;
+      pthread_mutex_unlock(&c->mu);
       break; /* destroy or abort: nothing more to report */
+    }
     if (wg_engine_data_fault)
       rc = wg_engine_data_fault(c->rank, round, rc);
 
     pthread_mutex_lock(&c->mu);
+    c->snap.reading = -1;
     wg_entry_t *now = wg_member_entry(c, round);
     if (now && now->state == WG_ENTRY_WAITING && now->claimed) {
       now->data_done = 1;

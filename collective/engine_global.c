@@ -172,8 +172,11 @@ int wg_global_barrier(wagma_comm_t *c, float *model, uint64_t g, wagma_round_sta
     pthread_mutex_unlock(&c->mu);
     return WAGMA_ECLOSED;
   }
-  st->corrections_applied += wg_snapshot_apply(c, model);
+  int napplied = 0;
+  float *taken = wg_snapshot_take(c, &napplied);
   pthread_mutex_unlock(&c->mu);
+  wg_snapshot_add_taken(c, model, taken); /* outside mu */
+  st->corrections_applied += napplied;
 
   int live[c->nranks];
   int nlive = 0;

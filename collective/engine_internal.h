@@ -66,8 +66,12 @@ typedef struct wg_snapshot {
   int front;   /* published buffer, -1 before the first publish */
   int pinned;  /* buffer of the outstanding contribution, -1 if none */
   int writing; /* buffer publish is filling outside mu, -1 if none */
+  int reading; /* buffer the data thread's allreduce reads outside mu (the contribution it
+                  took), -1 if none: kept from reuse even when its round is voided meanwhile */
   uint64_t version;
   float *acc;          /* sum of corrections resolved and not yet added to the model */
+  float *spare;        /* a zeroed accumulator: acc's replacement when the compute thread
+                          takes acc (wg_snapshot_take); NULL while taken (compute thread's) */
   int acc_n;           /* corrections in acc */
   uint64_t acc_global; /* newest global round among them, +1 (0 = none) */
 } wg_snapshot_t;
@@ -250,11 +254,16 @@ int wg_snapshot_init(wg_snapshot_t *s, size_t count);
 void wg_snapshot_free(wg_snapshot_t *s);
 /* Compute thread. Publishes model as the snapshot of version: with apply, first adds the
  * accumulator to model (marks RESOLVED entries APPLIED) and returns how many corrections
- * that was; the copy runs outside mu, and corrections resolved meanwhile go into the new
- * snapshot too. Takes and releases mu. */
+ * that was; the addition and the copy run outside mu, in one pass, and corrections resolved
+ * meanwhile go into the new snapshot too. Takes and releases mu. */
 int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int apply);
-/* Adds the accumulator to model (no publish). Returns the corrections added. (mu) */
-int wg_snapshot_apply(wagma_comm_t *c, float *model);
+/* The corrections for the model (mu): every RESOLVED entry becomes APPLIED and the accumulator
+ * is exchanged with the zeroed spare; the buffer returned holds them (NULL when there are none),
+ * *n their number. The compute thread adds it to its model outside mu, wg_snapshot_add_taken
+ * (so no model-sized work is done under mu); until then front holds them and model does not. */
+float *wg_snapshot_take(wagma_comm_t *c, int *n);
+/* model += taken; taken = 0, and it is the spare again. Compute thread, outside mu. NULL: no-op. */
+void wg_snapshot_add_taken(wagma_comm_t *c, float *model, float *taken);
 /* 1 if I can contribute now: a snapshot exists and no contribution is outstanding. */
 int wg_snapshot_available(const wagma_comm_t *c);
 /* The outstanding contribution's round ended with mean: acc += mean - pinned; the snapshot

@@ -392,11 +392,13 @@ int wg_member_group_round(wagma_comm_t *c, float *model, uint64_t r, int global,
             "engine: rank %d: no result for round %llu from leader %d yet; training on", c->rank,
             (unsigned long long)r, e->leader);
   }
-out:
-  if (rc == 0)
-    st->corrections_applied += wg_snapshot_apply(c, model);
+out:;
+  int napplied = 0;
+  float *taken = rc == 0 ? wg_snapshot_take(c, &napplied) : NULL;
   wg_member_answer_deferred(c);
   pthread_mutex_unlock(&c->mu);
   wg_outbox_flush(c);
+  wg_snapshot_add_taken(c, model, taken); /* outside mu */
+  st->corrections_applied += napplied;
   return rc;
 }

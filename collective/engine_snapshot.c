@@ -3,15 +3,23 @@
  *
  * Owns: comm->snap (three buffers of count floats and the accumulator). Their arithmetic goes
  * through comm->mem (memops.h), so device buffers can take the same path with kernels.
- * Threads: publish runs on the compute thread and copies the model outside mu into the one
- * buffer that is neither front nor pinned (nobody else reads it); everything else runs under
- * comm->mu from either thread.
+ * Threads: publish runs on the compute thread and copies the model outside mu into a buffer
+ * that is neither front, pinned nor read by the data thread (with allreduce rounds, its
+ * allreduce reads the contribution outside mu: snap.reading); everything else runs under
+ * comm->mu from any thread.
  *
- * Invariant kept here: front == model + acc at every moment mu is free, where model is the
- * compute thread's buffer as of its last publish plus its local steps since. Hence a
- * contribution taken from front already contains every correction I know of, and the one
- * contribution outstanding at a time (pinned) is never contributed again: a snapshot goes into
- * at most one round. */
+ * The allreduce rounds' mean arrives in comm->work, a fourth buffer of the same size: when the
+ * contribution is still the front snapshot (nothing published since), the mean becomes the
+ * front by exchanging work with a free snapshot buffer (pointers, not a copy).
+ *
+ * Invariant kept here: front == model + acc (+ the corrections the compute thread took and is
+ * adding outside mu, wg_snapshot_take) at every moment mu is free, where model is the compute
+ * thread's buffer as of its last publish plus its local steps since. Hence a contribution
+ * taken from front already contains every correction I know of, and the one contribution
+ * outstanding at a time (pinned) is never contributed again: a snapshot goes into at most one
+ * round. No model-sized work on the compute thread's side runs under mu: the accumulator is
+ * exchanged with a zeroed spare (pointers) and added to the model outside it. (The round
+ * thread's resolve still adds a correction to acc and front under mu.) */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,11 +28,12 @@
 int wg_snapshot_init(wg_snapshot_t *s, size_t count) {
   memset(s, 0, sizeof(*s));
   s->count = count;
-  s->front = s->pinned = s->writing = -1;
+  s->front = s->pinned = s->writing = s->reading = -1;
   for (int i = 0; i < 3; i++)
     s->buf[i] = calloc(count, sizeof(float));
   s->acc = calloc(count, sizeof(float));
-  if (!s->buf[0] || !s->buf[1] || !s->buf[2] || !s->acc) {
+  s->spare = calloc(count, sizeof(float));
+  if (!s->buf[0] || !s->buf[1] || !s->buf[2] || !s->acc || !s->spare) {
     wg_snapshot_free(s);
     return WAGMA_ENOMEM;
   }
@@ -38,19 +47,24 @@ void wg_snapshot_free(wg_snapshot_t *s) {
   }
   free(s->acc);
   s->acc = NULL;
+  free(s->spare);
+  s->spare = NULL;
 }
 
 int wg_snapshot_available(const wagma_comm_t *c) {
   return c->snap.front >= 0 && c->snap.pinned < 0 && !c->outstanding;
 }
 
-/* Moves every RESOLVED entry to APPLIED and the accumulator into model. (mu) */
-int wg_snapshot_apply(wagma_comm_t *c, float *model) {
+float *wg_snapshot_take(wagma_comm_t *c, int *n_out) {
   wg_snapshot_t *s = &c->snap;
   int n = s->acc_n;
-  if (n == 0)
-    return 0;
-  c->mem->add_clear(c->mem->self, model, s->acc, s->count);
+  *n_out = 0;
+  if (n == 0 || !s->spare)
+    return NULL; /* (no spare: a take not added back yet; the next take gets these) */
+  *n_out = n;
+  float *taken = s->acc;
+  s->acc = s->spare;
+  s->spare = NULL;
   for (wg_entry_t *e = c->entries; e; e = e->next)
     if (e->state == WG_ENTRY_RESOLVED)
       e->state = WG_ENTRY_APPLIED;
@@ -59,20 +73,33 @@ int wg_snapshot_apply(wagma_comm_t *c, float *model) {
   s->acc_n = 0;
   s->acc_global = 0;
   c->counters.corrections_applied += (uint64_t)n;
-  return n;
+  return taken;
+}
+
+void wg_snapshot_add_taken(wagma_comm_t *c, float *model, float *taken) {
+  if (!taken)
+    return;
+  c->mem->add_clear(c->mem->self, model, taken, c->snap.count);
+  c->snap.spare = taken; /* (only the compute thread takes and gives back) */
 }
 
 int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int apply) {
   wg_snapshot_t *s = &c->snap;
+  int applied = 0;
   pthread_mutex_lock(&c->mu);
-  int applied = apply ? wg_snapshot_apply(c, model) : 0;
+  float *taken = apply ? wg_snapshot_take(c, &applied) : NULL;
   int w = 0;
-  while (w == s->front || w == s->pinned)
+  while (w == s->front || w == s->pinned || w == s->reading)
     w++;
   s->writing = w;
   pthread_mutex_unlock(&c->mu);
 
-  c->mem->copy(c->mem->self, s->buf[w], model, s->count);
+  if (taken) { /* model += taken; the snapshot = model; taken = 0: one pass */
+    c->mem->add_clear_copy(c->mem->self, model, s->buf[w], taken, s->count);
+    s->spare = taken;
+  } else {
+    c->mem->copy(c->mem->self, s->buf[w], model, s->count);
+  }
 
   pthread_mutex_lock(&c->mu);
   if (s->acc_n > 0) /* corrections not in model (resolved during the copy, or all without apply) */
@@ -104,11 +131,20 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
   if (s->front == s->pinned) {
     /* The snapshot is still the contribution: it becomes the mean exactly. The mean goes into
      * a buffer that is neither pinned (a flush may still be reading it for the CONTRIB's
-     * send) nor being written by publish; with three buffers one is always free. */
+     * send) nor being written by publish; with three buffers one is always free (the data
+     * thread reads none by now: it reported the allreduce that made the mean). The
+     * allreduce's mean is comm->work: that buffer itself becomes the snapshot and the free
+     * one becomes work (the data thread is done with work; the next round's is this one). */
     int w = 0;
-    while (w == s->pinned || w == s->writing)
+    while (w == s->pinned || w == s->writing || w == s->reading)
       w++;
-    m->copy(m->self, s->buf[w], mean, s->count);
+    if (mean == c->work && s->reading < 0) {
+      float *freed = s->buf[w];
+      s->buf[w] = c->work;
+      c->work = freed;
+    } else {
+      m->copy(m->self, s->buf[w], mean, s->count);
+    }
     s->front = w;
     if (round > s->version)
       s->version = round;

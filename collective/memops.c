@@ -27,6 +27,16 @@ static void host_add_clear(void *self, float *dst, float *src, size_t n) {
   }
 }
 
+static void host_add_clear_copy(void *self, float *dst, float *copy, float *src, size_t n) {
+  (void)self;
+  for (size_t i = 0; i < n; i++) {
+    float x = dst[i] + src[i];
+    dst[i] = x;
+    copy[i] = x;
+    src[i] = 0.0f;
+  }
+}
+
 static void host_add_diff(void *self, float *dst, const float *a, const float *b, size_t n) {
   (void)self;
   for (size_t i = 0; i < n; i++)
@@ -60,6 +70,7 @@ const wg_memops_t wg_memops_host = {
     .copy = host_copy,
     .add = host_add,
     .add_clear = host_add_clear,
+    .add_clear_copy = host_add_clear_copy,
     .add_diff = host_add_diff,
     .add_diff2 = host_add_diff2,
     .scale = host_scale,

@@ -16,6 +16,9 @@ typedef struct wg_memops {
   void (*copy)(void *self, float *dst, const float *src, size_t n); /* dst = src */
   void (*add)(void *self, float *dst, const float *src, size_t n);  /* dst = dst + src */
   void (*add_clear)(void *self, float *dst, float *src, size_t n);  /* dst += src; src = 0 */
+  /* dst += src; copy = dst; src = 0: the corrections into the model and the model into a
+   * snapshot, in one pass */
+  void (*add_clear_copy)(void *self, float *dst, float *copy, float *src, size_t n);
   /* dst = dst + (a - b): a correction, mean minus what was contributed */
   void (*add_diff)(void *self, float *dst, const float *a, const float *b, size_t n);
   /* d1 = d1 + (a - b); d2 = d2 + (a - b): one pass for the accumulator and the snapshot */

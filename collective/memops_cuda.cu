@@ -39,6 +39,16 @@ __global__ void k_add_clear(float *dst, float *src, size_t n) {
   }
 }
 
+__global__ void k_add_clear_copy(float *dst, float *copy, float *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    float x = __fadd_rn(dst[i], src[i]);
+    dst[i] = x;
+    copy[i] = x;
+    src[i] = 0.0f;
+  }
+}
+
 __global__ void k_add_diff(float *dst, const float *a, const float *b, size_t n) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
        i += (size_t)gridDim.x * blockDim.x)
@@ -79,6 +89,11 @@ void c_add_clear(void *self, float *dst, float *src, size_t n) {
     k_add_clear<<<blocks(n), kThreads, 0, stream_of(self)>>>(dst, src, n);
 }
 
+void c_add_clear_copy(void *self, float *dst, float *copy, float *src, size_t n) {
+  if (n)
+    k_add_clear_copy<<<blocks(n), kThreads, 0, stream_of(self)>>>(dst, copy, src, n);
+}
+
 void c_add_diff(void *self, float *dst, const float *a, const float *b, size_t n) {
   if (n)
     k_add_diff<<<blocks(n), kThreads, 0, stream_of(self)>>>(dst, a, b, n);
@@ -113,6 +128,7 @@ extern "C" int wg_memops_cuda_new(void *stream, wg_memops_t **out) {
   s->ops.copy = c_copy;
   s->ops.add = c_add;
   s->ops.add_clear = c_add_clear;
+  s->ops.add_clear_copy = c_add_clear_copy;
   s->ops.add_diff = c_add_diff;
   s->ops.add_diff2 = c_add_diff2;
   s->ops.scale = c_scale;

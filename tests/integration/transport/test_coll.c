@@ -3,8 +3,9 @@
  * each algorithm forced (doubling, Rabenseifner, ring) on empty, uneven and multi-segment
  * blocks, 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
  * running at the same time, a participant that closes without taking part (every survivor
- * learns it within about a second through failure notices). Values are small integers so every sum
- * is exact and the result can be compared bit for bit. */
+ * learns it within about a second through failure notices). Every allreduce runs in place and
+ * out of place (wg_coll_allreduce_from: the output starts as NaN, the input stays unchanged).
+ * Values are small integers so every sum is exact and the result can be compared bit for bit. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -45,13 +46,27 @@ static wg_coll_ctx_t make_ctx(wg_transport_t *t, int rank, const int *ranks, int
   return c;
 }
 
-/* Allreduce of count floats over ctx->ranks; returns 0 if every element is exact. */
-static int check_allreduce(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op) {
+/* Allreduce of count floats over ctx->ranks; returns 0 if every element is exact. Out of
+ * place (wg_coll_allreduce_from): the input in a buffer of its own, the output's buffer
+ * filled with NaN first (an element never written shows), and the input must be unchanged. */
+static int check_allreduce_as(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op,
+                              int out_of_place) {
   float *buf = malloc(count * sizeof *buf);
+  float *src = out_of_place ? malloc(count * sizeof *src) : NULL;
   int bad = 0;
-  for (size_t i = 0; i < count; i++)
-    buf[i] = value(ctx->rank, i);
-  int rc = wg_coll_allreduce(ctx, buf, count, op, wg_now() + OP_DEADLINE_S);
+  for (size_t i = 0; i < count; i++) {
+    buf[i] = out_of_place ? NAN : value(ctx->rank, i);
+    if (src)
+      src[i] = value(ctx->rank, i);
+  }
+  int rc = out_of_place ? wg_coll_allreduce_from(ctx, src, buf, count, op, wg_now() + OP_DEADLINE_S)
+                        : wg_coll_allreduce(ctx, buf, count, op, wg_now() + OP_DEADLINE_S);
+  for (size_t i = 0; src && i < count && !bad; i++)
+    if (src[i] != value(ctx->rank, i)) {
+      fprintf(stderr, "rank %d: allreduce_from(%zu) wrote its input at %zu\n", ctx->rank, count, i);
+      bad = 1;
+    }
+  free(src);
   if (rc != 0) {
     fprintf(stderr, "rank %d: allreduce(%zu) failed: %s\n", ctx->rank, count, wagma_strerror(rc));
     free(buf);
@@ -73,6 +88,11 @@ static int check_allreduce(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t o
   free(buf);
   ctx->seq += (uint64_t)1 << 20;
   return bad;
+}
+
+/* Both ways: in place, then out of place. */
+static int check_allreduce(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op) {
+  return check_allreduce_as(ctx, count, op, 0) | check_allreduce_as(ctx, count, op, 1);
 }
 
 static int check_broadcast(wg_coll_ctx_t *ctx, size_t count, int root) {

@@ -2,7 +2,8 @@
  *  - host: every operation against a scalar reference written here, bit for bit (memcmp), on
  *    lengths 0..4099 and unaligned starts, with values of very different magnitudes (so a
  *    different order of evaluation, e.g. dst + a - b instead of dst + (a - b), changes bits);
- *    add_clear zeroes its source, copy handles dst == src;
+ *    add_clear and add_clear_copy zero their source, add_clear_copy's copy is the new dst, copy
+ *    handles dst == src;
  *  - cuda (label gpu, test_memops_gpu: exits 77 without a device): the same operations on device
  *    buffers give the host's bits (memcmp), so the engine's arithmetic is the same on both. */
 #include <setjmp.h>
@@ -72,7 +73,16 @@ typedef struct bufs {
 
 /* Runs operation `op` of m on copies of the inputs (device copies for a device m) and checks
  * the outputs against the reference's. */
-typedef enum { OP_COPY, OP_ADD, OP_ADD_CLEAR, OP_ADD_DIFF, OP_ADD_DIFF2, OP_SCALE, OP_N } op_t;
+typedef enum {
+  OP_COPY,
+  OP_ADD,
+  OP_ADD_CLEAR,
+  OP_ADD_CLEAR_COPY,
+  OP_ADD_DIFF,
+  OP_ADD_DIFF2,
+  OP_SCALE,
+  OP_N
+} op_t;
 
 static void *dev_alloc(const wg_memops_t *m, size_t n) {
 #ifdef WAGMA_TEST_MEMOPS_GPU
@@ -128,6 +138,7 @@ static void check_op(const wg_memops_t *m, op_t op, size_t n, int offset) {
   case OP_COPY: memcpy(r1, a, n * sizeof(float)); break;
   case OP_ADD: ref_add(r1, a, n); break;
   case OP_ADD_CLEAR:
+  case OP_ADD_CLEAR_COPY:
     ref_add(r1, a, n);
     memset(r2, 0, n * sizeof(float)); /* r2: the source after the call */
     break;
@@ -149,6 +160,10 @@ static void check_op(const wg_memops_t *m, op_t op, size_t n, int offset) {
     put(m, D2, a, n); /* the source is d2's buffer holding a */
     m->add_clear(m->self, D1, D2, n);
     break;
+  case OP_ADD_CLEAR_COPY:
+    put(m, D2, a, n);
+    m->add_clear_copy(m->self, D1, B, D2, n); /* B: the copy */
+    break;
   case OP_ADD_DIFF: m->add_diff(m->self, D1, A, B, n); break;
   case OP_ADD_DIFF2: m->add_diff2(m->self, D1, D2, A, B, n); break;
   case OP_SCALE: m->scale(m->self, D1, s, n); break;
@@ -159,8 +174,14 @@ static void check_op(const wg_memops_t *m, op_t op, size_t n, int offset) {
   if (memcmp(o1, r1, n * sizeof(float)) != 0)
     fail_msg("%s: op %d, n %zu, offset %d: result differs from the reference", m->name, op, n,
              offset);
-  if ((op == OP_ADD_CLEAR || op == OP_ADD_DIFF2) && memcmp(o2, r2, n * sizeof(float)) != 0)
+  if ((op == OP_ADD_CLEAR || op == OP_ADD_CLEAR_COPY || op == OP_ADD_DIFF2) &&
+      memcmp(o2, r2, n * sizeof(float)) != 0)
     fail_msg("%s: op %d, n %zu: second output differs from the reference", m->name, op, n);
+  if (op == OP_ADD_CLEAR_COPY) { /* the copy holds the new dst */
+    get(m, o2, B, n);
+    if (memcmp(o2, r1, n * sizeof(float)) != 0)
+      fail_msg("%s: add_clear_copy, n %zu: the copy differs from the sum", m->name, n);
+  }
   dev_free(m, D1 - offset), dev_free(m, D2 - offset), dev_free(m, A - offset),
       dev_free(m, B - offset);
   free(d1), free(d2), free(a), free(b), free(r1), free(r2), free(o1), free(o2);
