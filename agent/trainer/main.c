@@ -76,17 +76,6 @@ static void usage(FILE *f) {
              "the agent cannot be reached or libwagma fails; 2 usage error.\n");
 }
 
-/* The host part of "host:port" or "[v6]:port" ("" = any). */
-static void listen_host(const char *address, char *out, size_t len) {
-  const char *colon = strrchr(address, ':');
-  size_t n = colon ? (size_t)(colon - address) : strlen(address);
-  if (n >= 2 && address[0] == '[' && address[n - 1] == ']') {
-    address++;
-    n -= 2;
-  }
-  snprintf(out, len, "%.*s", (int)n, address);
-}
-
 static int parse_options(int argc, char **argv, wg_trainer_opts_t *o) {
   static const struct option longs[] = {{"device", required_argument, 0, 'D'},
                                         {"checkpoint-root", required_argument, 0, 'K'},
@@ -125,7 +114,7 @@ static int parse_options(int argc, char **argv, wg_trainer_opts_t *o) {
     case 'b': o->sleep_prob = atof(optarg); break;
     case 'm': o->sleep_ms = atof(optarg); break;
     case 'v': o->log_level = atoi(optarg); break;
-    case 'L': listen_host(optarg, o->listen_host, sizeof o->listen_host); break;
+    case 'L': wg_trainer_host_of(optarg, o->listen_host, sizeof o->listen_host); break;
     case 'R': o->round_deadline = atof(optarg); break;
     case 'h': usage(stdout); return 1;
     default: usage(stderr); return -1;

@@ -94,8 +94,7 @@ void wg_own_note_staleness(wg_trainer_t *t, uint64_t staleness) {
 
 /* ---- epochs ------------------------------------------------------------------------------ */
 
-/* The host part of "host:port" or "[v6]:port". */
-static void address_host(const char *address, char *out, size_t len) {
+void wg_trainer_host_of(const char *address, char *out, size_t len) {
   const char *colon = strrchr(address, ':');
   size_t n = colon ? (size_t)(colon - address) : strlen(address);
   if (n >= 2 && address[0] == '[' && address[n - 1] == ']') {
@@ -131,7 +130,7 @@ static int exchange_endpoints(wg_trainer_t *t, uint16_t my_port, uint64_t *token
   for (int i = 0; i < n; i++) {
     char address[320] = "";
     wagma_worker_member_address(t->w, i, address, sizeof address);
-    address_host(address, (*peers)[i].host, sizeof(*peers)[i].host);
+    wg_trainer_host_of(address, (*peers)[i].host, sizeof(*peers)[i].host);
     wg_adpsgd_exchange_decode(buf, i, &(*peers)[i].port, &(*peers)[i].token);
   }
   free(buf);

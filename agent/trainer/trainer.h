@@ -66,6 +66,8 @@ void wg_trainer_straggle(wg_trainer_t *t, double compute_s);
  * when eval_every was crossed, the reports, a due checkpoint. */
 void wg_trainer_after_step(wg_trainer_t *t, uint64_t it_before);
 
+/* own.c: the host part of "host:port" or "[v6]:port" into out ("" for ":port") */
+void wg_trainer_host_of(const char *address, char *out, size_t len);
 /* own.c: 1 when the job's algorithm is one of wagma-train's own (adpsgd, asgd, dc-asgd) */
 int wg_own_algorithm(const wg_trainer_t *t);
 /* Opens the algorithm's endpoint on the --listen host: 0, or a status with why (the failure
