@@ -65,6 +65,8 @@ typedef struct coll {
   wg_reader_t *rd;     /* the reader session over the peers it receives from, or NULL */
   const float *src;    /* an out-of-place allreduce's input (wg_coll_allreduce_from), read
                           where the output is touched first; NULL = in place */
+  float *out;          /* the output buffer and, with delta non-NULL, where each output */
+  float *delta;        /* element's final value minus src's goes as it is written (MEAN) */
 } coll_t;
 
 /* Starts the operation's reader session over the positions in idx (best effort: without
@@ -105,6 +107,8 @@ static int coll_init(coll_t *c, const wg_coll_ctx_t *ctx, const float *buf, size
   c->span = SEQ_SPAN;
   c->rd = NULL;
   c->src = NULL;
+  c->out = NULL;
+  c->delta = NULL;
   for (int i = 0; i < ctx->nranks; i++) {
     if (i > 0 && ctx->ranks[i] <= ctx->ranks[i - 1])
       return WAGMA_EINVAL; /* must be sorted and unique */
@@ -220,11 +224,28 @@ static int recv_frame(const coll_t *c, int idx, uint64_t seq, size_t n, float *d
 static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const float *from, size_t n,
                     float div);
 
-/* Receives n floats (src idx, seq) into dst. */
+/* delta[i] = dst[i] - src[i] */
+__attribute__((optimize("tree-vectorize"))) static void
+diff_floats(float *restrict delta, const float *restrict dst, const float *restrict src, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    delta[i] = dst[i] - src[i];
+}
+
+/* dst[0..n) of the output holds its final values: their deltas (wg_coll_allreduce_delta). */
+static void finalized(const coll_t *c, const float *dst, size_t n) {
+  if (!c->delta || n == 0)
+    return;
+  size_t off = (size_t)(dst - c->out);
+  diff_floats(c->delta + off, dst, c->src + off, n);
+}
+
+/* Receives n floats (src idx, seq) into dst: in an allreduce, their final values. */
 static int recv_copy(const coll_t *c, int idx, uint64_t seq, float *dst, size_t n) {
   wg_message_t *m = NULL;
   int rc = recv_frame(c, idx, seq, n, n > 0 ? dst : NULL, &m);
   wg_message_free(m); /* an empty frame: no sink */
+  if (rc == 0)
+    finalized(c, dst, n);
   return rc;
 }
 
@@ -266,11 +287,29 @@ __attribute__((optimize("tree-vectorize"))) static void sum_div_floats(float *re
     dst[i] = (a[i] + b[i]) / by;
 }
 
+/* dst = (a + b) / by and delta = dst - s, in one pass (a MEAN's final values and their
+ * deltas, wg_coll_allreduce_delta). a may be dst. */
+__attribute__((optimize("tree-vectorize"))) static void
+sum_div_delta_floats(float *dst, float *restrict delta, const float *a, const float *restrict b,
+                     const float *restrict s, size_t n, float by) {
+  for (size_t i = 0; i < n; i++) {
+    float x = (a[i] + b[i]) / by;
+    dst[i] = x;
+    delta[i] = x - s[i];
+  }
+}
+
 static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const float *from, size_t n,
                     float div) {
   wg_message_t *m = NULL;
   int rc = recv_frame(c, idx, seq, n, NULL, &m);
   const float *got = rc == 0 ? (const float *)m->payload : NULL;
+  if (rc == 0 && div > 0 && c->delta) { /* final values: their deltas in the same pass */
+    size_t off = (size_t)(dst - c->out);
+    sum_div_delta_floats(dst, c->delta + off, from ? from : dst, got, c->src + off, n, div);
+    wg_message_free(m);
+    return 0;
+  }
   if (rc == 0 && from && div > 0)
     sum_div_floats(dst, from, got, n, div);
   else if (rc == 0 && from)
@@ -280,6 +319,8 @@ static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const fl
   else if (rc == 0)
     add_floats(dst, got, n);
   wg_message_free(m);
+  if (rc == 0 && div > 0)
+    finalized(c, dst, n); /* a MEAN's division is its element's last write */
   return rc;
 }
 
@@ -589,8 +630,8 @@ wg_coll_algorithm_t wg_coll_pick(size_t bytes, int n) {
   return WG_COLL_RABENSEIFNER;
 }
 
-static int allreduce_span(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
-                          wagma_reduce_op_t op, double deadline, uint64_t span,
+static int allreduce_span(const wg_coll_ctx_t *ctx, const float *src, float *buf, float *delta,
+                          size_t count, wagma_reduce_op_t op, double deadline, uint64_t span,
                           uint64_t notice_seq) {
   coll_t c;
   int rc = coll_init(&c, ctx, buf, count, deadline);
@@ -603,9 +644,15 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, const float *src, float *buf
     return WAGMA_EINVAL;
   if (c.src && count > 0 && c.src < buf + count && buf < c.src + count)
     return WAGMA_EINVAL; /* overlapping, but not the same buffer */
+  if (delta && (!c.src || op != WAGMA_REDUCE_MEAN || delta == buf || delta == c.src))
+    return WAGMA_EINVAL; /* deltas: out of place, MEAN (its division marks a final value) */
+  c.out = buf;
+  c.delta = delta;
   if (c.n == 1 || count == 0) {
     if (c.src && count > 0)
       memcpy(buf, c.src, count * sizeof(float));
+    if (delta && count > 0)
+      memset(delta, 0, count * sizeof(float));
     return 0;
   }
   const size_t bytes = count * sizeof(float);
@@ -638,13 +685,19 @@ static int allreduce_span(const wg_coll_ctx_t *ctx, const float *src, float *buf
 
 int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_reduce_op_t op,
                       double deadline) {
-  return allreduce_span(ctx, NULL, buf, count, op, deadline, SEQ_SPAN,
+  return allreduce_span(ctx, NULL, buf, NULL, count, op, deadline, SEQ_SPAN,
                         ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
 }
 
 int wg_coll_allreduce_from(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
                            wagma_reduce_op_t op, double deadline) {
-  return allreduce_span(ctx, src, buf, count, op, deadline, SEQ_SPAN,
+  return allreduce_span(ctx, src, buf, NULL, count, op, deadline, SEQ_SPAN,
+                        ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
+}
+
+int wg_coll_allreduce_delta(const wg_coll_ctx_t *ctx, const float *src, float *buf, float *delta,
+                            size_t count, double deadline) {
+  return allreduce_span(ctx, src, buf, delta, count, WAGMA_REDUCE_MEAN, deadline, SEQ_SPAN,
                         ctx ? ctx->seq | WG_COLL_NOTICE_BIT : 0);
 }
 
@@ -718,7 +771,8 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
   /* First the weights (seq half 0), then the data (seq half 1). */
   wg_coll_ctx_t sub = *ctx;
   float wsum = weight;
-  rc = allreduce_span(&sub, NULL, &wsum, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2, c.notice_seq);
+  rc = allreduce_span(&sub, NULL, &wsum, NULL, 1, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2,
+                      c.notice_seq);
   if (rc != 0)
     return rc;
   if (!(isfinite(wsum) && wsum != 0.0f))
@@ -729,7 +783,7 @@ int wg_coll_average(const wg_coll_ctx_t *ctx, float *buf, size_t count, float we
     for (size_t i = 0; i < count; i++)
       buf[i] *= weight;
   sub.seq = ctx->seq + SEQ_SPAN / 2;
-  rc = allreduce_span(&sub, NULL, buf, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2,
+  rc = allreduce_span(&sub, NULL, buf, NULL, count, WAGMA_REDUCE_SUM, deadline, SEQ_SPAN / 2,
                       c.notice_seq);
   if (rc == 0 && wsum != 1.0f)
     div_floats(buf, count, wsum);

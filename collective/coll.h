@@ -79,6 +79,13 @@ int wg_coll_allreduce(const wg_coll_ctx_t *ctx, float *buf, size_t count, wagma_
 int wg_coll_allreduce_from(const wg_coll_ctx_t *ctx, const float *src, float *buf, size_t count,
                            wagma_reduce_op_t op, double deadline);
 
+/* The MEAN out of place, and delta[i] = buf[i] - src[i] (float32, as a - b rounds) written as
+ * each buf[i] gets its final value, while it is fresh: the wait-avoiding engine's correction
+ * (mean minus contribution) without a pass of its own. delta is a third buffer; WAGMA_EINVAL
+ * when src is NULL or buf. On a failure buf and delta are undefined. */
+int wg_coll_allreduce_delta(const wg_coll_ctx_t *ctx, const float *src, float *buf, float *delta,
+                            size_t count, double deadline);
+
 /* buf <- root's buf on every participant (root is a plan rank inside ctx->ranks). */
 int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int root,
                       double deadline);

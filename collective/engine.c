@@ -122,6 +122,7 @@ static void comm_free(wagma_comm_t *c) {
   wg_snapshot_free(&c->snap);
   free(c->global_mean);
   free(c->work);
+  free(c->delta);
   free(c->suspect);
   free(c->all_ranks);
   wagma_plan_free(&c->plan);
@@ -193,10 +194,12 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   c->global_mean = calloc(c->count, sizeof(float));
   c->suspect = calloc((size_t)c->nranks, 1);
   c->all_ranks = malloc((size_t)c->nranks * sizeof(int));
-  if (c->rounds_allreduce)
+  if (c->rounds_allreduce) {
     c->work = calloc(c->count, sizeof(float));
+    c->delta = calloc(c->count, sizeof(float));
+  }
   if (wg_snapshot_init(&c->snap, c->count) != 0 || !c->global_mean || !c->suspect ||
-      !c->all_ranks || (c->rounds_allreduce && !c->work)) {
+      !c->all_ranks || (c->rounds_allreduce && (!c->work || !c->delta))) {
     rc = WAGMA_ENOMEM;
     goto out;
   }

@@ -6,9 +6,10 @@
  *   ACTIVATE (leader -> members), JOIN (a CONTRIB without payload, member -> leader, aux = the
  *   snapshot version), then at the leader's finalize GO (a RESULT with WG_RESULT_GO and the
  *   list of contributors) to each contributor; each contributor's data thread runs
- *   wg_coll_allreduce_from(MEAN) of its pinned snapshot into c->work among the list (out of
- *   place: no staging copy; tag: round, group, seq = a hash of the list), then reports DONE
- *   (ok or failed) to the leader; the leader
+ *   wg_coll_allreduce_delta among the list: the MEAN of the pinned snapshots into c->work and
+ *   mean - snapshot into c->delta (out of place: no staging copy, and the correction comes
+ *   with the mean; tag: round, group, seq = a hash of the list), then reports DONE (ok or
+ *   failed) to the leader; the leader
  *   answers COMMIT once every contributor's allreduce succeeded, ABORT (RESULT EXCLUDED) at the
  *   first failure, a contributor's death or its deadline. COMMIT applies c->work as the round's
  *   mean (the correction work - pinned, engine_snapshot.c); ABORT voids the round. So a round
@@ -75,9 +76,6 @@ void *wg_engine_data_main(void *arg) {
     int leader = e->leader;
     c->snap.reading = c->snap.pinned;
     const float *pinned = c->snap.buf[c->snap.pinned];
-    if (wg_engine_staged_hook && leader != c->rank)
-      wg_engine_staged_hook(c->rank, leader, round, pinned, c->count); /* (a contribution
-                                                                          in its round) */
     while (!c->stopping && (e = wg_member_entry(c, round)) && e->state == WG_ENTRY_WAITING &&
            !e->go)
       wg_engine_wait(c, wg_now() + 0.2); /* no timer of its own: the round's end decides */
@@ -86,10 +84,14 @@ void *wg_engine_data_main(void *arg) {
       pthread_mutex_unlock(&c->mu);
       continue; /* void, a lone contributor's COMMIT, or the end */
     }
+    if (wg_engine_staged_hook && leader != c->rank) /* the snapshot goes into the allreduce */
+      wg_engine_staged_hook(c->rank, leader, round, pinned, c->count);
     uint32_t group = e->group;
     int n = e->ncontrib;
     memcpy(ranks, e->ranks, (size_t)n * sizeof(int));
     double timeout = wg_engine_data_timeout(c);
+    /* (a COMMIT's resolve exchanges these with snapshot buffers, after this job's report) */
+    float *work = c->work, *delta = c->delta;
     pthread_mutex_unlock(&c->mu);
 
     int failed = -1;
@@ -103,10 +105,10 @@ void *wg_engine_data_main(void *arg) {
     ctx.group = group;
     ctx.seq = wg_engine_list_seq(ranks, n);
     ctx.failed_rank = &failed;
-    ctx.release = 1;       /* DONE, COMMIT and the next round's frames come from these peers */
-    float *work = c->work; /* (the resolve that swaps it waits for this report) */
-    int rc =
-        wg_coll_allreduce_from(&ctx, pinned, work, c->count, WAGMA_REDUCE_MEAN, wg_now() + timeout);
+    ctx.release = 1; /* DONE, COMMIT and the next round's frames come from these peers */
+    /* the mean into work and the correction (mean - contribution) into delta, each written
+     * as the allreduce finishes its element: COMMIT then moves pointers, not the model */
+    int rc = wg_coll_allreduce_delta(&ctx, pinned, work, delta, c->count, wg_now() + timeout);
     if (rc == WAGMA_ECLOSED) {
       pthread_mutex_lock(&c->mu);
       c->snap.reading = -1;

@@ -195,6 +195,8 @@ struct wagma_comm {
   wg_lround_t *drounds; /* (mu) allreduce rounds I lead in their data phase */
   int rounds_allreduce; /* WAGMA_ROUNDS_ALLREDUCE: rounds move data by an allreduce */
   float *work;          /* allreduce rounds: the data thread's buffer (count floats) */
+  float *delta;         /* allreduce rounds: the mean minus the contribution, written by the
+                           allreduce (wg_coll_allreduce_delta): the correction, ready */
   pthread_t data_thread;
   int data_thread_started;
   double ewma_data; /* (mu) measured GO -> decision latency of rounds I led, 0 = none */
@@ -370,10 +372,11 @@ double wg_engine_data_timeout(const wagma_comm_t *c);
  * the list, shifted as barrier rounds' (engine_global.c); its failure notice is it | the
  * notice bit (coll.h). */
 uint64_t wg_engine_list_seq(const int *ranks, int n);
-/* Tests only (NULL otherwise): called by the data thread with the snapshot a member (not the
- * round's leader) contributes to an allreduce round, as staged: what the star path sends in
- * its CONTRIB, for test_engine_property's "no snapshot in two rounds" check. Set it before
- * any communicator exists. */
+/* Tests only (NULL otherwise): called by the data thread (under mu) with the snapshot a member
+ * (not the round's leader) puts into an allreduce round's allreduce, once the leader's GO
+ * accepted it: what the star path sends in its CONTRIB, for test_engine_property's "no
+ * snapshot in two rounds" check (a contribution voided before GO, e.g. its JOIN never
+ * reached the leader, went into no round). Set it before any communicator exists. */
 typedef void (*wg_engine_staged_hook_t)(int rank, int leader, uint64_t round, const float *snap,
                                         size_t count);
 extern wg_engine_staged_hook_t wg_engine_staged_hook;

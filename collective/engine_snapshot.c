@@ -18,8 +18,10 @@
  * taken from front already contains every correction I know of, and the one contribution
  * outstanding at a time (pinned) is never contributed again: a snapshot goes into at most one
  * round. No model-sized work on the compute thread's side runs under mu: the accumulator is
- * exchanged with a zeroed spare (pointers) and added to the model outside it. (The round
- * thread's resolve still adds a correction to acc and front under mu.) */
+ * exchanged with a zeroed spare (pointers) and added to the model outside it. The round
+ * thread's resolve moves pointers for an allreduce round's correction (comm->delta, made by
+ * the allreduce) when no other is pending; otherwise (the star's mean, a member that trained
+ * on past its round) it adds mean - pinned to acc, and to a newer front, under mu. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,10 +121,20 @@ void wg_snapshot_resolve(wagma_comm_t *c, const float *mean, uint64_t round, int
   const wg_memops_t *m = c->mem;
   const float *pinned = s->buf[s->pinned];
   int moved_on = s->front >= 0 && s->front != s->pinned;
-  if (moved_on) /* the accumulator and the newer snapshot both take mean - pinned, in one pass */
+  if (mean == c->work && c->delta && s->reading < 0 && s->acc_n == 0) {
+    /* An allreduce round's correction came with its mean (c->delta = mean - pinned, exactly
+     * add_diff's into a zero accumulator): it becomes the accumulator, and the zero
+     * accumulator the next round's delta buffer. Pointers, no pass under mu. */
+    float *zero = s->acc;
+    s->acc = c->delta;
+    c->delta = zero;
+    if (moved_on) /* the newer snapshot takes the correction too */
+      m->add(m->self, s->buf[s->front], s->acc, s->count);
+  } else if (moved_on) { /* accumulator and newer snapshot take mean - pinned, in one pass */
     m->add_diff2(m->self, s->acc, s->buf[s->front], mean, pinned, s->count);
-  else
+  } else {
     m->add_diff(m->self, s->acc, mean, pinned, s->count);
+  }
   s->acc_n++;
   if (global && round + 1 > s->acc_global)
     s->acc_global = round + 1;

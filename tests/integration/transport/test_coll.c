@@ -4,7 +4,8 @@
  * blocks, 64 MiB buffers, broadcast, weighted average with a weight-0 joiner, disjoint groups
  * running at the same time, a participant that closes without taking part (every survivor
  * learns it within about a second through failure notices). Every allreduce runs in place and
- * out of place (wg_coll_allreduce_from: the output starts as NaN, the input stays unchanged).
+ * out of place (wg_coll_allreduce_from: the output starts as NaN, the input stays unchanged),
+ * and every MEAN also with its deltas (wg_coll_allreduce_delta: output minus input, bitwise).
  * Values are small integers so every sum is exact and the result can be compared bit for bit. */
 #include <math.h>
 #include <setjmp.h>
@@ -47,26 +48,42 @@ static wg_coll_ctx_t make_ctx(wg_transport_t *t, int rank, const int *ranks, int
 }
 
 /* Allreduce of count floats over ctx->ranks; returns 0 if every element is exact. Out of
- * place (wg_coll_allreduce_from): the input in a buffer of its own, the output's buffer
- * filled with NaN first (an element never written shows), and the input must be unchanged. */
-static int check_allreduce_as(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op,
-                              int out_of_place) {
+ * place (mode 1, wg_coll_allreduce_from): the input in a buffer of its own, the output's
+ * buffer filled with NaN first (an element never written shows), and the input must be
+ * unchanged; mode 2 (MEAN only, wg_coll_allreduce_delta) also checks every delta, the output
+ * minus the input, bit for bit. */
+static int check_allreduce_as(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op, int mode) {
   float *buf = malloc(count * sizeof *buf);
-  float *src = out_of_place ? malloc(count * sizeof *src) : NULL;
+  float *src = mode ? malloc(count * sizeof *src) : NULL;
+  float *delta = mode == 2 ? malloc(count * sizeof *delta) : NULL;
   int bad = 0;
   for (size_t i = 0; i < count; i++) {
-    buf[i] = out_of_place ? NAN : value(ctx->rank, i);
+    buf[i] = mode ? NAN : value(ctx->rank, i);
     if (src)
       src[i] = value(ctx->rank, i);
+    if (delta)
+      delta[i] = NAN;
   }
-  int rc = out_of_place ? wg_coll_allreduce_from(ctx, src, buf, count, op, wg_now() + OP_DEADLINE_S)
-                        : wg_coll_allreduce(ctx, buf, count, op, wg_now() + OP_DEADLINE_S);
+  double deadline = wg_now() + OP_DEADLINE_S;
+  int rc = mode == 2   ? wg_coll_allreduce_delta(ctx, src, buf, delta, count, deadline)
+           : mode == 1 ? wg_coll_allreduce_from(ctx, src, buf, count, op, deadline)
+                       : wg_coll_allreduce(ctx, buf, count, op, deadline);
   for (size_t i = 0; src && i < count && !bad; i++)
     if (src[i] != value(ctx->rank, i)) {
       fprintf(stderr, "rank %d: allreduce_from(%zu) wrote its input at %zu\n", ctx->rank, count, i);
       bad = 1;
     }
+  for (size_t i = 0; delta && rc == 0 && i < count && !bad; i++) {
+    volatile float want = buf[i] - src[i];
+    float got = delta[i];
+    if (memcmp(&got, (const void *)&want, sizeof got) != 0) {
+      fprintf(stderr, "rank %d: allreduce_delta(%zu)[%zu] = %g, want %g\n", ctx->rank, count, i,
+              (double)got, (double)want);
+      bad = 1;
+    }
+  }
   free(src);
+  free(delta);
   if (rc != 0) {
     fprintf(stderr, "rank %d: allreduce(%zu) failed: %s\n", ctx->rank, count, wagma_strerror(rc));
     free(buf);
@@ -90,9 +107,12 @@ static int check_allreduce_as(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_
   return bad;
 }
 
-/* Both ways: in place, then out of place. */
+/* Every way: in place, out of place, and for MEAN with the deltas. */
 static int check_allreduce(wg_coll_ctx_t *ctx, size_t count, wagma_reduce_op_t op) {
-  return check_allreduce_as(ctx, count, op, 0) | check_allreduce_as(ctx, count, op, 1);
+  int bad = check_allreduce_as(ctx, count, op, 0) | check_allreduce_as(ctx, count, op, 1);
+  if (op == WAGMA_REDUCE_MEAN)
+    bad |= check_allreduce_as(ctx, count, op, 2);
+  return bad;
 }
 
 static int check_broadcast(wg_coll_ctx_t *ctx, size_t count, int root) {

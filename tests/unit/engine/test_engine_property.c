@@ -13,7 +13,8 @@
  *  - no snapshot in two rounds: the CONTRIB payloads a rank sends (watched on the wire, less
  *    those its leader answered EXCLUDED) are pairwise different; with allreduce rounds
  *    (WAGMA_ENGINE_ROUNDS=allreduce: a CONTRIB carries no snapshot) the snapshots the data
- *    thread stages for a leader (wg_engine_staged_hook), and the check must have seen some;
+ *    thread puts into a round's allreduce after the leader's GO (wg_engine_staged_hook; one
+ *    whose JOIN never reached its leader is in no round), and the check must have seen some;
  * and at every step: each contribution's staleness <= tau, and in barrier mode the model's
  * global age (rounds since the newest global mean it contains) <= tau (in wait-avoiding mode
  * a global round still open is in no model yet: the age is reported, not asserted).
@@ -134,7 +135,8 @@ static void tap(int dst, const wg_frame_header_t *h, const void *payload, size_t
   pthread_mutex_unlock(&W.mu);
 }
 
-/* Allreduce rounds: a member's staged snapshot (engine_data.c), as the wire's CONTRIB. */
+/* Allreduce rounds: the snapshot a member puts into a round's allreduce (engine_data.c), as
+ * the wire's CONTRIB. */
 static void staged(int rank, int leader, uint64_t round, const float *snap, size_t count) {
   pthread_mutex_lock(&W.mu);
   if (W.nseen < MAX_CONTRIBS) {
