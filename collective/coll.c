@@ -221,6 +221,17 @@ static int recv_frame(const coll_t *c, int idx, uint64_t seq, size_t n, float *d
  * from + them into dst (the first touch of an out-of-place allreduce's output: the same sums,
  * operand for operand); with div > 0, divides each sum by div in the same pass (the owner of
  * a MEAN block: no second pass over it). */
+__attribute__((optimize("tree-vectorize"))) void
+wg_coll_mean_delta(const float *sum, int n, const float *restrict src, float *mean,
+                   float *restrict delta, size_t count) {
+  float by = (float)n;
+  for (size_t i = 0; i < count; i++) {
+    float x = sum[i] / by;
+    mean[i] = x;
+    delta[i] = x - src[i];
+  }
+}
+
 static int recv_add(const coll_t *c, int idx, uint64_t seq, float *dst, const float *from, size_t n,
                     float div);
 

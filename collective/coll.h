@@ -86,6 +86,12 @@ int wg_coll_allreduce_from(const wg_coll_ctx_t *ctx, const float *src, float *bu
 int wg_coll_allreduce_delta(const wg_coll_ctx_t *ctx, const float *src, float *buf, float *delta,
                             size_t count, double deadline);
 
+/* From the sum of n contributions: mean[i] = sum[i] / n and delta[i] = mean[i] - src[i], each
+ * rounded as wg_coll_allreduce_delta rounds its MEAN and deltas (for a sum reduced elsewhere:
+ * a transport's own collective). sum may be mean. */
+void wg_coll_mean_delta(const float *sum, int n, const float *src, float *mean, float *delta,
+                        size_t count);
+
 /* buf <- root's buf on every participant (root is a plan rank inside ctx->ranks). */
 int wg_coll_broadcast(const wg_coll_ctx_t *ctx, float *buf, size_t count, int root,
                       double deadline);

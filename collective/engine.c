@@ -173,9 +173,10 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
     rounds = strcmp(env, "allreduce") == 0 ? WAGMA_ROUNDS_ALLREDUCE
              : strcmp(env, "star") == 0    ? WAGMA_ROUNDS_STAR
                                            : -1;
-  if (rounds == WAGMA_ROUNDS_DEFAULT) /* measured: docs/benchmarks.md "Rounds as an allreduce" */
-    rounds = o->transport == WAGMA_TRANSPORT_TCP &&
-                     o->count * sizeof(float) >= WG_ROUNDS_ALLREDUCE_MIN_BYTES
+  /* measured over TCP: docs/benchmarks.md "Rounds as an allreduce"; a transport with
+   * collectives of its own (NCCL's group communicators) runs a whole group's round as one */
+  if (rounds == WAGMA_ROUNDS_DEFAULT)
+    rounds = ops->group_allreduce || o->count * sizeof(float) >= WG_ROUNDS_ALLREDUCE_MIN_BYTES
                  ? WAGMA_ROUNDS_ALLREDUCE
                  : WAGMA_ROUNDS_STAR;
   if (rounds != WAGMA_ROUNDS_STAR && rounds != WAGMA_ROUNDS_ALLREDUCE) {

@@ -81,6 +81,7 @@ void *wg_engine_data_main(void *arg) {
       wg_engine_wait(c, wg_now() + 0.2); /* no timer of its own: the round's end decides */
     if (c->stopping || !e || e->state != WG_ENTRY_WAITING) {
       c->snap.reading = -1;
+      pthread_cond_broadcast(&c->cv); /* a publish may wait for the buffer */
       pthread_mutex_unlock(&c->mu);
       continue; /* void, a lone contributor's COMMIT, or the end */
     }
@@ -88,6 +89,7 @@ void *wg_engine_data_main(void *arg) {
       wg_engine_staged_hook(c->rank, leader, round, pinned, c->count);
     uint32_t group = e->group;
     int n = e->ncontrib;
+    int coll = e->coll;
     memcpy(ranks, e->ranks, (size_t)n * sizeof(int));
     double timeout = wg_engine_data_timeout(c);
     /* (a COMMIT's resolve exchanges these with snapshot buffers, after this job's report) */
@@ -107,11 +109,23 @@ void *wg_engine_data_main(void *arg) {
     ctx.failed_rank = &failed;
     ctx.release = 1; /* DONE, COMMIT and the next round's frames come from these peers */
     /* the mean into work and the correction (mean - contribution) into delta, each written
-     * as the allreduce finishes its element: COMMIT then moves pointers, not the model */
-    int rc = wg_coll_allreduce_delta(&ctx, pinned, work, delta, c->count, wg_now() + timeout);
+     * as the allreduce finishes its element: COMMIT then moves pointers, not the model. With
+     * the transport's own collective (GO said so: NCCL's group communicator), its sum, then
+     * the mean and correction in one pass. */
+    int rc;
+    if (coll && c->ops->group_allreduce) {
+      const float *sum = NULL;
+      rc = c->ops->group_allreduce(c->tp, ranks, n, round, pinned, c->count, wg_now() + timeout,
+                                   &sum);
+      if (rc == 0)
+        wg_coll_mean_delta(sum, n, pinned, work, delta, c->count);
+    } else {
+      rc = wg_coll_allreduce_delta(&ctx, pinned, work, delta, c->count, wg_now() + timeout);
+    }
     if (rc == WAGMA_ECLOSED) {
       pthread_mutex_lock(&c->mu);
       c->snap.reading = -1;
+      pthread_cond_broadcast(&c->cv); /* a publish may wait for the buffer */
       pthread_mutex_unlock(&c->mu);
       break; /* destroy or abort: nothing more to report */
     }
@@ -120,6 +134,7 @@ void *wg_engine_data_main(void *arg) {
 
     pthread_mutex_lock(&c->mu);
     c->snap.reading = -1;
+    pthread_cond_broadcast(&c->cv); /* a publish may wait for the buffer */
     wg_entry_t *now = wg_member_entry(c, round);
     if (now && now->state == WG_ENTRY_WAITING && now->claimed) {
       now->data_done = 1;

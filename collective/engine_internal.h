@@ -39,6 +39,8 @@
 #define WG_RESULT_COMMIT                                                                           \
   8u /* allreduce rounds: every contributor's allreduce succeeded:                                 \
         apply its mean (payload: the list when no GO preceded) */
+#define WG_RESULT_COLL                                                                             \
+  16u /* with GO: run it as the transport's own collective (group_allreduce), not coll.c's */
 /* CONTRIB flags. An allreduce round's CONTRIB carries no payload (a JOIN). */
 #define WG_CONTRIB_DECLINE 1u /* I will not contribute to this round: don't wait for me */
 #define WG_CONTRIB_DONE 2u    /* allreduce rounds: my allreduce of the round ended... */
@@ -98,6 +100,7 @@ typedef struct wg_entry {
   /* allreduce rounds (engine_data.c): GO came (ranks/versions/ncontrib hold the list), the
    * data thread took it, its allreduce ended (data_rc) and c->work holds the mean */
   int go, claimed, data_done, data_rc;
+  int coll; /* GO said: the transport's own collective (WG_RESULT_COLL) */
   /* filled when resolved */
   int activator;
   int members;
@@ -289,9 +292,10 @@ void wg_member_resolve(wagma_comm_t *c, wg_entry_t *e, const float *mean, int ac
                        int members, int ncontrib, const int *ranks, const uint64_t *versions);
 void wg_member_void(wagma_comm_t *c, wg_entry_t *e, const char *why);
 /* Allreduce rounds: GO for my contribution e: the contributor list (copied into e) and the
- * data thread may take it. 0 or WAGMA_ENOMEM. */
+ * data thread may take it, as the transport's own collective when coll is 1. 0 or
+ * WAGMA_ENOMEM. */
 int wg_member_go(wagma_comm_t *c, wg_entry_t *e, int activator, int members, int n,
-                 const int *ranks, const uint64_t *versions);
+                 const int *ranks, const uint64_t *versions, int coll);
 /* An activation of (round, group) by leader (me, for a round I lead): answers it now if I
  * can, defers it if my contribution is outstanding or I have no snapshot yet, declines it
  * if my snapshot is too stale. */

@@ -294,10 +294,13 @@ static void go_round(wagma_comm_t *c, wg_lround_t *lr, double now) {
     retire(c, lr);
     return;
   }
-  post_decision(c, lr, WG_RESULT_GO, blob, n);
+  /* the transport's own collective when it has one for exactly these ranks (NCCL: the
+   * group's communicator); the flag makes every contributor go the same way */
+  int coll = c->ops->group_ready && c->ops->group_ready(c->tp, lr->round, ranks, n);
+  post_decision(c, lr, WG_RESULT_GO | (coll ? WG_RESULT_COLL : 0u), blob, n);
   wg_blob_unref(blob);
   if (me_in && mine && mine->state == WG_ENTRY_WAITING &&
-      wg_member_go(c, mine, lr->activator, lr->nmembers, n, ranks, versions) != 0) {
+      wg_member_go(c, mine, lr->activator, lr->nmembers, n, ranks, versions, coll) != 0) {
     abort_round(c, lr, "out of memory");
     return;
   }

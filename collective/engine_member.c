@@ -120,12 +120,13 @@ static int set_list(wg_entry_t *e, int n, const int *ranks, const uint64_t *vers
 }
 
 int wg_member_go(wagma_comm_t *c, wg_entry_t *e, int activator, int members, int n,
-                 const int *ranks, const uint64_t *versions) {
+                 const int *ranks, const uint64_t *versions, int coll) {
   if (e->state != WG_ENTRY_WAITING || e->go)
     return 0;
   if (set_list(e, n, ranks, versions) != 0)
     return WAGMA_ENOMEM;
   e->go = 1;
+  e->coll = coll;
   e->activator = activator;
   e->members = members;
   pthread_cond_broadcast(&c->cv); /* the data thread */

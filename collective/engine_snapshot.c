@@ -89,10 +89,26 @@ int wg_snapshot_publish(wagma_comm_t *c, float *model, uint64_t version, int app
   wg_snapshot_t *s = &c->snap;
   int applied = 0;
   pthread_mutex_lock(&c->mu);
+  /* A buffer that is neither published, pinned nor read. All three are taken when the data
+   * thread still reads a contribution whose round ended (voided while its allreduce waits for
+   * a frozen or dead peer) and a newer one is pinned: wait for its deadline to end the read
+   * (it broadcasts), bounded; past that, this snapshot is skipped (front stays, older). */
+  int w = -1;
+  double until = wg_now() + wg_engine_data_timeout(c) + 5.0;
+  for (;;) {
+    for (int k = 0; k < 3 && w < 0; k++)
+      if (k != s->front && k != s->pinned && k != s->reading)
+        w = k;
+    if (w >= 0 || c->stopping || wg_now() > until)
+      break;
+    wg_engine_wait(c, wg_now() + 0.05);
+  }
   float *taken = apply ? wg_snapshot_take(c, &applied) : NULL;
-  int w = 0;
-  while (w == s->front || w == s->pinned || w == s->reading)
-    w++;
+  if (w < 0) {
+    pthread_mutex_unlock(&c->mu);
+    wg_snapshot_add_taken(c, model, taken);
+    return applied;
+  }
   s->writing = w;
   pthread_mutex_unlock(&c->mu);
 

@@ -146,7 +146,8 @@ static void handle_go_commit(wagma_comm_t *c, const wg_message_t *m, wg_entry_t 
   if (!listed) {
     wg_member_void(c, e, "not among the contributors");
   } else if (go) {
-    if (wg_member_go(c, e, activator, members, (int)n, ranks, versions) != 0)
+    if (wg_member_go(c, e, activator, members, (int)n, ranks, versions,
+                     (h->flags & WG_RESULT_COLL) != 0) != 0)
       wg_member_void(c, e, "out of memory"); /* (the leader aborts at my missing DONE) */
   } else if (n == 1 && c->snap.pinned >= 0) {
     wg_member_resolve(c, e, c->snap.buf[c->snap.pinned], activator, members, 1, ranks, versions);

@@ -201,6 +201,7 @@ static void nc_free(nc_t *t) {
     t->box_head = m->next;
     wg_message_free(m);
   }
+  WG_NCCL(groups_free)(t);
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->cv);
   free(t->pending);
@@ -232,7 +233,7 @@ static void nc_close(wg_transport_t *t) {
     WG_NCCL(lane_down)(t, "closed with a transfer in flight");
   WG_NCCL(resend_all)(t);
   WG_NCCL(keep_or_abort)(t);
-  /* what the lane carried this epoch: the operator's answer to "did NCCL move the models?" */
+  /* what NCCL carried this epoch: the operator's answer to "did NCCL move the models?" */
   wg_logf(t->log, t->log_user, WAGMA_LOG_INFO,
           "rank %d: epoch %llu closed: %llu transfers on the nccl lane (%.1f MiB sent, %.1f MiB "
           "received), %llu lane failures",
@@ -241,6 +242,13 @@ static void nc_close(wg_transport_t *t) {
           (double)atomic_load(&t->lane_bytes_sent) / (1 << 20),
           (double)atomic_load(&t->lane_bytes_received) / (1 << 20),
           (unsigned long long)atomic_load(&t->lane_failures));
+  if (t->nphases > 0)
+    wg_logf(t->log, t->log_user, WAGMA_LOG_INFO,
+            "rank %d: epoch %llu: %llu rounds as one ncclAllReduce of their group, %llu group "
+            "communicators revoked",
+            t->rank, (unsigned long long)t->epoch,
+            (unsigned long long)atomic_load(&t->collectives),
+            (unsigned long long)atomic_load(&t->collective_failures));
   t->tcp_ops->close(t->tcp);
   nc_free(t);
 }
@@ -274,6 +282,10 @@ static int nc_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, &ca);
   pthread_condattr_destroy(&ca);
+  if (WG_NCCL(groups_new)(t, cfg->plan) != 0) {
+    nc_free(t);
+    return WAGMA_ENOMEM;
+  }
   t->dead_done = calloc((size_t)n, 1);
   t->peer_up = calloc((size_t)n, 1);
   t->lane_rank = malloc((size_t)n * sizeof(int));
@@ -317,6 +329,8 @@ const wg_transport_ops_t NC_OPS_NAME = {
     .reader_end = NULL,
     .reader_release = NULL,
     .recv_into = NULL,
+    .group_ready = WG_NCCL(group_ready),
+    .group_allreduce = WG_NCCL(group_allreduce),
     .peer_alive = nc_peer_alive,
     .interrupt = nc_interrupt,
     .stats = nc_stats,

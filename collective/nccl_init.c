@@ -110,10 +110,17 @@ static void poll_up(nc_t *t, ncclResult_t started, ncclComm_t parent) {
     return;
   }
   t->comm_ready = 1;
+  /* the group communicators, while nothing is posted on the epoch's (nccl_groups.c) */
+  if (WG_NCCL(groups_split)(t) != 0) {
+    t->comm_ready = 0; /* a split may be in flight on it: not kept */
+    off(t, "a group communicator did not come up");
+    return;
+  }
   atomic_store(&t->lane_state, NC_LANE_UP);
   for (int r = 0; r < t->nranks; r++)
     if (r != t->rank)
       (void)WG_NCCL(control)(t, r, NC_PEER_UP, 0, NULL, 0);
+  WG_NCCL(groups_announce)(t);
   wg_logf(t->log, t->log_user, WAGMA_LOG_INFO, "rank %d: nccl lane up in epoch %llu (%d ranks)",
           t->rank, (unsigned long long)t->epoch, t->lane_size);
 }
@@ -206,8 +213,10 @@ static void shrink(nc_t *t, uint64_t epoch) {
 }
 
 void WG_NCCL(lane_init)(nc_t *t) {
+  int least = 0, greatest = 0; /* the lane's stream at the highest priority, as rounds' */
   if (cudaSetDevice(t->device) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
+      cudaStreamCreateWithPriority(&t->stream, cudaStreamNonBlocking, greatest) != cudaSuccess) {
     t->stream = NULL;
     off(t, "no CUDA stream");
     return;

@@ -30,18 +30,36 @@
  * operation in seq and the transfer id in aux. */
 #define NC_GROUP 0xfffffff0u
 enum nc_op {
-  NC_ANNOUNCE = 1,  /* payload: the frame's encoded header; its payload follows on the lane */
-  NC_CTS = 2,       /* receiver -> sender: I am idle, post transfer aux now */
-  NC_GO = 3,        /* sender -> receiver: posted; post your half */
-  NC_NACK = 4,      /* sender -> receiver: busy, ask again later */
-  NC_PEER_UP = 5,   /* my communicator is ready */
-  NC_PEER_DOWN = 6, /* my communicator is revoked: revoke yours, payloads go on TCP */
-  NC_ID = 7,        /* rank 0 -> all: payload = ncclUniqueId, initialise afresh */
-  NC_SHRINK = 8,    /* rank 0 -> all: shrink the kept communicator of epoch aux */
-  NC_NOLANE = 9,    /* rank 0 -> all: no lane this epoch */
-  NC_RESEND = 10,   /* payload: encoded header + payload of transfer aux, on TCP */
-  NC_DONE = 11,     /* receiver -> sender: transfer aux delivered; drop your copy */
+  NC_ANNOUNCE = 1,    /* payload: the frame's encoded header; its payload follows on the lane */
+  NC_CTS = 2,         /* receiver -> sender: I am idle, post transfer aux now */
+  NC_GO = 3,          /* sender -> receiver: posted; post your half */
+  NC_NACK = 4,        /* sender -> receiver: busy, ask again later */
+  NC_PEER_UP = 5,     /* my communicator is ready */
+  NC_PEER_DOWN = 6,   /* my communicator is revoked: revoke yours, payloads go on TCP */
+  NC_ID = 7,          /* rank 0 -> all: payload = ncclUniqueId, initialise afresh */
+  NC_SHRINK = 8,      /* rank 0 -> all: shrink the kept communicator of epoch aux */
+  NC_NOLANE = 9,      /* rank 0 -> all: no lane this epoch */
+  NC_RESEND = 10,     /* payload: encoded header + payload of transfer aux, on TCP */
+  NC_DONE = 11,       /* receiver -> sender: transfer aux delivered; drop your copy */
+  NC_GROUPS = 12,     /* aux: the phases whose group communicator I have up (bit p) */
+  NC_GROUP_DOWN = 13, /* aux: a phase: I revoked my group's communicator of it */
 };
+
+/* Who may post an NCCL operation now (t->turn): one at a time per process. */
+enum { NC_TURN_FREE = 0, NC_TURN_LANE = 1, NC_TURN_COLL = 2 };
+#define NC_GROUPS_MAX_PHASES 64 /* a plan with more phases gets no group communicators */
+
+/* My group's communicator in one phase of the plan (nccl_groups.c): from ncclCommSplit of the
+ * epoch's communicator, colour = the group. comm, n and ranks are set by the lane thread
+ * before the lane is up and fixed after; up and down are under t->mu. */
+typedef struct nc_group {
+  ncclComm_t comm; /* NULL: a group of one, or the split failed */
+  int n;
+  int *ranks;            /* plan ranks in the communicator's rank order (ascending) */
+  int up;                /* initialised */
+  int down;              /* revoked after a failure: no collective on it this epoch */
+  atomic_int down_asked; /* a member revoked its own: the running collective gives up */
+} nc_group_t;
 
 #define NC_LANE_MIN_BYTES 1024 /* smaller payloads travel whole on TCP */
 
@@ -150,6 +168,24 @@ typedef struct wg_transport {
 
   _Atomic uint64_t lane_bytes_sent, lane_bytes_received, lane_transfers;
   _Atomic uint64_t lane_failures;
+
+  /* group communicators and collectives (nccl_groups.c) */
+  int nphases;           /* 0: none this epoch */
+  int *group_of;         /* nphases * nranks: group of plan rank r in phase p (copied at open) */
+  nc_group_t *groups;    /* nphases */
+  uint64_t *groups_said; /* (mu) per rank: its NC_GROUPS bits */
+  uint8_t *groups_heard; /* (mu) per rank: its NC_GROUPS came */
+  int turn;              /* (mu) NC_TURN_*: who may post an NCCL operation */
+  int coll_want;         /* (mu) a collective waits for the turn: the lane starts nothing new */
+  pthread_cond_t turn_cv;
+  /* the one caller's (the engine's data thread): its stream and buffers, kept and grown */
+  cudaStream_t coll_stream;
+  void *coll_dev;
+  size_t coll_dev_cap;
+  int coll_dev_ordered; /* coll_dev is from cudaMallocAsync on coll_stream */
+  float *coll_host;     /* the sum, page-locked where the cache had one */
+  size_t coll_host_cap;
+  _Atomic uint64_t collectives, collective_failures;
 } nc_t;
 
 /* nccl.c: the operations table (wg_nccl_transport; wg_ncclfake_transport in the fake build) */
@@ -193,6 +229,29 @@ void WG_NCCL(resend_all)(nc_t *t);
  * posted on it): the lane thread, when it grows the buffer; close, after the lane thread
  * ended. */
 void WG_NCCL(lane_buffer_free)(nc_t *t);
+
+/* nccl_groups.c */
+/* open: copies the plan's groups (nphases 0 when it has more than NC_GROUPS_MAX_PHASES);
+ * 0 or WAGMA_ENOMEM. */
+int WG_NCCL(groups_new)(nc_t *t, const wagma_plan_t *plan);
+/* Lane thread, while initialising (nothing posted on t->comm yet): splits t->comm once per
+ * phase, in phase order on every rank, and polls each up to init_deadline. 0, or -1 when a
+ * split failed (the epoch's communicator may then be unusable: the caller turns the lane off). */
+int WG_NCCL(groups_split)(nc_t *t);
+/* Lane thread, once up: tells every peer which group communicators are up here. */
+void WG_NCCL(groups_announce)(nc_t *t);
+/* Lane thread: NC_GROUPS and NC_GROUP_DOWN from src. */
+void WG_NCCL(groups_on_control)(nc_t *t, int src, enum nc_op op, uint64_t aux);
+/* The turn for the lane: 1 when it may post (it holds it, or took it), 0 when a collective
+ * holds it or waits for it. lane_release gives it back (the lane is idle). Lane thread. */
+int WG_NCCL(turn_lane)(nc_t *t);
+void WG_NCCL(turn_lane_release)(nc_t *t);
+/* close, after every other thread ended: aborts the group communicators, frees the rest. */
+void WG_NCCL(groups_free)(nc_t *t);
+/* The transport operations (wg_transport_ops_t.group_ready, .group_allreduce). */
+int WG_NCCL(group_ready)(wg_transport_t *t, uint64_t round, const int *ranks, int n);
+int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_t round,
+                             const float *src, size_t count, double deadline, const float **sum);
 
 /* nccl_init.c */
 /* Checks that a CUDA device is usable: 0, or WAGMA_EUNAVAIL with a message in err. */

@@ -220,7 +220,7 @@ static int post(nc_t *t, int send, int peer, void *dev, size_t len) {
 static void on_cts(nc_t *t, int src, uint64_t id) {
   nc_xfer_t *x = NULL;
   if (atomic_load(&t->lane_state) == NC_LANE_UP && !t->posted.active && !t->reserved.active &&
-      !atomic_load(&t->draining)) {
+      !atomic_load(&t->draining) && WG_NCCL(turn_lane)(t)) {
     pthread_mutex_lock(&t->mu);
     for (x = t->out; x && !(x->id == id && x->dst == src && !x->sent && !x->acked); x = x->next)
       ;
@@ -392,6 +392,8 @@ static void on_control(nc_t *t, wg_message_t *m) {
     }
     return;
   }
+  case NC_GROUPS:
+  case NC_GROUP_DOWN: WG_NCCL(groups_on_control)(t, src, (enum nc_op)h->seq, h->aux); return;
   case NC_ID:
   case NC_SHRINK:
   case NC_NOLANE:
@@ -569,6 +571,8 @@ static void maybe_cts(nc_t *t) {
     pthread_mutex_unlock(&t->mu);
     if (!up)
       continue;
+    if (!WG_NCCL(turn_lane)(t))
+      return; /* a collective has (or waits for) the device */
     t->rr = src + 1;
     t->reserved = (nc_role_t){
         .active = 1, .peer = src, .id = it->id, .item = it, .deadline = now + CTS_DEADLINE_S};
@@ -609,6 +613,8 @@ void *WG_NCCL(lane_main)(void *arg) {
     maybe_cts(t);
     report_stuck(t);
     atomic_store(&t->busy, t->posted.active || t->reserved.active);
+    if (!t->posted.active && !t->reserved.active)
+      WG_NCCL(turn_lane_release)(t);
     if (t->posted.active)
       nap_us(100);
   }

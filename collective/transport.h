@@ -181,6 +181,24 @@ typedef struct wg_transport_ops {
   int (*recv_into)(wg_transport_t *t, wg_reader_t *reader, const wg_match_t *match, double deadline,
                    const wg_sink_t *sink, wg_message_t **out);
 
+  /* Optional, with group_allreduce (NULL in a transport without collectives of its own:
+   * callers run coll.c's over send and recv). 1 when group_allreduce can run round's
+   * allreduce among exactly `ranks` (plan ranks, ascending) here: the communicator of that
+   * round's group is up on every one of them (they said so) and none revoked it. What a
+   * round's leader asks before it tells the contributors which way to go (all go the same
+   * way). Any thread. */
+  int (*group_ready)(wg_transport_t *t, uint64_t round, const int *ranks, int n);
+
+  /* The SUM of count floats at src (host memory) over exactly `ranks` as ONE collective of
+   * the transport's, for round `round` (its phase names the communicator): 0 and *sum, count
+   * floats the transport owns, valid until the next call, the same bits on every rank.
+   * WAGMA_EIO when there is no such collective here (group_ready said 0), WAGMA_ETIMEDOUT
+   * when it did not complete by deadline, WAGMA_EPEER when a member gave up on it: after a
+   * failure that group's collective is retired for the epoch (group_ready says 0, here and,
+   * once told, on the other members). One caller at a time. */
+  int (*group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_t round,
+                         const float *src, size_t count, double deadline, const float **sum);
+
   /* 1 if rank is connected and not declared dead, else 0. */
   int (*peer_alive)(wg_transport_t *t, int rank);
 

@@ -70,6 +70,18 @@ static void stream_group_posted(struct fakecuda_stream *s) {
   atomic_fetch_add(&s->pending, 1);
 }
 
+/* What a collective does once every send and receive of its group completed: the sum of
+ * every rank's input in rank order into dst (in[me] is the caller's own input, read before
+ * dst[i] is written, so in place works). Owned by its group (group_free). */
+typedef struct fcoll {
+  float *dst;
+  const float *own;
+  float **in; /* nranks inputs, in[me] unused (own) */
+  int nranks, me;
+  size_t count;
+  struct fcoll *next;
+} fcoll_t;
+
 typedef struct fop {
   int send;
   int peer;
@@ -79,6 +91,8 @@ typedef struct fop {
   size_t hdr_done;
   uint64_t announced; /* recv: the length the sender wrote */
   size_t done;
+  fcoll_t *coll; /* a collective's reduction: carried by an op that moves nothing (nop) */
+  int nop;
   int hang;    /* fault: never progresses */
   int stalled; /* the peer's socket failed: never progresses (as NCCL on one host) */
   int complete;
@@ -87,6 +101,7 @@ typedef struct fop {
 typedef struct fgroup {
   fop_t *ops;
   int nops;
+  fcoll_t *colls; /* run in order once every op completed */
   struct fakecuda_stream *stream;
   int unlaunched; /* non-blocking: not yet on its stream (the worker launches it) */
   struct fgroup *next;
@@ -118,6 +133,22 @@ struct fakenccl_comm {
   /* shrink */
   struct fakenccl_comm *parent;
   int *keep; /* parent ranks kept, in order */
+  /* split: this rank's colour, key and new listener, exchanged with every rank of the
+   * parent in a group on the parent (the records live here until the exchange ended) */
+  struct fsplit *split;
+  int splits; /* parent: splits made so far (the same sequence on every rank) */
+};
+
+typedef struct fsplit_rec {
+  int32_t color, key;
+  fake_ep_t ep;
+} fsplit_rec_t;
+
+struct fsplit {
+  struct fakecuda_stream stream; /* the exchange's group, on the parent */
+  fsplit_rec_t *all;             /* parent->nranks records */
+  int parent_rank, parent_n;
+  uint64_t seq;
 };
 
 static atomic_long op_counter;
@@ -357,6 +388,49 @@ static int rendezvous(struct fakenccl_comm *c, double deadline) {
 
 static void *worker_main(void *arg);
 
+/* 1 once the split's exchange group ended on the parent; -1 when it was dropped or the
+ * parent failed or the deadline passed. */
+static int split_exchanged(struct fakenccl_comm *parent, struct fsplit *sp, double deadline,
+                           atomic_int *aborting) {
+  while (atomic_load(&sp->stream.ended) < 1) {
+    if ((aborting && atomic_load(aborting)) || atomic_load(&parent->aborting) || mono() > deadline)
+      return -1;
+    usleep(500);
+  }
+  return atomic_load(&parent->revoking) || atomic_load(&parent->async) != ncclSuccess ? -1 : 1;
+}
+
+/* Split: once the colours are known, this communicator's ranks are the parent's ranks of my
+ * colour ordered by (key, parent rank); its mesh runs over listeners of its own. */
+static int split_members(struct fakenccl_comm *c, double deadline) {
+  struct fsplit *sp = c->split;
+  if (split_exchanged(c->parent, sp, deadline, &c->aborting) < 0)
+    return -1;
+  int color = sp->all[sp->parent_rank].color, n = 0;
+  int *m = malloc((size_t)sp->parent_n * sizeof(int));
+  if (!m)
+    return -1;
+  for (int r = 0; r < sp->parent_n; r++)
+    if (sp->all[r].color == color) {
+      int k = n++; /* insertion by (key, parent rank) */
+      while (k > 0 && sp->all[m[k - 1]].key > sp->all[r].key) {
+        m[k] = m[k - 1];
+        k--;
+      }
+      m[k] = r;
+    }
+  uint64_t h = (c->parent->nonce ^ (sp->seq * 0x9e3779b97f4a7c15ull)) * 0x100000001b3ull;
+  c->nonce = (h ^ (uint64_t)(uint32_t)color) * 0x100000001b3ull;
+  c->nranks = n;
+  for (int k = 0; k < n; k++) {
+    c->eps[k] = sp->all[m[k]].ep;
+    if (m[k] == sp->parent_rank)
+      c->rank = k;
+  }
+  free(m);
+  return 0;
+}
+
 static void *init_main(void *arg) {
   struct fakenccl_comm *c = arg;
   double deadline = mono() + FAKE_INIT_TIMEOUT_S;
@@ -366,7 +440,9 @@ static void *init_main(void *arg) {
     return NULL;
   }
   int rc = 0;
-  if (!c->parent)
+  if (c->split)
+    rc = split_members(c, deadline);
+  else if (!c->parent)
     rc = rendezvous(c, deadline);
   if (rc == 0)
     rc = build_mesh(c, deadline);
@@ -483,6 +559,80 @@ ncclResult_t ncclCommShrink(ncclComm_t parent, int *exclude, int nexclude, ncclC
   return start_init(c);
 }
 
+static ncclResult_t submit(struct fakenccl_comm *c, struct fakecuda_stream *s, fop_t *ops, int n);
+
+/* Every rank of the parent posts one group on it (its stream order, as NCCL orders a split
+ * with the parent's operations): its record to every peer and theirs back. */
+ncclResult_t ncclCommSplit(ncclComm_t parent, int color, int key, ncclComm_t *out,
+                           ncclConfig_t *config) {
+  if (!parent || !out || (color < 0 && color != NCCL_SPLIT_NOCOLOR))
+    return ncclInvalidArgument;
+  *out = NULL;
+  if (atomic_load(&parent->async) != ncclSuccess || atomic_load(&parent->revoking))
+    return ncclInvalidUsage;
+  int n = parent->nranks, me = parent->rank;
+  struct fsplit *sp = calloc(1, sizeof *sp);
+  fop_t *ops = calloc((size_t)(2 * n), sizeof(fop_t));
+  if (!sp || !ops || !(sp->all = calloc((size_t)n, sizeof(fsplit_rec_t)))) {
+    free(sp);
+    free(ops);
+    return ncclSystemError;
+  }
+  pthread_mutex_init(&sp->stream.mu, NULL);
+  sp->parent_rank = me;
+  sp->parent_n = n;
+  sp->seq = (uint64_t)++parent->splits;
+  sp->all[me].color = color;
+  sp->all[me].key = key;
+  struct fakenccl_comm *c = NULL;
+  if (color != NCCL_SPLIT_NOCOLOR) {
+    ncclConfig_t inherit = NCCL_CONFIG_INITIALIZER;
+    inherit.blocking = parent->blocking ? 1 : 0;
+    c = comm_new(n, me, config ? config : &inherit);
+    if (!c || (c->listen_fd = listen_any(&sp->all[me].ep)) < 0) {
+      if (c)
+        ncclCommAbort(c);
+      free(sp->all);
+      free(sp);
+      free(ops);
+      return ncclSystemError;
+    }
+    c->parent = parent;
+    c->split = sp;
+  }
+  int k = 0;
+  for (int r = 0; r < n; r++)
+    if (r != me) {
+      ops[k++] = (fop_t){
+          .send = 1, .peer = r, .buf = (uint8_t *)&sp->all[me], .bytes = sizeof(fsplit_rec_t)};
+      ops[k++] = (fop_t){
+          .send = 0, .peer = r, .buf = (uint8_t *)&sp->all[r], .bytes = sizeof(fsplit_rec_t)};
+    }
+  ncclResult_t rc = k ? submit(parent, &sp->stream, ops, k) : ncclSuccess;
+  free(ops);
+  if (k == 0) /* alone: nothing to exchange */
+    atomic_store(&sp->stream.ended, 1);
+  if (rc != ncclSuccess) {
+    if (c)
+      c->split = NULL; /* nothing posted: freed here */
+    ncclCommAbort(c);
+    free(sp->all);
+    free(sp);
+    return rc;
+  }
+  if (!c) { /* no colour: take part in the exchange, get no communicator */
+    int ok = split_exchanged(parent, sp, mono() + FAKE_INIT_TIMEOUT_S, NULL) > 0;
+    if (ok) { /* else the parent may still write sp: leaked */
+      pthread_mutex_destroy(&sp->stream.mu);
+      free(sp->all);
+      free(sp);
+    }
+    return ok ? ncclSuccess : ncclSystemError;
+  }
+  *out = c;
+  return start_init(c);
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *err) {
   if (!c || !err)
     return ncclInvalidArgument;
@@ -523,6 +673,12 @@ static ncclResult_t submit(struct fakenccl_comm *c, struct fakecuda_stream *s, f
   }
   memcpy(g->ops, ops, (size_t)n * sizeof(fop_t));
   g->nops = n;
+  for (int i = n - 1; i >= 0; i--) /* the group owns the reductions now, in op order */
+    if (g->ops[i].coll) {
+      g->ops[i].coll->next = g->colls;
+      g->colls = g->ops[i].coll;
+      g->ops[i].coll = NULL;
+    }
   g->stream = s;
   /* A non-blocking communicator's ncclGroupEnd returns ncclInProgress before the group is on
    * the stream: NCCL launches it from a thread of its own, and the async error stays
@@ -584,21 +740,15 @@ ncclResult_t ncclGroupEnd(void) {
   return rc;
 }
 
-static ncclResult_t post(int send, const void *buf, size_t count, ncclDataType_t type, int peer,
-                         ncclComm_t c, cudaStream_t s) {
-  size_t elem = type == ncclFloat32 ? 4 : 1;
-  if (!c || !s || peer < 0 || peer >= c->nranks || (count > 0 && !buf))
-    return ncclInvalidArgument;
-  if (atomic_load(&c->async) != ncclSuccess || atomic_load(&c->revoking))
-    return ncclInvalidUsage;
-  long nth = atomic_fetch_add(&op_counter, 1) + 1;
-  fop_t op = {.send = send, .peer = peer, .buf = (uint8_t *)buf, .bytes = count * elem};
-  if (env_long("FAKE_NCCL_HANG_OP") == nth)
-    op.hang = 1;
-  if (env_long("FAKE_NCCL_REMOTE_ERROR_OP") == nth) {
-    op.hang = 1;
-    atomic_store(&c->async, ncclRemoteError);
-  }
+static void coll_free(fcoll_t *k) {
+  for (int r = 0; r < k->nranks; r++)
+    free(k->in[r]);
+  free(k->in);
+  free(k);
+}
+
+/* Adds op to the calling thread's group, or submits it alone outside one. */
+static ncclResult_t enqueue(ncclComm_t c, cudaStream_t s, fop_t op) {
   if (group_depth == 0) {
     ncclResult_t rc = submit(c, s, &op, 1);
     return rc == ncclSuccess && !c->blocking ? ncclInProgress : rc;
@@ -613,6 +763,72 @@ static ncclResult_t post(int send, const void *buf, size_t count, ncclDataType_t
   }
   group_ops[group_n++] = (pending_op_t){.comm = c, .stream = s, .op = op};
   return ncclSuccess;
+}
+
+/* The faults of the nth operation this process posts. */
+static void faults(ncclComm_t c, fop_t *op) {
+  long nth = atomic_fetch_add(&op_counter, 1) + 1;
+  if (env_long("FAKE_NCCL_HANG_OP") == nth)
+    op->hang = 1;
+  if (env_long("FAKE_NCCL_REMOTE_ERROR_OP") == nth) {
+    op->hang = 1;
+    atomic_store(&c->async, ncclRemoteError);
+  }
+}
+
+static ncclResult_t post(int send, const void *buf, size_t count, ncclDataType_t type, int peer,
+                         ncclComm_t c, cudaStream_t s) {
+  size_t elem = type == ncclFloat32 ? 4 : 1;
+  if (!c || !s || peer < 0 || peer >= c->nranks || (count > 0 && !buf))
+    return ncclInvalidArgument;
+  if (atomic_load(&c->async) != ncclSuccess || atomic_load(&c->revoking))
+    return ncclInvalidUsage;
+  fop_t op = {.send = send, .peer = peer, .buf = (uint8_t *)buf, .bytes = count * elem};
+  faults(c, &op);
+  return enqueue(c, s, op);
+}
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
+  if (!c || !s || datatype != ncclFloat32 || op != ncclSum ||
+      (count > 0 && (!sendbuff || !recvbuff)))
+    return ncclInvalidArgument;
+  if (atomic_load(&c->async) != ncclSuccess || atomic_load(&c->revoking))
+    return ncclInvalidUsage;
+  fcoll_t *k = calloc(1, sizeof *k);
+  float **in = k ? calloc((size_t)c->nranks, sizeof(float *)) : NULL;
+  if (!in) {
+    free(k);
+    return ncclSystemError;
+  }
+  *k = (fcoll_t){.dst = recvbuff,
+                 .own = sendbuff,
+                 .in = in,
+                 .nranks = c->nranks,
+                 .me = c->rank,
+                 .count = count};
+  for (int r = 0; r < c->nranks; r++)
+    if (r != c->rank && !(in[r] = malloc(count * sizeof(float) + 1))) {
+      coll_free(k);
+      return ncclSystemError;
+    }
+  fop_t carrier = {.nop = 1, .complete = 1, .peer = -1, .coll = k};
+  faults(c, &carrier);
+  int hang = carrier.hang;
+  carrier.hang = 0;
+  ncclGroupStart();
+  ncclResult_t rc = enqueue(c, s, carrier);
+  for (int r = 0; r < c->nranks && rc == ncclSuccess; r++) {
+    if (r == c->rank)
+      continue;
+    fop_t tx = {.send = 1, .peer = r, .buf = (uint8_t *)sendbuff, .bytes = count * 4, .hang = hang};
+    fop_t rx = {.send = 0, .peer = r, .buf = (uint8_t *)in[r], .bytes = count * 4, .hang = hang};
+    rc = enqueue(c, s, tx);
+    if (rc == ncclSuccess)
+      rc = enqueue(c, s, rx);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  return rc != ncclSuccess ? rc : end;
 }
 
 ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t type, int peer, ncclComm_t c,
@@ -674,6 +890,35 @@ static void group_ended(struct fakenccl_comm *c, fgroup_t *g) {
     stream_group_ended(g->stream);
 }
 
+/* g ended: its reductions run when every op completed (ran = 1), before the stream sees it
+ * end (a copy queued behind it reads the result); then it is off its stream and freed. */
+static void group_finish(struct fakenccl_comm *c, fgroup_t *g, int ran) {
+  while (g->colls) {
+    fcoll_t *k = g->colls;
+    g->colls = k->next;
+    for (size_t i = 0; ran && i < k->count; i++) {
+      float acc = k->me == 0 ? k->own[i] : k->in[0][i];
+      for (int r = 1; r < k->nranks; r++)
+        acc += r == k->me ? k->own[i] : k->in[r][i];
+      k->dst[i] = acc;
+    }
+    coll_free(k);
+  }
+  group_ended(c, g);
+  free(g->ops);
+  free(g);
+}
+
+/* 1 when an earlier op of g still moves bytes the same way with the same peer: the pair's
+ * socket carries one op's bytes at a time, in the order posted. */
+static int behind(const fgroup_t *g, int i) {
+  for (int j = 0; j < i; j++)
+    if (!g->ops[j].complete && !g->ops[j].nop && g->ops[j].peer == g->ops[i].peer &&
+        g->ops[j].send == g->ops[i].send)
+      return 1;
+  return 0;
+}
+
 /* 1 when every operation of g completed, 0 when it was dropped (revoke, abort). */
 static int run_group(struct fakenccl_comm *c, fgroup_t *g) {
   /* self: a send to myself completes with the recv from myself of the same group */
@@ -702,7 +947,7 @@ static int run_group(struct fakenccl_comm *c, fgroup_t *g) {
       if (op->complete)
         continue;
       left++;
-      if (op->hang || op->stalled || op->peer == c->rank || np == 64)
+      if (op->hang || op->stalled || op->peer == c->rank || np == 64 || behind(g, i))
         continue;
       progress(c, op);
       if (op->complete) {
@@ -731,9 +976,7 @@ static void *worker_main(void *arg) {
       while (c->head) {
         fgroup_t *g = c->head;
         c->head = g->next;
-        group_ended(c, g);
-        free(g->ops);
-        free(g);
+        group_finish(c, g, 0);
       }
       c->tail = NULL;
       atomic_store(&c->revoked_done, 1);
@@ -764,17 +1007,13 @@ static void *worker_main(void *arg) {
       c->head = g->next;
       if (!c->head)
         c->tail = NULL;
-      group_ended(c, g);
-      free(g->ops);
-      free(g);
+      group_finish(c, g, done && !atomic_load(&c->revoking) && !atomic_load(&c->aborting));
     }
   }
   while (c->head) {
     fgroup_t *g = c->head;
     c->head = g->next;
-    group_ended(c, g);
-    free(g->ops);
-    free(g);
+    group_finish(c, g, 0);
   }
   c->tail = NULL;
   pthread_mutex_unlock(&c->mu);
@@ -816,6 +1055,12 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
   }
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->cv);
+  if (c->split && atomic_load(&c->split->stream.ended) >= 1) { /* else the parent may still
+                                                                 write it: leaked */
+    pthread_mutex_destroy(&c->split->stream.mu);
+    free(c->split->all);
+    free(c->split);
+  }
   free(c->eps);
   free(c->fds);
   free(c->keep);
@@ -873,6 +1118,19 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) 
   if (!*stream)
     return cudaErrorMemoryAllocation;
   pthread_mutex_init(&(*stream)->mu, NULL);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority) {
+  (void)priority;
+  return cudaStreamCreateWithFlags(stream, flags);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+  if (least)
+    *least = 0;
+  if (greatest)
+    *greatest = -5;
   return cudaSuccess;
 }
 

@@ -43,6 +43,8 @@ typedef struct fakecuda_stream *cudaStream_t;
 #define cudaSetDevice fakecuda_cudaSetDevice
 #define cudaGetDevice fakecuda_cudaGetDevice
 #define cudaStreamCreateWithFlags fakecuda_cudaStreamCreateWithFlags
+#define cudaStreamCreateWithPriority fakecuda_cudaStreamCreateWithPriority
+#define cudaDeviceGetStreamPriorityRange fakecuda_cudaDeviceGetStreamPriorityRange
 #define cudaStreamDestroy fakecuda_cudaStreamDestroy
 #define cudaStreamQuery fakecuda_cudaStreamQuery
 #define cudaMalloc fakecuda_cudaMalloc
@@ -62,6 +64,9 @@ cudaError_t cudaSetDevice(int device);
 /* The calling thread's current device: the last cudaSetDevice of the thread, else 0. */
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags);
+/* Priorities are accepted and ignored (the range is 0 to -5, CUDA's on recent GPUs). */
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *stream, unsigned int flags, int priority);
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 /* cudaErrorNotReady while an NCCL group or a copy queued on the stream has not completed.
  * Runs the queued copies whose groups ahead of them completed (or were dropped). */

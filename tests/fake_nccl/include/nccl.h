@@ -82,6 +82,9 @@ typedef struct {
 #define NCCL_SHRINK_DEFAULT 0x00
 #define NCCL_SHRINK_ABORT 0x01
 #define NCCL_REVOKE_DEFAULT 0x00
+#define NCCL_SPLIT_NOCOLOR -1
+
+typedef enum { ncclSum = 0 } ncclRedOp_t; /* the fake reduces float32 sums only */
 
 #define ncclGetUniqueId fakenccl_ncclGetUniqueId
 #define ncclCommInitRankConfig fakenccl_ncclCommInitRankConfig
@@ -89,6 +92,8 @@ typedef struct {
 #define ncclCommAbort fakenccl_ncclCommAbort
 #define ncclCommRevoke fakenccl_ncclCommRevoke
 #define ncclCommShrink fakenccl_ncclCommShrink
+#define ncclCommSplit fakenccl_ncclCommSplit
+#define ncclAllReduce fakenccl_ncclAllReduce
 #define ncclSend fakenccl_ncclSend
 #define ncclRecv fakenccl_ncclRecv
 #define ncclGroupStart fakenccl_ncclGroupStart
@@ -103,6 +108,16 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
 ncclResult_t ncclCommShrink(ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
                             ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags);
+/* Collective over comm: ranks of one colour form a communicator ordered by (key, rank in
+ * comm); NCCL_SPLIT_NOCOLOR gets NULL. config NULL inherits comm's blocking mode. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+                           ncclConfig_t *config);
+/* ncclFloat32 with ncclSum only; every rank gets the same bits: element i is
+ * ((x_0[i] + x_1[i]) + x_2[i]) + ..., in communicator rank order. In place when
+ * sendbuff == recvbuff. */
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+                           ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream);
 ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
                       ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer,

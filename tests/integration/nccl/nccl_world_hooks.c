@@ -53,6 +53,8 @@ void nw_comm_destroy(wagma_comm_t *comm) {
     l->shrunk = t->shrunk;
     l->transfers = atomic_load(&t->lane_transfers);
     l->failures = atomic_load(&t->lane_failures);
+    l->collectives = atomic_load(&t->collectives);
+    l->collective_failures = atomic_load(&t->collective_failures);
     pthread_mutex_lock(&t->mu);
     for (int r = 0; r < t->nranks && r < 32; r++)
       if (t->dead_done[r])

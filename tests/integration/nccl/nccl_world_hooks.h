@@ -18,6 +18,8 @@ typedef struct nw_lane {
   int shrunk;         /* the communicator was shrunk from the previous epoch's */
   uint64_t transfers; /* payloads moved on the lane */
   uint64_t failures;  /* times the lane was revoked */
+  uint64_t collectives;        /* rounds run as one group allreduce (nccl_groups.c) */
+  uint64_t collective_failures; /* group communicators revoked */
   unsigned dead_mask; /* ranks the transport knew dead (and buried) at destroy */
 } nw_lane_t;
 

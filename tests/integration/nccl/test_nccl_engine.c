@@ -29,6 +29,13 @@ static ew_result_t res[EW_MAXP];
 
 static int gpus = 1 << 20; /* the real build: CUDA devices (gpu_count) */
 
+/* The star variant (WAGMA_ENGINE_ROUNDS=star): contributions through the leader over the lane,
+ * no group collectives. */
+static int star_rounds(void) {
+  const char *r = getenv("WAGMA_ENGINE_ROUNDS");
+  return r && strcmp(r, "star") == 0;
+}
+
 /* Skips the calling test when a scenario of P ranks has fewer GPUs than ranks (real NCCL). */
 static void need_gpus(int P) {
   if (gpus < P) {
@@ -59,17 +66,25 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
     }
     assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
   }
-  uint64_t corrections = 0;
+  uint64_t corrections = 0, collectives = 0;
   for (int r = 0; r < P; r++) {
     assert_int_equal(res[r].errors, 0);
     assert_int_equal(res[r].bad_staleness, 0);
     corrections += res[r].counters.corrections_applied;
     assert_true(nw_lanes[r].recorded);
     assert_int_equal(nw_lanes[r].state, NC_LANE_UP);
-    assert_true(nw_lanes[r].transfers > 0);
+    assert_true(nw_lanes[r].transfers + nw_lanes[r].collectives > 0);
     assert_int_equal(nw_lanes[r].failures, 0);
+    assert_int_equal(nw_lanes[r].collective_failures, 0);
+    collectives += nw_lanes[r].collectives;
   }
   assert_true(corrections > (uint64_t)(5 * P));
+  /* rounds as one allreduce on the group's communicator (the default over NCCL), or, in the
+   * star variant, none */
+  if (star_rounds())
+    assert_int_equal(collectives, 0);
+  else
+    assert_true(collectives > (uint64_t)(2 * P));
 }
 
 static void test_groups_p2(void **s) {
@@ -94,7 +109,9 @@ static void test_allreduce_mean(void **s) {
   ew_scenario_t sc;
   ew_scenario_init(&sc, 3, 2, 4, WAGMA_GLOBAL_BARRIER);
   sc.loop = EW_LOOP_SYNC;
-  sc.rounds = 10;
+  sc.rounds = 20;
+  for (int r = 0; r < 3; r++) /* the run outlasts the lane's start (the group splits) */
+    sc.base_ms[r] = 5;
   nw_reset();
   assert_int_equal(ew_run(&sc, res), 0);
   for (int i = 0; i < EW_COUNT; i++) {
@@ -198,13 +215,18 @@ static void run_fault(const char *var, const char *value, int expect_up) {
   for (int r = 0; r < 3; r++) {
     assert_int_equal(res[r].errors, 0);
     assert_true(res[r].final_round >= 30);
-    failures += nw_lanes[r].failures;
+    /* star rounds: every operation is the lane's, so the fault revokes the lane; otherwise
+     * the faulty operation may be a group allreduce: its communicator is revoked instead */
+    failures += nw_lanes[r].failures + (star_rounds() ? 0 : nw_lanes[r].collective_failures);
     if (!expect_up) {
       /* never up: still initialising when the run ended, or given up at the deadline */
       assert_true(nw_lanes[r].state == NC_LANE_INIT || nw_lanes[r].state == NC_LANE_OFF);
       assert_int_equal(nw_lanes[r].transfers, 0);
-    } else {
+      assert_int_equal(nw_lanes[r].collectives, 0);
+    } else if (star_rounds()) {
       assert_int_equal(nw_lanes[r].state, NC_LANE_DOWN);
+    } else {
+      assert_true(nw_lanes[r].state == NC_LANE_DOWN || nw_lanes[r].state == NC_LANE_UP);
     }
   }
   if (expect_up)
