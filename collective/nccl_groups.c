@@ -1,8 +1,9 @@
 /* nccl_groups.c — the NCCL transport's group communicators and the collective a round runs on
  * one (docs/design.md §6.4, "Rounds as one collective"): per epoch, once the epoch's
  * communicator is up, one ncclCommSplit per phase of the plan (colour = my group in that
- * phase, key = my plan rank), so the contributors of a round that are its whole group reduce
- * with ONE ncclAllReduce on that communicator instead of coll.c's point-to-point steps
+ * phase, key = my plan rank), and one of everyone (the world's: a global round where every
+ * member contributes), so the contributors of a round that are its whole group (or everyone)
+ * reduce with ONE ncclAllReduce on that communicator instead of coll.c's point-to-point steps
  * through the lane.
  *
  * Owns: t->groups (set by the lane thread before the lane is up, then fixed; up/down under
@@ -56,8 +57,8 @@ int WG_NCCL(groups_new)(nc_t *t, const wagma_plan_t *plan) {
     return WAGMA_ENOMEM;
   if (plan->nphases < 1 || plan->nphases > NC_GROUPS_MAX_PHASES)
     return 0;
-  t->group_of = malloc((size_t)plan->nphases * (size_t)t->nranks * sizeof(int));
-  t->groups = calloc((size_t)plan->nphases, sizeof(nc_group_t));
+  t->group_of = malloc((size_t)(plan->nphases + 1) * (size_t)t->nranks * sizeof(int));
+  t->groups = calloc((size_t)plan->nphases + 1, sizeof(nc_group_t)); /* + the world's */
   if (!t->group_of || !t->groups)
     return WAGMA_ENOMEM;
   t->nphases = plan->nphases;
@@ -66,6 +67,8 @@ int WG_NCCL(groups_new)(nc_t *t, const wagma_plan_t *plan) {
     for (int r = 0; r < t->nranks; r++)
       t->group_of[p * t->nranks + r] = ph->group_of[r];
   }
+  for (int r = 0; r < t->nranks; r++) /* index nphases: the world, one group of everyone */
+    t->group_of[plan->nphases * t->nranks + r] = 0;
   return 0;
 }
 
@@ -84,7 +87,7 @@ static int poll_ready(nc_t *t, ncclComm_t comm) {
 }
 
 int WG_NCCL(groups_split)(nc_t *t) {
-  for (int p = 0; p < t->nphases; p++) {
+  for (int p = 0; p < t->nphases + (t->nphases > 0); p++) {
     nc_group_t *g = &t->groups[p];
     int mine = t->group_of[p * t->nranks + t->rank];
     g->ranks = malloc((size_t)t->nranks * sizeof(int));
@@ -127,7 +130,7 @@ int WG_NCCL(groups_split)(nc_t *t) {
 void WG_NCCL(groups_announce)(nc_t *t) {
   uint64_t bits = 0;
   pthread_mutex_lock(&t->mu);
-  for (int p = 0; p < t->nphases; p++)
+  for (int p = 0; p < t->nphases + (t->nphases > 0); p++)
     if (t->groups[p].up)
       bits |= 1ull << p;
   t->groups_said[t->rank] = bits;
@@ -143,7 +146,7 @@ void WG_NCCL(groups_on_control)(nc_t *t, int src, enum nc_op op, uint64_t aux) {
   if (op == NC_GROUPS) {
     t->groups_said[src] = aux;
     t->groups_heard[src] = 1;
-  } else if (op == NC_GROUP_DOWN && aux < (uint64_t)t->nphases) {
+  } else if (op == NC_GROUP_DOWN && aux <= (uint64_t)t->nphases && t->nphases > 0) {
     nc_group_t *g = &t->groups[aux];
     for (int i = 0; i < g->n; i++)
       if (g->ranks[i] == src) { /* only a member's word counts */
@@ -172,24 +175,34 @@ void WG_NCCL(turn_lane_release)(nc_t *t) {
   pthread_mutex_unlock(&t->mu);
 }
 
-/* With t->mu: the group of round's phase when it is exactly `ranks` and usable, else NULL. */
-static nc_group_t *usable(nc_t *t, uint64_t round, const int *ranks, int n) {
-  if (t->nphases == 0 || n < 2)
-    return NULL;
-  int p = (int)(round % (uint64_t)t->nphases);
+/* With t->mu: 1 when group p is exactly `ranks` and usable on all of them. */
+static int matches(nc_t *t, int p, const int *ranks, int n) {
   nc_group_t *g = &t->groups[p];
   if (!g->up || g->down || g->n != n)
-    return NULL;
+    return 0;
   for (int i = 0; i < n; i++)
     if (g->ranks[i] != ranks[i] || !t->groups_heard[ranks[i]] ||
         !(t->groups_said[ranks[i]] & (1ull << p)))
-      return NULL;
-  return g;
+      return 0;
+  return 1;
+}
+
+/* With t->mu: the communicator for round's allreduce among `ranks`: its phase's group, or the
+ * world's (a global round's, everyone contributing); *p its index. NULL when none. */
+static nc_group_t *usable(nc_t *t, uint64_t round, const int *ranks, int n, int *p) {
+  if (t->nphases == 0 || n < 2)
+    return NULL;
+  *p = (int)(round % (uint64_t)t->nphases);
+  if (matches(t, *p, ranks, n))
+    return &t->groups[*p];
+  *p = t->nphases;
+  return matches(t, *p, ranks, n) ? &t->groups[*p] : NULL;
 }
 
 int WG_NCCL(group_ready)(wg_transport_t *t, uint64_t round, const int *ranks, int n) {
+  int p = 0;
   pthread_mutex_lock(&t->mu);
-  int ok = usable(t, round, ranks, n) != NULL;
+  int ok = usable(t, round, ranks, n, &p) != NULL;
   pthread_mutex_unlock(&t->mu);
   return ok;
 }
@@ -311,10 +324,10 @@ static void retire(nc_t *t, nc_group_t *g, int p, const char *why) {
 int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_t round,
                              const float *src, size_t count, double deadline, const float **sum) {
   *sum = NULL;
+  int p = 0;
   pthread_mutex_lock(&t->mu);
-  nc_group_t *g = usable(t, round, ranks, n);
+  nc_group_t *g = usable(t, round, ranks, n, &p);
   pthread_mutex_unlock(&t->mu);
-  int p = t->nphases ? (int)(round % (uint64_t)t->nphases) : 0;
   if (!g) {
     wg_logf(t->log, t->log_user, WAGMA_LOG_DEBUG,
             "rank %d: no group communicator for round %llu here", t->rank,
@@ -421,7 +434,7 @@ int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_
 }
 
 void WG_NCCL(groups_free)(nc_t *t) {
-  for (int p = 0; t->groups && p < t->nphases; p++) {
+  for (int p = 0; t->groups && p <= t->nphases; p++) {
     if (t->groups[p].comm)
       (void)ncclCommAbort(t->groups[p].comm); /* close: nobody waits for it */
     free(t->groups[p].ranks);

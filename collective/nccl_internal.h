@@ -47,7 +47,9 @@ enum nc_op {
 
 /* Who may post an NCCL operation now (t->turn): one at a time per process. */
 enum { NC_TURN_FREE = 0, NC_TURN_LANE = 1, NC_TURN_COLL = 2 };
-#define NC_GROUPS_MAX_PHASES 64 /* a plan with more phases gets no group communicators */
+#define NC_GROUPS_MAX_PHASES                                                                       \
+  63 /* a plan with more phases gets no group communicators (the                                   \
+        phases and the world's are bits of one NC_GROUPS word) */
 
 /* My group's communicator in one phase of the plan (nccl_groups.c): from ncclCommSplit of the
  * epoch's communicator, colour = the group. comm, n and ranks are set by the lane thread
@@ -171,8 +173,9 @@ typedef struct wg_transport {
 
   /* group communicators and collectives (nccl_groups.c) */
   int nphases;           /* 0: none this epoch */
-  int *group_of;         /* nphases * nranks: group of plan rank r in phase p (copied at open) */
-  nc_group_t *groups;    /* nphases */
+  int *group_of;         /* (nphases + 1) * nranks: group of plan rank r in phase p (copied at open;
+                            the last row: the world's, everyone in group 0) */
+  nc_group_t *groups;    /* nphases + 1: per phase, then the world's (everyone) */
   uint64_t *groups_said; /* (mu) per rank: its NC_GROUPS bits */
   uint8_t *groups_heard; /* (mu) per rank: its NC_GROUPS came */
   int turn;              /* (mu) NC_TURN_*: who may post an NCCL operation */
