@@ -3,10 +3,12 @@
  * sizes from 4 KiB to 4 MiB, against a baseline in the same run. Built twice:
  *
  * bench_nccl_fake (every machine): the NCCL transport linked against tests/fake_nccl, against
- *   the TCP transport (the baseline). The fake moves bytes over loopback sockets like TCP
- *   does, so the difference is our control path: the announcement, the clear-to-send / GO
- *   agreement, the lane thread's hand-offs and the device copies (memcpy in the fake).
- *   Columns: tcp_us, nccl_us (per round, mean of the two ranks), nccl / tcp.
+ *   the TCP transport and against a bare fake ncclAllReduce of the same buffer between the same
+ *   two ranks (the baselines). The fake moves bytes over loopback sockets like TCP does, so
+ *   the difference is our control path: a round that is one group allreduce (the default)
+ *   pays the activation, JOIN / GO / DONE / COMMIT, the hand-offs, the device copies (memcpy
+ *   in the fake) and the mean and correction. Columns: tcp_us, nccl_us (per round, mean of
+ *   the two ranks), bare_ar_us, nccl / tcp, nccl / bare, lane transfers, group allreduces.
  *
  * bench_nccl_multi_gpu (a CUDA build; scripts/gpu-check.sh): rank r on GPU r over real NCCL,
  *   against a bare ncclAllReduce of the same buffer among the same two GPUs (the baseline).
@@ -15,7 +17,8 @@
  *   allreduce_us, step_us (the step alone), agent_us (with the two copies), agent / allreduce.
  *   Exits 77 (skipped) below 2 GPUs: NCCL refuses two ranks on one GPU.
  *
- * Both print the lane's transfers (0 would mean the payloads went on TCP).
+ * Both print the lane's transfers and the rounds run as one group allreduce (both 0 would
+ * mean the payloads went on TCP).
  * Usage: bench_nccl_fake | bench_nccl_multi_gpu [rounds (default 300)] */
 #include <signal.h>
 #include <stdio.h>
@@ -32,7 +35,7 @@
 #include "gpu_count.h"
 #endif
 
-enum { RUN_BASELINE, RUN_STEP };
+enum { RUN_BASELINE, RUN_STEP, RUN_BARE };
 
 typedef struct shared {
   int ports[2];
@@ -40,10 +43,9 @@ typedef struct shared {
   double with_copies_us[2]; /* bench_nccl_multi_gpu: the step with the device copies */
   int errors[2];
   uint64_t lane_transfers[2];
-#ifndef WG_NCCL_FAKE
+  uint64_t collectives[2]; /* rounds run as one group allreduce (nccl_groups.c) */
   volatile int id_ready;
-  ncclUniqueId id; /* the baseline's communicator, from rank 0 */
-#endif
+  ncclUniqueId id; /* the bare allreduce's communicator, from rank 0 */
 } shared_t;
 
 /* Counts and reports a failure; 0 (a measurement that failed). */
@@ -53,12 +55,15 @@ static double fail(shared_t *sh, int rank, const char *what) {
   return 0;
 }
 
-#ifndef WG_NCCL_FAKE
-/* The baseline: ncclAllReduce (sum, in place) of count floats on the device, each followed by
- * cudaStreamSynchronize, as a blocking allreduce is used. */
+/* A bare ncclAllReduce (sum, in place) of count floats on the device, each waited for, as a
+ * blocking allreduce is used: bench_nccl_multi_gpu's baseline, and in bench_nccl_fake what a
+ * round that is one group allreduce is compared with (the fake's device memory is host
+ * memory and its allreduce moves the bytes over loopback sockets). */
 static double allreduce_rounds(shared_t *sh, int rank, size_t count, int rounds) {
+#ifndef WG_NCCL_FAKE
   if (cudaSetDevice(rank) != cudaSuccess)
     return fail(sh, rank, "cudaSetDevice");
+#endif
   if (rank == 0) {
     if (ncclGetUniqueId(&sh->id) != ncclSuccess)
       return fail(sh, rank, "ncclGetUniqueId");
@@ -70,37 +75,50 @@ static double allreduce_rounds(shared_t *sh, int rank, size_t count, int rounds)
     proc_sleep(0.001);
   }
   ncclComm_t comm;
-  float *dev = NULL;
+  float *dev = NULL, *zeros = calloc(count, sizeof(float));
   cudaStream_t stream;
-  if (ncclCommInitRank(&comm, 2, sh->id, rank) != ncclSuccess)
-    return fail(sh, rank, "ncclCommInitRank");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER; /* blocking */
+  if (!zeros || ncclCommInitRankConfig(&comm, 2, sh->id, rank, &config) != ncclSuccess) {
+    free(zeros);
+    return fail(sh, rank, "ncclCommInitRankConfig");
+  }
   if (cudaMalloc((void **)&dev, count * sizeof(float)) != cudaSuccess ||
-      cudaMemset(dev, 0, count * sizeof(float)) != cudaSuccess ||
+      cudaMemcpy(dev, zeros, count * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     ncclCommAbort(comm); /* the peer's next allreduce then fails instead of waiting */
+    free(zeros);
     return fail(sh, rank, "device buffer");
   }
+  free(zeros);
   int warm = rounds / 4;
   double t0 = 0;
-  for (int k = 0; k < warm + rounds; k++) {
+  for (int k = 0; k < warm + rounds && !sh->errors[rank]; k++) {
     if (k == warm)
       t0 = proc_now();
-    if (ncclAllReduce(dev, dev, count, ncclFloat, ncclSum, comm, stream) != ncclSuccess ||
-        cudaStreamSynchronize(stream) != cudaSuccess) {
+    if (ncclAllReduce(dev, dev, count, ncclFloat, ncclSum, comm, stream) != ncclSuccess) {
       fail(sh, rank, "ncclAllReduce");
       break;
     }
+    cudaError_t q;
+    double until = proc_now() + 30;
+    while ((q = cudaStreamQuery(stream)) == cudaErrorNotReady && proc_now() < until)
+      ;
+    if (q != cudaSuccess)
+      fail(sh, rank, "ncclAllReduce did not complete within 30 s");
   }
   double us = (proc_now() - t0) / rounds * 1e6;
+#ifdef WG_NCCL_FAKE
+  ncclCommAbort(comm);
+#else
   if (sh->errors[rank])
     ncclCommAbort(comm);
   else
     ncclCommDestroy(comm);
+#endif
   cudaStreamDestroy(stream);
   cudaFree(dev);
   return us;
 }
-#endif
 
 static void log_stderr(void *user, int level, const char *msg) {
   (void)user;
@@ -195,6 +213,7 @@ static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int roun
   if (nccl) {
     nc_t *t = (nc_t *)comm->tp;
     sh->lane_transfers[rank] = atomic_load(&t->lane_transfers);
+    sh->collectives[rank] = atomic_load(&t->collectives);
     if (atomic_load(&t->lane_failures) != 0)
       fail(sh, rank, "the nccl lane went down: rounds moved on TCP");
   }
@@ -210,7 +229,10 @@ static void step_rounds(shared_t *sh, int rank, int nccl, size_t count, int roun
 
 static void rank_main(shared_t *sh, int rank, int what, size_t count, int rounds) {
 #ifdef WG_NCCL_FAKE
-  step_rounds(sh, rank, what == RUN_STEP, count, rounds); /* the baseline: over TCP */
+  if (what == RUN_BARE)
+    sh->per_round_us[rank] = allreduce_rounds(sh, rank, count, rounds);
+  else
+    step_rounds(sh, rank, what == RUN_STEP, count, rounds); /* the baseline: over TCP */
 #else
   if (what == RUN_BASELINE)
     sh->per_round_us[rank] = allreduce_rounds(sh, rank, count, rounds);
@@ -222,7 +244,7 @@ static void rank_main(shared_t *sh, int rank, int what, size_t count, int rounds
 
 /* One measurement: two ranks, forked (this process holds no CUDA context). */
 static int run(int what, size_t count, int rounds, double *us, double *with_copies_us,
-               uint64_t *transfers) {
+               uint64_t *transfers, uint64_t *collectives) {
   shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED)
     return -1;
@@ -244,6 +266,7 @@ static int run(int what, size_t count, int rounds, double *us, double *with_copi
   *us = (sh->per_round_us[0] + sh->per_round_us[1]) / 2;
   *with_copies_us = (sh->with_copies_us[0] + sh->with_copies_us[1]) / 2;
   *transfers = sh->lane_transfers[0] + sh->lane_transfers[1];
+  *collectives = sh->collectives[0] + sh->collectives[1];
   munmap(sh, sizeof *sh);
   return ok ? 0 : -1;
 }
@@ -264,26 +287,32 @@ int main(int argc, char **argv) {
   printf("# %s: two ranks, %d rounds back to back after %d warm-up, microseconds per round\n", name,
          rounds, rounds / 4);
 #ifdef WG_NCCL_FAKE
-  printf("%10s %14s %14s %8s %10s\n", "bytes", "tcp_us/round", "nccl_us/round", "ratio",
-         "lane_xfers");
+  printf("%10s %13s %14s %12s %9s %10s %10s %11s\n", "bytes", "tcp_us/round", "nccl_us/round",
+         "bare_ar_us", "nccl/tcp", "nccl/bare", "lane_xfers", "group_ars");
 #else
-  printf("%10s %13s %9s %10s %16s %10s\n", "bytes", "allreduce_us", "step_us", "agent_us",
-         "agent/allreduce", "lane_xfers");
+  printf("%10s %13s %9s %10s %16s %10s %11s\n", "bytes", "allreduce_us", "step_us", "agent_us",
+         "agent/allreduce", "lane_xfers", "group_ars");
 #endif
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    double base = 0, step = 0, agent = 0, unused = 0;
-    uint64_t xfers = 0, none = 0;
-    if (run(RUN_BASELINE, sizes[i], rounds, &base, &unused, &none) != 0 ||
-        run(RUN_STEP, sizes[i], rounds, &step, &agent, &xfers) != 0) {
+    double base = 0, step = 0, agent = 0, bare = 0, unused = 0;
+    uint64_t xfers = 0, colls = 0, none = 0;
+    int failed = run(RUN_BASELINE, sizes[i], rounds, &base, &unused, &none, &none) != 0 ||
+                 run(RUN_STEP, sizes[i], rounds, &step, &agent, &xfers, &colls) != 0;
+#ifdef WG_NCCL_FAKE
+    failed = failed || run(RUN_BARE, sizes[i], rounds, &bare, &unused, &none, &none) != 0;
+#endif
+    if (failed) {
       fprintf(stderr, "%s: a run failed at %zu floats\n", name, sizes[i]);
       return 1;
     }
 #ifdef WG_NCCL_FAKE
-    printf("%10zu %14.1f %14.1f %8.2f %10llu\n", sizes[i] * sizeof(float), base, step, step / base,
-           (unsigned long long)xfers);
+    printf("%10zu %13.1f %14.1f %12.1f %9.2f %10.2f %10llu %11llu\n", sizes[i] * sizeof(float),
+           base, step, bare, step / base, step / bare, (unsigned long long)xfers,
+           (unsigned long long)colls);
 #else
-    printf("%10zu %13.1f %9.1f %10.1f %16.1f %10llu\n", sizes[i] * sizeof(float), base, step, agent,
-           agent / base, (unsigned long long)xfers);
+    (void)bare;
+    printf("%10zu %13.1f %9.1f %10.1f %16.1f %10llu %11llu\n", sizes[i] * sizeof(float), base, step,
+           agent, agent / base, (unsigned long long)xfers, (unsigned long long)colls);
 #endif
   }
   return 0;
