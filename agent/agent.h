@@ -49,6 +49,8 @@ typedef struct wg_agent_options {
                                         listen */
   char prefix[128];
   int device_cuda;        /* 0 = cpu */
+  int gpu;                /* --gpu N (-1: none): the agent's CUDA_VISIBLE_DEVICES is set to */
+  char gpu_devices[128];  /* ...this (agent/gpu.h), inherited by its programs */
   int transport_nccl;     /* --transport nccl (needs --device cuda): averaging over NCCL */
   int encrypt_data_plane; /* --encrypt-data-plane: TCP frames sealed (AES-256-GCM) */
   int capacity;

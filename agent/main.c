@@ -24,6 +24,7 @@
 #include <openssl/crypto.h>
 
 #include "agent/agent.h"
+#include "agent/gpu.h"
 #include "agent/train/train.h"
 #include "wagma/collective.h"
 #include "wagma/etcd.h"
@@ -107,6 +108,10 @@ static void usage(FILE *f) {
           "                          a usable CUDA GPU, or in a build without the CUDA\n"
           "                          backend, the agent exits at once (status 3) and\n"
           "                          registers nothing\n"
+          "  --gpu N                 the GPU to train on (--device cuda): the agent and its\n"
+          "                          programs see it as device 0 (CUDA_VISIBLE_DEVICES set to\n"
+          "                          it, or to the N-th entry of an inherited one); default:\n"
+          "                          the first GPU visible\n"
           "  --transport tcp|nccl    how models are averaged (default tcp). nccl needs\n"
           "                          --device cuda and a build with NCCL (else exit 3);\n"
           "                          every agent of a job must use the same transport\n"
@@ -330,6 +335,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
                                         {"prefix", required_argument, 0, 'p'},
                                         {"device", required_argument, 0, 'D'},
                                         {"transport", required_argument, 0, 'X'},
+                                        {"gpu", required_argument, 0, 1011},
                                         {"encrypt-data-plane", no_argument, 0, 1006},
                                         {"capacity", required_argument, 0, 'c'},
                                         {"lease-ttl", required_argument, 0, 'L'},
@@ -368,6 +374,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->checkpoint_root.fd = -1;
   snprintf(o->prefix, sizeof o->prefix, "/wagma");
   o->capacity = 1;
+  o->gpu = -1;
   o->lease_ttl_s = 5;
   o->etcd_timeout_ms = 3000;
   o->etcd_startup_timeout_s = 30;
@@ -434,6 +441,11 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
         FAIL("--transport must be tcp or nccl");
       break;
     case 1006: o->encrypt_data_plane = 1; break;
+    case 1011:
+      if (parse_double(optarg, 0, WG_GPU_MAX, &v) || v != (int)v)
+        FAIL("--gpu must be an integer 0..%d", WG_GPU_MAX);
+      o->gpu = (int)v;
+      break;
     case 'c':
       if (parse_double(optarg, 1, 1024, &v))
         FAIL("--capacity must be 1..1024");
@@ -576,6 +588,19 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   if (o->transport_nccl && !o->device_cuda)
     FAIL("--transport nccl needs --device cuda (NCCL averages GPU buffers)");
 #endif
+#ifndef WAGMA_AGENT_NCCL_ON_CPU
+  if (o->gpu >= 0 && !o->device_cuda)
+    FAIL("--gpu needs --device cuda");
+#endif
+  if (o->gpu >= 0) { /* GPU N becomes device 0 of this process and of its programs, before
+                        any CUDA call (the checks below, the launcher's environment) */
+    char why[256];
+    if (wg_gpu_visible_devices(getenv("CUDA_VISIBLE_DEVICES"), o->gpu, o->gpu_devices,
+                               sizeof o->gpu_devices, why, sizeof why) != 0)
+      FAIL("%s", why);
+    if (setenv("CUDA_VISIBLE_DEVICES", o->gpu_devices, 1) != 0)
+      FAIL("--gpu %d: cannot set CUDA_VISIBLE_DEVICES", o->gpu);
+  }
   if (o->transport_nccl && o->encrypt_data_plane)
     FAIL("--encrypt-data-plane needs --transport tcp (NCCL moves payloads unencrypted)");
   if (o->etcd_user && !o->etcd_password_file)
@@ -625,8 +650,14 @@ int main(int argc, char **argv) {
     char why[512] = "";
     int e = wagma_backend_probe("cuda", why, sizeof why);
     if (e) {
-      fprintf(stderr, "wagma-agent: --device cuda: %s (%s); not registering\n", why,
-              wagma_strerror(e));
+      if (opt.gpu >= 0)
+        fprintf(stderr,
+                "wagma-agent: --device cuda --gpu %d (CUDA_VISIBLE_DEVICES=%s): %s (%s); not "
+                "registering\n",
+                opt.gpu, opt.gpu_devices, why, wagma_strerror(e));
+      else
+        fprintf(stderr, "wagma-agent: --device cuda: %s (%s); not registering\n", why,
+                wagma_strerror(e));
       return 3;
     }
   }
@@ -666,6 +697,10 @@ int main(int argc, char **argv) {
                                                                                       : "off",
           opt.etcd_user ? opt.etcd_user : "none", opt.prefix, opt.checkpoint_root.path,
           opt.slow_factor, opt.sleep_prob, opt.sleep_ms);
+  if (opt.gpu >= 0)
+    wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
+            "GPU %d: CUDA_VISIBLE_DEVICES=%s for this agent and its programs", opt.gpu,
+            opt.gpu_devices);
   /* The main thread stays in sigtimedwait (so that it, not a thread of a library that was
    * started with signals unblocked, takes SIGINT / SIGTERM) and watches the startup: etcd
    * unreachable for --etcd-startup-timeout, or the name held by a live agent, ends the

@@ -201,6 +201,10 @@ static int setup(wg_trainer_t *t, char *why, size_t len, int *mine) {
   wg_trainer_log(
       WAGMA_LOG_INFO, "job %s: %s, %zu parameters, %zu training / %zu test samples, batch %d",
       t->cfg.job, wagma_model_describe(t->model), n, t->train.n, t->test.n, s->batch_size);
+  const char *cvd = getenv("CUDA_VISIBLE_DEVICES"); /* the agent's --gpu, or inherited */
+  if (cvd)
+    wg_trainer_log(WAGMA_LOG_INFO, "job %s: CUDA_VISIBLE_DEVICES=%s (device 0 is its first)",
+                   t->cfg.job, cvd);
   return 0;
 }
 

@@ -33,6 +33,8 @@
  * keepalive, and an extra epoch superseded while its lane starts logs "no nccl lane" */
 static const char *const agent_args[] = {"--transport",
                                          "nccl",
+                                         "--gpu", /* the test build allows it on a CPU */
+                                         "0",
                                          "--lease-ttl",
                                          "4",
                                          "--progress-interval",
@@ -211,6 +213,11 @@ static void finite_job(const char *job, const char *algorithm) {
     assert_true(i >= 0);
     assert_lane_carried(&c, i, v.epoch);
     assert_int_equal(cluster_agent_log_count(&c, i, "no nccl lane", NULL), 0);
+    /* --gpu 0: the agent and its program see GPU 0 as their device */
+    assert_true(cluster_agent_log_count(&c, i, "GPU 0: CUDA_VISIBLE_DEVICES=0 for this agent",
+                                        NULL) > 0);
+    assert_true(cluster_agent_log_count(&c, i, "wagma-train INFO job", "CUDA_VISIBLE_DEVICES=0") >
+                0);
   }
   cluster_stop(&c);
 }

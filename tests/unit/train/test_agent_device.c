@@ -1,8 +1,9 @@
 /* test_agent_device: `wagma-agent --device cuda` where CUDA cannot be used (no GPU, no driver, or
  * a build without the CUDA backend) exits at once (< 2 s) with status 3 and a message naming the
- * cause, and registers nothing: the etcd endpoint it is given is a listening socket of this test,
- * which must see no connection. `--device cpu` against the same socket does connect (so the
- * check above can see a registration attempt). Where CUDA is usable the first case is skipped.
+ * cause, and registers nothing (and `--gpu N`'s refusals, status 2 or 3, the same way): the etcd
+ * endpoint it is given is a listening socket of this test, which must see no connection. `--device
+ * cpu` against the same socket does connect (so the check above can see a registration attempt).
+ * Where CUDA is usable the first case is skipped.
  *
  * The agent binary comes from $WAGMA_AGENT_BIN (set by CMake). */
 #define _GNU_SOURCE /* accept4, pipe2 */
@@ -57,7 +58,16 @@ static int connection_seen(int lfd, double wait_s) {
 
 /* Starts the agent with --device dev and --transport transport against etcd 127.0.0.1:port;
  * stderr into *err_fd. */
+static pid_t start_agent_gpu(const char *dev, const char *transport, const char *gpu,
+                             const char *cvd, int port, int *err_fd);
+
 static pid_t start_agent(const char *dev, const char *transport, int port, int *err_fd) {
+  return start_agent_gpu(dev, transport, NULL, NULL, port, err_fd);
+}
+
+/* The same with --gpu gpu (NULL: none) and CUDA_VISIBLE_DEVICES=cvd (NULL: unset). */
+static pid_t start_agent_gpu(const char *dev, const char *transport, const char *gpu,
+                             const char *cvd, int port, int *err_fd) {
   int pipefd[2];
   assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
   char etcd[64];
@@ -66,8 +76,13 @@ static pid_t start_agent(const char *dev, const char *transport, int port, int *
   assert_true(pid >= 0);
   if (pid == 0) {
     dup2(pipefd[1], 2);
+    if (cvd)
+      setenv("CUDA_VISIBLE_DEVICES", cvd, 1);
+    else
+      unsetenv("CUDA_VISIBLE_DEVICES");
     execl(agent_bin, agent_bin, "--etcd", etcd, "--name", "device-test", "--listen", "127.0.0.1:1",
-          "--device", dev, "--transport", transport, "--etcd-timeout-ms", "500", (char *)NULL);
+          "--device", dev, "--transport", transport, "--etcd-timeout-ms", "500",
+          gpu ? "--gpu" : (char *)NULL, gpu, (char *)NULL);
     _exit(127);
   }
   close(pipefd[1]);
@@ -172,6 +187,49 @@ static void nccl_without_cuda_device_is_a_usage_error(void **state) {
   close(lfd);
 }
 
+/* Runs the agent with --gpu and the environment given; it must exit with `code` within 2 s,
+ * having said `says` and registered nothing. */
+static void gpu_refused(const char *dev, const char *gpu, const char *cvd, int code,
+                        const char *says, const char *says_too) {
+  int port, err_fd;
+  int lfd = listen_any(&port);
+  double t0 = now_s();
+  pid_t pid = start_agent_gpu(dev, "tcp", gpu, cvd, port, &err_fd);
+  double took;
+  int status = wait_for(pid, 10.0, &took);
+  char err[4096];
+  read_all(err_fd, err, sizeof(err));
+  print_message("wagma-agent --device %s --gpu %s (CUDA_VISIBLE_DEVICES %s): %.3f s, status %d, "
+                "stderr: %s",
+                dev, gpu, cvd ? cvd : "unset", took,
+                status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1, err);
+  assert_true(status >= 0 && WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), code);
+  assert_true(now_s() - t0 < 2.0);
+  assert_non_null(strstr(err, says));
+  if (says_too)
+    assert_non_null(strstr(err, says_too));
+  assert_false(connection_seen(lfd, 0.2));
+  close(lfd);
+}
+
+/* --gpu: a usage error on a CPU agent and for a GPU its CUDA_VISIBLE_DEVICES does not list or
+ * leaves empty (status 2); where CUDA is not usable, GPU N is named in the refusal (status 3,
+ * with CUDA_VISIBLE_DEVICES=N as the agent set it). */
+static void gpu_choice_is_checked_before_registering(void **state) {
+  (void)state;
+  gpu_refused("cpu", "1", NULL, 2, "--gpu needs --device cuda", NULL);
+  gpu_refused("cuda", "2", "0,1", 2, "--gpu 2: CUDA_VISIBLE_DEVICES='0,1' lists 2 devices", NULL);
+  gpu_refused("cuda", "0", "", 2, "no GPU is visible", NULL);
+  gpu_refused("cuda", "x", NULL, 2, "--gpu must be an integer", NULL);
+  char why[512] = "";
+  if (wagma_backend_probe("cuda", why, sizeof(why)) != 0) /* no GPU here: the probe's refusal */
+    gpu_refused("cuda", "5", NULL, 3, "--device cuda --gpu 5 (CUDA_VISIBLE_DEVICES=5)",
+                "not registering");
+  else
+    print_message("a CUDA GPU is usable here: the --gpu 5 refusal is not checked\n");
+}
+
 int main(void) {
   agent_bin = getenv("WAGMA_AGENT_BIN");
   if (!agent_bin || access(agent_bin, X_OK) != 0) {
@@ -184,6 +242,7 @@ int main(void) {
       cmocka_unit_test(cuda_without_gpu_exits_at_once_and_registers_nothing),
       cmocka_unit_test(cpu_device_does_contact_etcd),
       cmocka_unit_test(nccl_without_cuda_device_is_a_usage_error),
+      cmocka_unit_test(gpu_choice_is_checked_before_registering),
   };
   return cmocka_run_group_tests_name("agent --device", tests, NULL, NULL);
 }
