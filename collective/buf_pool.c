@@ -7,10 +7,14 @@
  *
  * Why: a large collective moves one 1 MiB segment per frame; allocating and freeing each from
  * malloc means mmap/munmap or arena trimming and a page fault per 4 KiB, which cost more than
- * the copy itself. Buffers of 64 KiB .. 64 MiB are kept in power-of-two classes, at most
- * POOL_PER_CLASS per class and POOL_MAX_BYTES in all per source; larger ones go straight to
- * the source. Smaller ones go to malloc from the default source, and are rounded up to the
- * smallest class from any other (so they are cached too).
+ * the copy itself. Payloads of up to 64 KiB .. 64 MiB are kept in power-of-two classes (class
+ * c holds 2^c payload bytes, the prefix beyond them, so a payload of exactly 2^c bytes is not
+ * rounded up to twice that), at most POOL_PER_CLASS per class and POOL_MAX_BYTES in all per
+ * source; larger ones go straight to the default source. Any other source (page-locked
+ * memory, which is worth caching at any size: a model's round needs one) has classes up to
+ * 16 GiB, at most BIG_PER_CLASS each above 64 MiB, and may cache two buffers of its largest
+ * class beyond POOL_MAX_BYTES. Smaller ones go to malloc from the default source, and are
+ * rounded up to the smallest class from any other (so they are cached too).
  *
  * Layout: every buffer has a 64-byte prefix holding its class and its source, so the pointer
  * handed out is 64-byte aligned and the free needs neither size nor source. Threads: any; one
@@ -24,10 +28,12 @@
 #include "transport.h"
 
 #define PREFIX 64u
-#define MIN_CLASS 16 /* 64 KiB */
-#define MAX_CLASS 26 /* 64 MiB */
-#define NCLASSES (MAX_CLASS - MIN_CLASS + 1)
+#define MIN_CLASS 16     /* 64 KiB */
+#define MAX_CLASS 26     /* 64 MiB: the default source's largest */
+#define MAX_CLASS_ANY 34 /* 16 GiB: other sources' largest */
+#define NCLASSES (MAX_CLASS_ANY - MIN_CLASS + 1)
 #define POOL_PER_CLASS 16
+#define BIG_PER_CLASS 2 /* above MAX_CLASS */
 #define POOL_MAX_BYTES ((size_t)256 << 20)
 #define CLASS_NONE 0xffu
 
@@ -67,10 +73,26 @@ wg_buf_source_t *wg_buf_source_new(void *(*alloc)(size_t bytes), void (*release)
 static unsigned class_of(const wg_buf_source_t *s, size_t size) {
   if (s == &default_source && size + PREFIX <= ((size_t)1 << MIN_CLASS) / 2)
     return CLASS_NONE; /* small: malloc is fast enough */
-  for (unsigned c = MIN_CLASS; c <= MAX_CLASS; c++)
-    if (size + PREFIX <= ((size_t)1 << c))
+  unsigned top = s == &default_source ? MAX_CLASS : MAX_CLASS_ANY;
+  for (unsigned c = MIN_CLASS; c <= top; c++)
+    if (size <= ((size_t)1 << c))
       return c;
   return CLASS_NONE;
+}
+
+/* Bytes a buffer of class c takes from its source. */
+static size_t class_bytes(unsigned c) {
+  return ((size_t)1 << c) + PREFIX;
+}
+
+/* With s->lock: 1 when s's cache may keep one more buffer of class c. */
+static int has_room(const wg_buf_source_t *s, unsigned c) {
+  int i = (int)(c - MIN_CLASS);
+  size_t cb = class_bytes(c);
+  size_t cap = POOL_MAX_BYTES;
+  if (s != &default_source && 2 * cb > cap)
+    cap = 2 * cb;
+  return s->count[i] < (c > MAX_CLASS ? BIG_PER_CLASS : POOL_PER_CLASS) && s->bytes + cb <= cap;
 }
 
 /* A cached buffer of class c of s (its base, its prefix already set), or NULL. */
@@ -80,7 +102,7 @@ static uint8_t *cache_take(wg_buf_source_t *s, unsigned c) {
   int i = c - MIN_CLASS;
   if (s->count[i] > 0) {
     base = s->cache[i][--s->count[i]];
-    s->bytes -= (size_t)1 << c;
+    s->bytes -= class_bytes(c);
   }
   pthread_mutex_unlock(&s->lock);
   return base;
@@ -94,7 +116,7 @@ void *wg_buf_alloc_from(wg_buf_source_t *s, size_t size) {
   if (c != CLASS_NONE) {
     base = cache_take(s, c);
     if (base == NULL)
-      base = s->alloc((size_t)1 << c);
+      base = s->alloc(class_bytes(c));
   } else {
     size_t total = (size + PREFIX + 63u) & ~(size_t)63u;
     if (total < size)
@@ -114,7 +136,7 @@ int wg_buf_cache_add(wg_buf_source_t *s, size_t size) {
   unsigned c = class_of(s, size);
   if (c == CLASS_NONE || !wg_buf_cache_room(s, size))
     return 0;
-  uint8_t *base = s->alloc((size_t)1 << c);
+  uint8_t *base = s->alloc(class_bytes(c));
   if (base == NULL)
     return 0;
   prefix_t p = {.source = s, .cls = (uint8_t)c};
@@ -138,8 +160,7 @@ int wg_buf_cache_room(wg_buf_source_t *s, size_t size) {
   if (c == CLASS_NONE)
     return 0;
   pthread_mutex_lock(&s->lock);
-  int i = c - MIN_CLASS;
-  int room = s->count[i] < POOL_PER_CLASS && s->bytes + ((size_t)1 << c) <= POOL_MAX_BYTES;
+  int room = has_room(s, c);
   pthread_mutex_unlock(&s->lock);
   return room;
 }
@@ -167,9 +188,9 @@ void wg_buf_free(void *ptr) {
   if (c != CLASS_NONE) {
     pthread_mutex_lock(&s->lock);
     int i = c - MIN_CLASS;
-    if (s->count[i] < POOL_PER_CLASS && s->bytes + ((size_t)1 << c) <= POOL_MAX_BYTES) {
+    if (has_room(s, c)) {
       s->cache[i][s->count[i]++] = base;
-      s->bytes += (size_t)1 << c;
+      s->bytes += class_bytes(c);
       base = NULL;
     }
     pthread_mutex_unlock(&s->lock);
