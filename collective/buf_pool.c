@@ -199,8 +199,8 @@ void wg_buf_free(void *ptr) {
     s->release(base);
 }
 
-__attribute__((destructor)) static void pool_release(void) {
-  wg_buf_source_t *s = &default_source;
+/* Releases every buffer s caches. */
+static void drain(wg_buf_source_t *s) {
   pthread_mutex_lock(&s->lock);
   for (int i = 0; i < NCLASSES; i++) {
     while (s->count[i] > 0)
@@ -208,4 +208,16 @@ __attribute__((destructor)) static void pool_release(void) {
   }
   s->bytes = 0;
   pthread_mutex_unlock(&s->lock);
+}
+
+void wg_buf_source_free(wg_buf_source_t *s) {
+  if (s == NULL || s == &default_source)
+    return;
+  drain(s);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+}
+
+__attribute__((destructor)) static void pool_release(void) {
+  drain(&default_source);
 }

@@ -63,6 +63,9 @@ void wg_buf_free(void *ptr); /* NULL is a no-op; any source's buffer */
  * release frees what alloc returned. Ownership: the source and what it caches live until the
  * process exits; make one per kind, once. NULL when out of memory. Any thread. */
 wg_buf_source_t *wg_buf_source_new(void *(*alloc)(size_t bytes), void (*release)(void *base));
+/* Releases src's cached buffers and src itself: for a source whose every buffer came back
+ * (tests; the transports keep theirs until the process exits). NULL is a no-op. */
+void wg_buf_source_free(wg_buf_source_t *src);
 /* A buffer of src (NULL: the default source, as wg_buf_alloc), freed with wg_buf_free. */
 void *wg_buf_alloc_from(wg_buf_source_t *src, size_t size);
 /* A buffer of src from its cache only (never src's alloc: for threads that must not call it,

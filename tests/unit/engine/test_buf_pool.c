@@ -49,6 +49,7 @@ static void test_large_buffers_are_cached(void **s) {
   void *q = wg_buf_take_cached(src, big);
   assert_ptr_equal(q, p);
   wg_buf_free(q);
+  wg_buf_source_free(src);
 }
 
 static void test_power_of_two_payload_fits_its_class(void **s) {
@@ -63,6 +64,7 @@ static void test_power_of_two_payload_fits_its_class(void **s) {
   assert_non_null(p);
   assert_int_equal(last_bytes, 128 * MiB + 64);
   wg_buf_free(p);
+  wg_buf_source_free(src);
 }
 
 static void test_big_classes_are_bounded(void **s) {
@@ -87,6 +89,7 @@ static void test_big_classes_are_bounded(void **s) {
   assert_int_equal(releases, before + 1);
   assert_null(wg_buf_take_cached(src, (size_t)17 << 30)); /* past 16 GiB: never cached */
   assert_int_equal(wg_buf_cache_add(src, (size_t)17 << 30), 0);
+  wg_buf_source_free(src);
 }
 
 static void test_default_source_keeps_64_mib(void **s) {
