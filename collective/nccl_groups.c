@@ -111,6 +111,14 @@ int WG_NCCL(groups_split)(nc_t *t) {
       g->comm = NULL;
       return -1;
     }
+    /* the parent too: a non-blocking communicator takes no new call while it is in progress
+     * (user guide, "Nonblocking group operation"), and without a colour there is no child to
+     * poll */
+    if (poll_ready(t, t->comm) != 0) {
+      wg_logf(t->log, t->log_user, WAGMA_LOG_WARN,
+              "rank %d: the epoch's communicator did not finish the split of phase %d", t->rank, p);
+      return -1;
+    }
     if (colour == NCCL_SPLIT_NOCOLOR) {
       g->comm = NULL;
       continue;
