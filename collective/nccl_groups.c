@@ -40,6 +40,9 @@
 #include "nccl_internal.h"
 #include "wagma/log_internal.h"
 
+/* How long a collective goes on after a member's death was seen (it may have completed). */
+#define DEAD_GRACE_S 0.25
+
 static void nap_us(long us) {
   struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
   nanosleep(&ts, NULL);
@@ -351,6 +354,7 @@ int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_
     return WAGMA_ETIMEDOUT; /* nothing posted: the members' own deadlines retire the group */
   const char *fail = NULL;
   int late = 0, gone = 0;
+  double dead_since = 0;
   char why[160];
   int locked = WG_NCCL(is_locked)(t->coll_host), copied = 0;
   /* In place on the device, ordered on the stream: upload, ncclAllReduce (NCCL 2.28 API,
@@ -388,16 +392,6 @@ int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_
       fail = "a member revoked its communicator";
       break;
     }
-    int dead = -1; /* a member the control channel buried: NCCL would wait for it */
-    for (int i = 0; i < g->n && dead < 0; i++)
-      if (g->ranks[i] != t->rank && !t->tcp_ops->peer_alive(t->tcp, g->ranks[i]))
-        dead = g->ranks[i];
-    if (dead >= 0) {
-      snprintf(why, sizeof why, "rank %d died", dead);
-      fail = why;
-      gone = 1;
-      break;
-    }
     pthread_mutex_lock(&t->mu);
     int closed = t->closed;
     pthread_mutex_unlock(&t->mu);
@@ -421,6 +415,21 @@ int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_
       }
       copied = 1;
       continue;
+    }
+    /* a member the control channel buried: NCCL would wait for it. Not at once: a member
+     * whose collective completed may leave (the job's end) while mine still takes in what it
+     * sent */
+    int dead = -1;
+    for (int i = 0; i < g->n && dead < 0; i++)
+      if (g->ranks[i] != t->rank && !t->tcp_ops->peer_alive(t->tcp, g->ranks[i]))
+        dead = g->ranks[i];
+    if (dead >= 0 && dead_since == 0)
+      dead_since = wg_now();
+    if (dead >= 0 && wg_now() - dead_since > DEAD_GRACE_S) {
+      snprintf(why, sizeof why, "rank %d died", dead);
+      fail = why;
+      gone = 1;
+      break;
     }
     if (wg_now() > deadline) {
       fail = "missed its deadline";
