@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "nccl_internal.h"
+#include "nccl_test_rank.h"
 #include "process.h"
 
 #define P 4
@@ -86,20 +87,9 @@ static int group_ranks(const wagma_plan_t *plan, uint64_t round, int me, int *ou
 
 static void rank_main(int me, int fault, int victim) {
   wagma_plan_t plan;
-  if (wagma_plan_build(P, 2, NULL, &plan) != 0 || plan.nphases != 2)
+  wg_transport_config_t cfg;
+  if (nt_rank_setup(P, me, sh->ports, &plan, &cfg) != 0 || plan.nphases != 2)
     exit(1);
-  plan.epoch = 1;
-  for (int r = 0; r < P; r++) {
-    snprintf(plan.members[r].name, WAGMA_NAME_MAX, "r%d", r);
-    snprintf(plan.members[r].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%d", sh->ports[r]);
-  }
-  wg_transport_config_t cfg = {0};
-  cfg.plan = &plan;
-  cfg.rank = me;
-  cfg.epoch = 1;
-  cfg.max_payload = 1 << 20;
-  cfg.max_queued_bytes = 64 << 20;
-  cfg.connect_timeout_s = 15;
   const wg_transport_ops_t *ops = &wg_ncclfake_transport;
   wg_transport_t *tp = NULL;
   if (ops->open(&cfg, &tp) != 0)

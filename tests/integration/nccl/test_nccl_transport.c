@@ -27,6 +27,7 @@
 
 #include "gpu_count.h"
 #include "nccl_internal.h"
+#include "nccl_test_rank.h"
 #include "process.h"
 
 #define FRAMES 60     /* the first exchange's frames to each peer */
@@ -159,20 +160,9 @@ static void wait_sent(nc_t *t) {
 
 static void rank_main(int P, int me) {
   wagma_plan_t plan;
-  if (wagma_plan_build(P, 2, NULL, &plan) != 0)
+  wg_transport_config_t cfg;
+  if (nt_rank_setup(P, me, sh->ports, &plan, &cfg) != 0)
     exit(1);
-  plan.epoch = 1;
-  for (int r = 0; r < P; r++) {
-    snprintf(plan.members[r].name, WAGMA_NAME_MAX, "r%d", r);
-    snprintf(plan.members[r].address, WAGMA_ADDRESS_MAX, "127.0.0.1:%d", sh->ports[r]);
-  }
-  wg_transport_config_t cfg = {0};
-  cfg.plan = &plan;
-  cfg.rank = me;
-  cfg.epoch = 1;
-  cfg.max_payload = 1 << 20;
-  cfg.max_queued_bytes = 64 << 20;
-  cfg.connect_timeout_s = 15;
 #ifndef WG_NCCL_FAKE
   cfg.device = me; /* one GPU per rank (the fake has one device, which every rank shares) */
 #else
