@@ -214,20 +214,7 @@ static void run(int fault) {
     if (fault == FAULT_FREEZE)
       kill(pid[victim], SIGCONT);
   }
-  int ok = 1;
-  for (int r = 0; r < P; r++) {
-    if (fault == FAULT_KILL && r == victim) {
-      proc_stop(pid[r], SIGKILL, 0); /* reaped */
-      continue;
-    }
-    int st = proc_wait(pid[r], 60);
-    if (st != 0) {
-      fprintf(stderr, "rank %d: exit %d\n", r, st);
-      proc_stop(pid[r], SIGKILL, 0);
-      ok = 0;
-    }
-  }
-  assert_true(ok);
+  assert_true(nt_wait_ranks(pid, P, fault == FAULT_KILL ? victim : -1));
   for (int round = 0; round < ROUNDS; round++)
     for (int r = 1; r < P; r++) {
       int world = round % 3 == 2;

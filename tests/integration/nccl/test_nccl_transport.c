@@ -247,16 +247,7 @@ static void run_with(int P, int faulty, int locked) {
       rank_main(P, r);
     assert_true(pid[r] > 0);
   }
-  int ok = 1;
-  for (int r = 0; r < P; r++) {
-    int st = proc_wait(pid[r], 60);
-    if (st != 0) {
-      fprintf(stderr, "rank %d: exit %d\n", r, st);
-      proc_stop(pid[r], SIGKILL, 0);
-      ok = 0;
-    }
-  }
-  assert_true(ok);
+  assert_true(nt_wait_ranks(pid, P, -1));
   uint64_t failures = 0;
   for (int r = 0; r < P; r++) {
     assert_int_equal(sh->errors[r], 0);
