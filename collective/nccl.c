@@ -246,8 +246,7 @@ static void nc_close(wg_transport_t *t) {
     wg_logf(t->log, t->log_user, WAGMA_LOG_INFO,
             "rank %d: epoch %llu: %llu rounds as one ncclAllReduce of their group, %llu group "
             "communicators revoked",
-            t->rank, (unsigned long long)t->epoch,
-            (unsigned long long)atomic_load(&t->collectives),
+            t->rank, (unsigned long long)t->epoch, (unsigned long long)atomic_load(&t->collectives),
             (unsigned long long)atomic_load(&t->collective_failures));
   t->tcp_ops->close(t->tcp);
   nc_free(t);

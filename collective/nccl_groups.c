@@ -43,11 +43,6 @@
 /* How long a collective goes on after a member's death was seen (it may have completed). */
 #define DEAD_GRACE_S 0.25
 
-static void nap_us(long us) {
-  struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
-  nanosleep(&ts, NULL);
-}
-
 int WG_NCCL(groups_new)(nc_t *t, const wagma_plan_t *plan) {
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -308,17 +303,7 @@ static void retire(nc_t *t, nc_group_t *g, int p, const char *why) {
           t->rank, p, why, (unsigned long long)t->epoch);
   atomic_fetch_add(&t->collective_failures, 1);
   (void)ncclCommRevoke(g->comm, NCCL_REVOKE_DEFAULT);
-  int quiet = 0;
-  for (double until = wg_now() + 1.0; wg_now() < until;) {
-    ncclResult_t e = ncclSuccess;
-    if ((ncclCommGetAsyncError(g->comm, &e) != ncclSuccess || e != ncclInProgress) &&
-        cudaStreamQuery(t->coll_stream) != cudaErrorNotReady) {
-      quiet = 1;
-      break;
-    }
-    nap_us(200);
-  }
-  if (!quiet) {
+  if (!WG_NCCL(quiesce)(g->comm, t->coll_stream)) {
     t->coll_dev = NULL; /* leaked, see above */
     t->coll_dev_cap = 0;
     t->coll_host = NULL;
@@ -436,7 +421,7 @@ int WG_NCCL(group_allreduce)(wg_transport_t *t, const int *ranks, int n, uint64_
       late = 1;
       break;
     }
-    nap_us(50);
+    WG_NCCL(nap_us)(50);
   }
   int result = 0;
   if (fail) {

@@ -219,6 +219,12 @@ int WG_NCCL(is_locked)(const void *p);
 
 /* nccl_lane.c */
 void *WG_NCCL(lane_main)(void *arg);
+/* Sleeps us microseconds (the polls of posted operations). */
+void WG_NCCL(nap_us)(long us);
+/* Waits (at most 1 s) for a revoked communicator to become quiescent and stream idle (a copy
+ * queued behind a dropped operation runs then), so the buffers of what was posted can be
+ * freed. 1 when they are. The lane thread (its communicator), or a collective's caller. */
+int WG_NCCL(quiesce)(ncclComm_t comm, cudaStream_t stream);
 /* Reads the control channel for up to wait_s (then whatever else is there, at most 64
  * frames): lane frames are handled, the others delivered or held; dead peers are buried. */
 void WG_NCCL(pump)(nc_t *t, double wait_s);

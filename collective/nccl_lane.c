@@ -26,11 +26,6 @@ static double xfer_deadline_s(size_t len) {
  * unless it is frozen or starved of CPU; on a loaded machine 1 s is not rare). */
 #define CTS_DEADLINE_S 3.0
 
-static void nap_us(long us) {
-  struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
-  nanosleep(&ts, NULL);
-}
-
 /* Delivers the complete messages at the head of src's held list. */
 static void flush_src(nc_t *t, int src) {
   while (t->pending[src] && t->pending[src]->msg) {
@@ -56,17 +51,19 @@ static nc_item_t *find_item(nc_t *t, int src, uint64_t id) {
   return NULL;
 }
 
-/* Waits (at most 1 s) for a revoked communicator to become quiescent and the lane's stream
- * idle (a copy queued behind a dropped receive runs then), so the buffers of what was posted
- * can be freed. 1 when they are. */
-static int quiesce(nc_t *t) {
+void WG_NCCL(nap_us)(long us) {
+  struct timespec ts = {.tv_sec = 0, .tv_nsec = us * 1000};
+  nanosleep(&ts, NULL);
+}
+
+int WG_NCCL(quiesce)(ncclComm_t comm, cudaStream_t stream) {
   double until = wg_now() + 1.0;
   while (wg_now() < until) {
     ncclResult_t e = ncclSuccess;
-    if ((ncclCommGetAsyncError(t->comm, &e) != ncclSuccess || e != ncclInProgress) &&
-        cudaStreamQuery(t->stream) != cudaErrorNotReady)
+    if ((ncclCommGetAsyncError(comm, &e) != ncclSuccess || e != ncclInProgress) &&
+        cudaStreamQuery(stream) != cudaErrorNotReady)
       return 1;
-    nap_us(200);
+    WG_NCCL(nap_us)(200);
   }
   return 0;
 }
@@ -179,7 +176,7 @@ void WG_NCCL(lane_down)(nc_t *t, const char *why) {
             t->rank, why, (unsigned long long)t->epoch);
     atomic_fetch_add(&t->lane_failures, 1);
     (void)ncclCommRevoke(t->comm, NCCL_REVOKE_DEFAULT);
-    quiet = quiesce(t);
+    quiet = WG_NCCL(quiesce)(t->comm, t->stream);
     atomic_store(&t->lane_state, NC_LANE_DOWN);
     for (int r = 0; r < t->nranks; r++)
       if (r != t->rank)
@@ -616,7 +613,7 @@ void *WG_NCCL(lane_main)(void *arg) {
     if (!t->posted.active && !t->reserved.active)
       WG_NCCL(turn_lane_release)(t);
     if (t->posted.active)
-      nap_us(100);
+      WG_NCCL(nap_us)(100);
   }
   return NULL;
 }

@@ -214,8 +214,8 @@ static void finite_job(const char *job, const char *algorithm) {
     assert_lane_carried(&c, i, v.epoch);
     assert_int_equal(cluster_agent_log_count(&c, i, "no nccl lane", NULL), 0);
     /* --gpu 0: the agent and its program see GPU 0 as their device */
-    assert_true(cluster_agent_log_count(&c, i, "GPU 0: CUDA_VISIBLE_DEVICES=0 for this agent",
-                                        NULL) > 0);
+    assert_true(
+        cluster_agent_log_count(&c, i, "GPU 0: CUDA_VISIBLE_DEVICES=0 for this agent", NULL) > 0);
     assert_true(cluster_agent_log_count(&c, i, "wagma-train INFO job", "CUDA_VISIBLE_DEVICES=0") >
                 0);
   }

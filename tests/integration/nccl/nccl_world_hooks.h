@@ -13,14 +13,14 @@
 #define NW_MAXP 8
 
 typedef struct nw_lane {
-  int recorded;       /* the rank destroyed its communicator */
-  int state;          /* nc_lane_state_t at destroy */
-  int shrunk;         /* the communicator was shrunk from the previous epoch's */
-  uint64_t transfers; /* payloads moved on the lane */
-  uint64_t failures;  /* times the lane was revoked */
-  uint64_t collectives;        /* rounds run as one group allreduce (nccl_groups.c) */
+  int recorded;                 /* the rank destroyed its communicator */
+  int state;                    /* nc_lane_state_t at destroy */
+  int shrunk;                   /* the communicator was shrunk from the previous epoch's */
+  uint64_t transfers;           /* payloads moved on the lane */
+  uint64_t failures;            /* times the lane was revoked */
+  uint64_t collectives;         /* rounds run as one group allreduce (nccl_groups.c) */
   uint64_t collective_failures; /* group communicators revoked */
-  unsigned dead_mask; /* ranks the transport knew dead (and buried) at destroy */
+  unsigned dead_mask;           /* ranks the transport knew dead (and buried) at destroy */
 } nw_lane_t;
 
 /* Shared with forked children; nw_init maps it (call once in the parent before forking),
