@@ -151,6 +151,8 @@ typedef struct wg_progress_snap {
   char error[256];
   char role[16];   /* "worker", "active", "passive"; "" before the first epoch */
   uint64_t rejoin; /* a restarted program asks to rejoin as a joiner (launcher.c); 0 = no */
+  int nunreachable, unreachable_total; /* peers it cannot reach (wagma_progress_t) */
+  struct wagma_unreachable unreachable[WAGMA_API_UNREACHABLE_MAX];
 } wg_progress_snap_t;
 
 typedef struct wg_checkpoint_rec {
@@ -226,7 +228,7 @@ void wg_progress_snap_from_progress(wg_progress_snap_t *s, const wagma_progress_
 char *wg_checkpoint_rec_to_json(const wg_checkpoint_rec_t *r, const char *agent);
 int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_t *r);
 /* Registration record of this agent (caller frees). */
-char *wg_agent_info_json(const wg_agent_options_t *opt, double started);
+char *wg_agent_info_json(const wg_agent_options_t *opt, double started, double reached);
 /* Job name of an assignment record, "" on a bad record. Returns 0 or WAGMA_EINVAL. */
 int wg_assignment_job(const char *json, size_t len, char *job, size_t job_len);
 

@@ -75,6 +75,9 @@ void wg_progress_snap_from_progress(wg_progress_snap_t *s, const wagma_progress_
   snprintf(s->error, sizeof s->error, "%s", p->error);
   snprintf(s->role, sizeof s->role, "%s", p->role[0] ? p->role : "worker");
   s->rejoin = p->rejoin;
+  s->nunreachable = p->nunreachable;
+  s->unreachable_total = p->unreachable_total;
+  memcpy(s->unreachable, p->unreachable, sizeof s->unreachable);
 }
 
 char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
@@ -106,6 +109,9 @@ char *wg_progress_snap_to_json(const wg_progress_snap_t *s) {
   snprintf(p.error, sizeof p.error, "%s", s->error);
   snprintf(p.role, sizeof p.role, "%s", s->role);
   p.rejoin = s->rejoin;
+  p.nunreachable = s->nunreachable;
+  p.unreachable_total = s->unreachable_total;
+  memcpy(p.unreachable, s->unreachable, sizeof p.unreachable);
   if (wagma_progress_to_json(&p, &json) != 0)
     return NULL;
   return json;
@@ -139,7 +145,7 @@ int wg_checkpoint_rec_from_json(const char *json, size_t len, wg_checkpoint_rec_
   return 0;
 }
 
-char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {
+char *wg_agent_info_json(const wg_agent_options_t *opt, double started, double reached) {
   wagma_agent_info_t a;
   char *json = NULL;
   memset(&a, 0, sizeof a);
@@ -150,6 +156,7 @@ char *wg_agent_info_json(const wg_agent_options_t *opt, double started) {
   a.started = started;
   a.nprograms = opt->nprograms;
   memcpy(a.programs, opt->programs, sizeof a.programs);
+  a.reached = reached;
   if (wagma_agent_info_to_json(&a, &json) != 0)
     return NULL;
   return json;

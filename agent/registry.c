@@ -34,6 +34,7 @@
 #include <openssl/crypto.h>
 
 #include "agent/agent.h"
+#include "agent/probe.h"
 #include "wagma/api.h"
 #include "wagma/etcd.h"
 #include "wagma/log_internal.h"
@@ -77,6 +78,8 @@ struct wg_control {
   double next_job_load;
   uint64_t plan_epoch; /* epoch of the last plan handed over */
   double last_progress;
+  double next_quarantine_check; /* follow_quarantine */
+  double reached;               /* the `since` of the quarantine this agent said it left */
 };
 
 #define LOG(c, lvl, ...) wg_logf(wg_agent_log, (void *)(c)->opt->name, lvl, __VA_ARGS__)
@@ -152,7 +155,7 @@ static int try_register(wg_control_t *c, holder_t *h) {
   memset(&tr, 0, sizeof tr);
   memset(h, 0, sizeof *h);
   wagma_key_agent(&c->keys, c->opt->name, key, sizeof key);
-  if (!(info = wg_agent_info_json(c->opt, c->started)))
+  if (!(info = wg_agent_info_json(c->opt, c->started, 0)))
     return WAGMA_ENOMEM;
   if ((e = wagma_etcd_lease_grant(c->etcd, c->opt->lease_ttl_s, &lease)))
     goto out;
@@ -698,6 +701,65 @@ static void publish(wg_control_t *c, int force) {
 
 /* ---- thread ------------------------------------------------------------------------------ */
 
+/* ---- a quarantine for being unreachable (docs/design.md §7.3) -------------------------------- */
+
+/* While this agent has no job: every QUARANTINE_IDLE_S, whether the coordinator quarantined it
+ * for being cut off from its peers (a record of this registration with addresses to probe);
+ * while it is, every QUARANTINE_PROBE_S, whether it reaches all those addresses again; once
+ * it does, its registration says so (agent info "reached" = the record's since, one Txn
+ * guarded by the registration's create revision), and the coordinator ends the quarantine.
+ * Each check is two reads; a probe connects with a 1 s deadline per address. */
+#define QUARANTINE_IDLE_S 5.0
+#define QUARANTINE_PROBE_S 1.0
+static void follow_quarantine(wg_control_t *c) {
+  char qkey[256], akey[256], why[160];
+  wagma_etcd_kv_t *qkv = NULL, *akv = NULL;
+  wagma_quarantine_t q;
+  wagma_api_error_t aerr;
+  double next = QUARANTINE_IDLE_S;
+  if (!c->lease || c->job[0] || wg_mono() < c->next_quarantine_check)
+    return;
+  if (wagma_key_quarantine(&c->keys, c->opt->name, qkey, sizeof qkey) ||
+      wagma_key_agent(&c->keys, c->opt->name, akey, sizeof akey) ||
+      wagma_etcd_get(c->etcd, qkey, &qkv, NULL) != 0 ||
+      wagma_etcd_get(c->etcd, akey, &akv, NULL) != 0 ||
+      wagma_quarantine_from_json(qkv->value, qkv->value_len, &q, &aerr) != 0)
+    goto out;
+  if (q.nprobe == 0 || q.reachable > 0 || q.registration != akv->create_revision ||
+      q.since == c->reached)
+    goto out; /* not for being unreachable, over, of an older registration, or said already */
+  next = QUARANTINE_PROBE_S;
+  int ok =
+      wg_probe_reach((const char(*)[WAGMA_API_ADDR_MAX])q.probe, q.nprobe, 1.0, why, sizeof why);
+  if (ok < q.nprobe)
+    goto out;
+  char *info = wg_agent_info_json(c->opt, c->started, q.since);
+  wagma_etcd_cmp_t same = {.key = akey,
+                           .target = WAGMA_ETCD_CMP_CREATE,
+                           .result = WAGMA_ETCD_EQUAL,
+                           .number = akv->create_revision};
+  wagma_etcd_op_t put = {.type = WAGMA_ETCD_OP_PUT,
+                         .key = akey,
+                         .value = info,
+                         .value_len = info ? strlen(info) : 0,
+                         .lease = c->lease};
+  wagma_etcd_txn_result_t tr;
+  memset(&tr, 0, sizeof tr);
+  if (info && wagma_etcd_txn(c->etcd, &same, 1, &put, 1, NULL, 0, &tr) == 0) {
+    c->reached = q.since;
+    LOG(c, WAGMA_LOG_INFO,
+        "quarantined for being unreachable (job %s), this node reaches its %d peers again: "
+        "said so in its registration",
+        q.job, q.nprobe);
+  }
+  wagma_etcd_txn_result_free(&tr);
+  free(info);
+out:
+  c->next_quarantine_check = wg_mono() + next;
+  wagma_etcd_kv_free(qkv);
+  wagma_etcd_kv_free(akv);
+}
+
 /* Startup: wait for etcd, register; the outcome goes to c->startup for wg_control_state. */
 static int startup(wg_control_t *c) {
   char err[sizeof c->startup_error] = "";
@@ -724,6 +786,7 @@ static void *control_main(void *arg) {
     ensure_registered(c);
     ensure_assignment_watch(c);
     follow_assignment(c);
+    follow_quarantine(c);
     publish(c, 0);
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* c->cv uses CLOCK_MONOTONIC */

@@ -352,6 +352,15 @@ json_t *wagma_progress_to_value(const wagma_progress_t *p) {
     json_object_set_new(o, "role", json_string(p->role));
   if (p->rejoin)
     json_object_set_new(o, "rejoin", json_integer((json_int_t)p->rejoin));
+  if (p->nunreachable > 0) {
+    json_t *u = json_array();
+    for (int i = 0; i < p->nunreachable && i < WAGMA_API_UNREACHABLE_MAX; i++)
+      json_array_append_new(u, json_pack("{s:i,s:f}", "rank", p->unreachable[i].rank, "for",
+                                         p->unreachable[i].seconds));
+    json_object_set_new(o, "unreachable", u);
+    if (p->unreachable_total > p->nunreachable)
+      json_object_set_new(o, "unreachable_total", json_integer(p->unreachable_total));
+  }
   return o;
 }
 
@@ -389,6 +398,32 @@ static int int_list(const json_t *v, const char *f, int64_t max, int *out, int c
     out[i] = (int)x;
   }
   *n = (int)json_array_size(v);
+  return 0;
+}
+
+/* "unreachable": an array of at most WAGMA_API_UNREACHABLE_MAX {"rank","for"} objects. */
+static int unreachable_list(const json_t *v, wagma_progress_t *p, wagma_api_error_t *err) {
+  if (!json_is_array(v) || json_array_size(v) > WAGMA_API_UNREACHABLE_MAX)
+    return wg_api_fail(err, "unreachable", "must be an array of at most %d objects",
+                       WAGMA_API_UNREACHABLE_MAX);
+  for (size_t i = 0; i < json_array_size(v); i++) {
+    const json_t *x = json_array_get(v, i);
+    char f[48];
+    int64_t rank;
+    snprintf(f, sizeof f, "unreachable[%zu]", i);
+    if (!json_is_object(x) || !json_object_get(x, "rank") || !json_object_get(x, "for"))
+      return wg_api_fail(err, f, "must be an object {\"rank\",\"for\"}");
+    snprintf(f, sizeof f, "unreachable[%zu].rank", i);
+    int e = wg_api_int(json_object_get(x, "rank"), f, 0, WAGMA_API_MAX_WORKERS - 1, &rank, err);
+    if (e)
+      return e;
+    snprintf(f, sizeof f, "unreachable[%zu].for", i);
+    if ((e = wg_api_num(json_object_get(x, "for"), f, 0, 0, 1e9, 0, &p->unreachable[i].seconds,
+                        err)))
+      return e;
+    p->unreachable[i].rank = (int)rank;
+  }
+  p->nunreachable = (int)json_array_size(v);
   return 0;
 }
 
@@ -464,6 +499,14 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
       if ((e = int_list(v, key, WAGMA_API_MAX_WORKERS - 1, p.group, WAGMA_API_PROGRESS_GROUP_MAX,
                         &p.ngroup, err)))
         goto out;
+    } else if (strcmp(key, "unreachable") == 0) {
+      if ((e = unreachable_list(v, &p, err)))
+        goto out;
+    } else if (strcmp(key, "unreachable_total") == 0) {
+      int64_t x;
+      if ((e = wg_api_int(v, key, 0, WAGMA_API_MAX_WORKERS, &x, err)))
+        goto out;
+      p.unreachable_total = (int)x;
     } else if (strcmp(key, "fingerprint") == 0) {
       if (!json_is_array(v) || json_array_size(v) > WAGMA_API_FINGERPRINT_MAX) {
         e = wg_api_fail(err, key, "must be an array of at most %d numbers",
@@ -481,6 +524,8 @@ int wagma_progress_from_json(const char *json, size_t len, wagma_progress_t *out
     if (u && (e = wg_api_u64(v, key, U64MAX_JSON, u, err)))
       goto out;
   }
+  if (p.unreachable_total < p.nunreachable)
+    p.unreachable_total = p.nunreachable;
   if (p.ngroup > 0 && !p.has_round) {
     e = wg_api_fail(err, "group", "needs round");
     goto out;
@@ -719,6 +764,8 @@ json_t *wagma_agent_info_to_value(const wagma_agent_info_t *a) {
   json_object_set_new(o, "version", json_string(a->version));
   json_object_set_new(o, "started", json_real(a->started));
   json_object_set_new(o, "programs", progs);
+  if (a->reached > 0)
+    json_object_set_new(o, "reached", json_real(a->reached));
   return o;
 }
 
@@ -768,6 +815,9 @@ int wagma_agent_info_from_json(const char *json, size_t len, wagma_agent_info_t 
       (e = wg_api_num(v, "started", 0, 0, 1e12, 0, &a.started, err)))
     goto out;
   if ((v = json_object_get(root, "programs")) && (e = decode_programs(v, &a, err)))
+    goto out;
+  if ((v = json_object_get(root, "reached")) &&
+      (e = wg_api_num(v, "reached", 0, 0, 1e12, 0, &a.reached, err)))
     goto out;
   *out = a;
 out:
@@ -826,6 +876,13 @@ json_t *wagma_quarantine_to_value(const wagma_quarantine_t *q) {
   json_object_set_new(o, "until", json_real(q->until));
   json_object_set_new(o, "registration", json_integer((json_int_t)q->registration));
   json_object_set_new(o, "refusal", json_integer((json_int_t)q->refusal));
+  if (q->nprobe > 0) {
+    json_t *pr = json_array();
+    for (int i = 0; i < q->nprobe && i < WAGMA_API_UNREACHABLE_MAX; i++)
+      json_array_append_new(pr, json_string(q->probe[i]));
+    json_object_set_new(o, "probe", pr);
+    json_object_set_new(o, "reachable", json_real(q->reachable));
+  }
   return o;
 }
 
@@ -873,6 +930,29 @@ int wagma_quarantine_from_json(const char *json, size_t len, wagma_quarantine_t 
       goto out;
     q.refusal = i64;
   }
+  if ((v = json_object_get(root, "probe"))) {
+    size_t i;
+    json_t *x;
+    if (!json_is_array(v) || json_array_size(v) > WAGMA_API_UNREACHABLE_MAX) {
+      e = wg_api_fail(err, "probe", "must be an array of at most %d addresses",
+                      WAGMA_API_UNREACHABLE_MAX);
+      goto out;
+    }
+    json_array_foreach(v, i, x) {
+      char f[32];
+      snprintf(f, sizeof f, "probe[%zu]", i);
+      if ((e = wg_api_str(x, f, q.probe[i], sizeof q.probe[i], err)))
+        goto out;
+      if (!strchr(q.probe[i], ':')) {
+        e = wg_api_fail(err, f, "must be host:port");
+        goto out;
+      }
+    }
+    q.nprobe = (int)json_array_size(v);
+  }
+  if ((v = json_object_get(root, "reachable")) &&
+      (e = wg_api_num(v, "reachable", 0, 0, 1e12, 0, &q.reachable, err)))
+    goto out;
   *out = q;
 out:
   json_decref(root);

@@ -371,6 +371,18 @@ int wagma_comm_peer_alive(const wagma_comm_t *comm, int rank) {
   return c->ops->peer_alive(c->tp, rank) != 0;
 }
 
+int wagma_comm_peer_unreachable(const wagma_comm_t *comm, int rank, double *seconds) {
+  double since = 0;
+  if (!comm || rank < 0 || rank >= comm->nranks || rank == comm->rank ||
+      !comm->ops->peer_unreachable || !comm->ops->peer_unreachable(comm->tp, rank, &since))
+    return 0;
+  if (seconds) {
+    double d = wg_now() - since;
+    *seconds = d > 0 ? d : 0;
+  }
+  return 1;
+}
+
 void wagma_comm_counters(const wagma_comm_t *comm, wagma_comm_counters_t *counters) {
   if (!counters)
     return;

@@ -1,7 +1,7 @@
 /* nccl.c — the NCCL transport's operations table (wg_nccl_transport; docs/design.md §6.4):
  * open (the TCP control channel, the device check, the lane thread), send (a small frame on
  * TCP; a large one's header announced on TCP and its payload queued for the lane), recv
- * from this transport's mailbox, peer_alive (TCP's), interrupt, stats, close.
+ * from this transport's mailbox, peer_alive and peer_unreachable (TCP's), interrupt, stats, close.
  *
  * Owns the mailbox and the outbound transfer list, both under t->mu, which engine threads and
  * the lane thread share. Threads: send, recv, peer_alive, interrupt, stats from any thread;
@@ -164,6 +164,10 @@ static int nc_recv(wg_transport_t *t, const wg_match_t *match, double deadline,
 
 static int nc_peer_alive(wg_transport_t *t, int rank) {
   return t->tcp_ops->peer_alive(t->tcp, rank);
+}
+
+static int nc_peer_unreachable(wg_transport_t *t, int rank, double *since) {
+  return t->tcp_ops->peer_unreachable(t->tcp, rank, since);
 }
 
 static void nc_interrupt(wg_transport_t *t) {
@@ -331,6 +335,7 @@ const wg_transport_ops_t NC_OPS_NAME = {
     .group_ready = WG_NCCL(group_ready),
     .group_allreduce = WG_NCCL(group_allreduce),
     .peer_alive = nc_peer_alive,
+    .peer_unreachable = nc_peer_unreachable,
     .interrupt = nc_interrupt,
     .stats = nc_stats,
     .close = nc_close,

@@ -148,9 +148,13 @@ static void set_ev_out(struct wg_transport *t, wg_tcp_peer_t *p, int on) {
  * progress thread frees its queue, since it may be writing from the head), wakes recv
  * waiters (a session waiting on the socket wakes from the shutdown). Callable from any
  * thread. */
-static void peer_kill(struct wg_transport *t, int rank, int level, const char *why) {
+static void peer_kill_as(struct wg_transport *t, int rank, int level, const char *why, int silent) {
   wg_tcp_peer_t *p = &t->peers[rank];
   pthread_mutex_lock(&p->out_lock);
+  if (!atomic_load(&p->dead)) { /* (every death is set under out_lock, but the open's) */
+    atomic_store(&p->silent, silent);
+    atomic_store(&p->dead_ns, (uint_fast64_t)(wg_now() * 1e9));
+  }
   int was_dead = atomic_exchange(&p->dead, 1);
   if (!was_dead && p->fd >= 0)
     shutdown(p->fd, SHUT_RDWR);
@@ -162,6 +166,19 @@ static void peer_kill(struct wg_transport *t, int rank, int level, const char *w
   pthread_cond_broadcast(&t->mbox_cond);
   pthread_mutex_unlock(&t->mbox_lock);
   wake_progress(t); /* lets the progress thread drop the fd from its epoll set */
+}
+
+static void peer_kill(struct wg_transport *t, int rank, int level, const char *why) {
+  peer_kill_as(t, rank, level, why, 0);
+}
+
+/* The socket of rank failed with errno err: silent (tcp_peer_unreachable) when its kernel
+ * acknowledged nothing for WG_TCP_SILENCE_S (ETIMEDOUT) or no route leads there; closed
+ * otherwise (reset, broken pipe: its process is gone). */
+static void peer_lost(struct wg_transport *t, int rank, int level, int err) {
+  int silent = err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
+               err == ENETDOWN;
+  peer_kill_as(t, rank, level, strerror(err), silent);
 }
 
 /* A bad frame from rank (any reader). */
@@ -355,7 +372,10 @@ static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
       } else {
         /* While closing, a peer that got our BYE shuts down its side: that is expected. */
         int level = atomic_load(&t->bye_sent) ? WAGMA_LOG_DEBUG : WAGMA_LOG_WARN;
-        peer_kill(t, p->rank, level, n == 0 ? "connection closed" : strerror(errno));
+        if (n == 0)
+          peer_kill(t, p->rank, level, "connection closed");
+        else
+          peer_lost(t, p->rank, level, errno);
       }
       return 0;
     }
@@ -527,7 +547,7 @@ static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
   }
   pthread_mutex_unlock(&p->out_lock);
   if (rc == -2) {
-    peer_kill(t, p->rank, WAGMA_LOG_WARN, strerror(err));
+    peer_lost(t, p->rank, WAGMA_LOG_WARN, err);
     rc = -1;
   }
   return rc;
@@ -759,7 +779,9 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
     wg_tcp_peer_t *p = &t->peers[r];
     if (r == t->rank)
       continue;
-    if (p->fd < 0) {
+    if (p->fd < 0) { /* never reached: a silent death (tcp_peer_unreachable) */
+      atomic_store(&p->silent, 1);
+      atomic_store(&p->dead_ns, (uint_fast64_t)(wg_now() * 1e9));
       atomic_store(&p->dead, 1);
       missing++;
       continue;
@@ -1339,6 +1361,17 @@ static int tcp_peer_alive(wg_transport_t *t, int rank) {
   return t->peers[rank].fd >= 0 && !atomic_load(&t->peers[rank].dead);
 }
 
+static int tcp_peer_unreachable(wg_transport_t *t, int rank, double *since) {
+  if (t == NULL || rank < 0 || rank >= t->nranks || rank == t->rank)
+    return 0;
+  wg_tcp_peer_t *p = &t->peers[rank];
+  if (!atomic_load(&p->dead) || !atomic_load(&p->silent))
+    return 0;
+  if (since)
+    *since = (double)atomic_load(&p->dead_ns) / 1e9;
+  return 1;
+}
+
 static void tcp_interrupt(wg_transport_t *t) {
   if (t == NULL)
     return;
@@ -1393,6 +1426,7 @@ const wg_transport_ops_t wg_tcp_transport = {
     .reader_release = tcp_reader_release,
     .recv_into = tcp_recv_into,
     .peer_alive = tcp_peer_alive,
+    .peer_unreachable = tcp_peer_unreachable,
     .interrupt = tcp_interrupt,
     .stats = tcp_stats,
     .close = tcp_close,

@@ -733,18 +733,27 @@ static void accept_free(mesh_t *m, mesh_slot_t *s) {
   s->rank = -1;
 }
 
-/* The data plane's socket options: no Nagle delay, and a receive buffer of
+/* The data plane's socket options: no Nagle delay, silence detected (WG_TCP_SILENCE_S), and a
+ * receive buffer of
  * WG_TCP_RCVBUF_BYTES from the start. The kernel's receive autotuning starts a connection at
  * tcp_rmem's default (128 KiB here) and grows it only as it sees the window fill, so the
  * first megabytes of a collective trickle through a small window with a window update per
  * segment; a fixed buffer advertises the whole window at once. Measured on loopback, P = 4
  * and 8, 1 and 4 MiB: 1.4-1.6x the allreduce bandwidth and about 30 % less CPU per operation
  * (docs/benchmarks.md). The kernel caps it at net.core.rmem_max and only allocates what
- * arrives. */
+ * arrives. Silence: tcp(7) TCP_USER_TIMEOUT bounds how long sent data may stay unacknowledged
+ * (and, on an idle connection, how long keepalive probes may go unanswered) before the socket
+ * fails with ETIMEDOUT; keepalive probes start after 1 s of idleness, one a second. */
 static void tune_socket(int fd) {
-  int one = 1, rcvbuf = WG_TCP_RCVBUF_BYTES;
+  int one = 1, rcvbuf = WG_TCP_RCVBUF_BYTES, idle = 1, intvl = 1, cnt = WG_TCP_SILENCE_S;
+  unsigned user_ms = WG_TCP_SILENCE_S * 1000u;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_ms, sizeof user_ms);
 }
 
 /* Dialer, connected: step 1 (a fresh nonce_d), then wait for step 2. */

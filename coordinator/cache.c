@@ -260,6 +260,22 @@ static const wagma_etcd_kv_t *progress_kv(wg_cache_t *c, const cjob_t *j, const 
   return wg_kvarr_find(&j->kvs, key, strlen(key));
 }
 
+/* A joiner whose quarantine for being cut off ended this recently is "reachable again". */
+#define REACHABLE_AGAIN_S 60.0
+
+/* The quarantine record of agent for being cut off from its peers in job j (nprobe > 0), as
+ * the view holds it, into *q: 1, else 0. */
+static int unreachable_record(wg_cache_t *c, const cjob_t *j, const char *agent,
+                              wagma_quarantine_t *q) {
+  char key[256];
+  wagma_api_error_t err;
+  const wagma_etcd_kv_t *kv = NULL;
+  if (wagma_key_quarantine(&c->c->keys, agent, key, sizeof key) == 0)
+    kv = wg_kvarr_find(&c->quars, key, strlen(key));
+  return kv && wagma_quarantine_from_json(kv->value, kv->value_len, q, &err) == 0 &&
+         q->nprobe > 0 && strcmp(q->job, j->id) == 0;
+}
+
 /* Renders the job's REST bodies from its keys, as the etcd handlers do (store.c): the full
  * view of GET /v1/jobs/{id}, and its entry in GET /v1/jobs (spec and status, and the progress
  * of at most WG_LIST_PROGRESS_MAX members unless it is finished). */
@@ -443,6 +459,7 @@ static void leave_reason(wg_cache_t *c, const cjob_t *j, const wagma_member_t *m
   wagma_progress_t p;
   int has_p = pkv && wagma_progress_from_json(pkv->value, pkv->value_len, &p, &err) == 0;
   wagma_agent_info_t info;
+  wagma_quarantine_t q;
   if (!akv) {
     snprintf(out, len,
              "its registration ended (the agent stopped, crashed or lost etcd: its "
@@ -456,6 +473,10 @@ static void leave_reason(wg_cache_t *c, const cjob_t *j, const wagma_member_t *m
     snprintf(out, len, "it cannot serve the job: %.200s", p.error);
   } else if (has_p && p.state == WAGMA_PROGRESS_FAILED) {
     snprintf(out, len, "it failed: %.200s", p.error);
+  } else if (unreachable_record(c, j, m->name, &q) && q.reachable == 0 && akv &&
+             q.registration == akv->create_revision) {
+    const char *why = strstr(q.reason, ": ");
+    snprintf(out, len, "%.240s; quarantined until it reaches them again", why ? why + 2 : q.reason);
   } else if (rank >= workers) {
     snprintf(out, len, "scaled down to %d workers", workers);
   } else {
@@ -490,6 +511,7 @@ static json_t *epoch_entry(wg_cache_t *c, const cjob_t *j, const wagma_plan_t *o
   }
   for (int r = 0; r < np->nranks; r++) {
     int back = rejoined(old, np, np->members[r].name);
+    wagma_quarantine_t q;
     if (old && names_has(old, np->members[r].name) && !back)
       continue;
     const char *reason =
@@ -497,6 +519,9 @@ static json_t *epoch_entry(wg_cache_t *c, const cjob_t *j, const wagma_plan_t *o
         : !old && np->epoch <= 1 ? "first plan"
         : !observed              ? "not observed (before this coordinator watched)"
         : survivors == 0         ? "fresh start (no member survived)"
+        : unreachable_record(c, j, np->members[r].name, &q) && q.reachable > 0 &&
+                when - q.reachable < REACHABLE_AGAIN_S
+            ? "reachable again (it reaches its peers on the data plane)"
         : old && workers > old->nranks && r >= old->nranks - (int)json_array_size(left)
             ? "scaled up"
             : "free agent joined";

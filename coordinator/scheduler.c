@@ -75,6 +75,7 @@
 #include <openssl/rand.h>
 
 #include "coord.h"
+#include "reach.h"
 #include "snapshot.h"
 #include "wagma/log_internal.h"
 
@@ -85,6 +86,10 @@
 /* How long a job whose members all left at its last iteration waits for their final reports
  * (after the newest report of its epoch) before it fails. */
 #define FINAL_REPORT_WAIT_S 30.0
+/* A report that a peer is unreachable counts once it says so for this long (reach.h): both
+ * sides of a cut see it within about a second of each other (WG_TCP_SILENCE_S each), so by
+ * then the side cut off is usually named by all its peers. */
+#define REACH_GRACE_S 1.0
 
 struct wg_scheduler {
   wg_coord_t *c;
@@ -449,6 +454,129 @@ out:
   free(json);
 }
 
+/* ---- members cut off from their peers (docs/design.md §7.3) -------------------------------- */
+
+/* Which members of job j's plan (nplan members, names and addresses in rank order) the
+ * partition rule (reach.c) leaves out, in cut[] (nplan entries): a member counts when its
+ * agent is registered at the plan's address and its report is of the job's epoch. Returns
+ * what wg_reach_decide returns. */
+static int cut_members(snapshot_t *s, const wg_job_record_t *j, char (*names)[WAGMA_API_NAME_MAX],
+                       char (*addrs)[WAGMA_API_ADDR_MAX], int nplan, int *cut) {
+  wg_reach_member_t *m = calloc((size_t)nplan, sizeof *m);
+  if (!m)
+    return WAGMA_ENOMEM;
+  for (int r = 0; r < nplan; r++) {
+    const wagma_progress_t *pr = find_progress(j, names[r]);
+    agent_rec_t *a = wg_snapshot_agent(s, names[r]);
+    m[r].present = a && strcmp(a->info.address, addrs[r]) == 0 && pr &&
+                   pr->epoch == j->status.epoch && pr->state == WAGMA_PROGRESS_RUNNING;
+    if (m[r].present) {
+      m[r].iteration = pr->iteration;
+      m[r].nunreachable = pr->nunreachable;
+      m[r].unreachable = pr->unreachable;
+    }
+  }
+  int rc = wg_reach_decide(m, nplan, REACH_GRACE_S, cut);
+  free(m);
+  return rc;
+}
+
+/* Quarantines agent a, member `rank` of job j's plan that the partition rule left out:
+ * reason, the addresses it must reach again (those of the members kept, the ones cut off from
+ * it first, at most WAGMA_API_UNREACHABLE_MAX), until --quarantine seconds on (300 when 0:
+ * it cannot be kept out otherwise). Guarded as quarantine() is. 0 or an error. */
+static int quarantine_unreachable(pass_t *p, agent_rec_t *a, const wg_job_record_t *j, int rank,
+                                  char (*names)[WAGMA_API_NAME_MAX],
+                                  char (*addrs)[WAGMA_API_ADDR_MAX], int nplan, const int *cut) {
+  wg_coord_t *c = p->c;
+  char qkey[256], akey[256], *json = NULL;
+  quarantine_rec_t *old = find_quarantine(p->s, a->name);
+  const wagma_progress_t *mine = find_progress(j, names[rank]);
+  wagma_quarantine_t q = {.since = wg_wall(), .registration = a->create_rev};
+  q.until = q.since + (c->quarantine_s > 0 ? c->quarantine_s : 300);
+  snprintf(q.job, sizeof q.job, "%s", j->id);
+  /* its links that are cut: the peers it reported, and those that reported it */
+  int ncut = 0, *linked = calloc((size_t)nplan, sizeof *linked);
+  if (!linked)
+    return WAGMA_ENOMEM;
+  for (int i = 0; mine && i < mine->nunreachable; i++)
+    if (mine->unreachable[i].rank >= 0 && mine->unreachable[i].rank < nplan)
+      linked[mine->unreachable[i].rank] = 1;
+  for (int r = 0; r < nplan; r++) {
+    const wagma_progress_t *pr = r == rank ? NULL : find_progress(j, names[r]);
+    for (int i = 0; pr && pr->epoch == j->status.epoch && i < pr->nunreachable; i++)
+      if (pr->unreachable[i].rank == rank)
+        linked[r] = 1;
+  }
+  for (int pass = 1; pass >= 0; pass--) /* the cut links first, then the other members kept */
+    for (int r = 0; r < nplan && q.nprobe < WAGMA_API_UNREACHABLE_MAX; r++)
+      if (r != rank && !cut[r] && linked[r] == pass) {
+        snprintf(q.probe[q.nprobe++], sizeof q.probe[0], "%s", addrs[r]);
+        ncut += pass;
+      }
+  int n = snprintf(q.reason, sizeof q.reason,
+                   "job %s: cut off on the data plane from %d of its %d peers (", j->id, ncut,
+                   nplan - 1);
+  for (int r = 0, first = 1; r < nplan && n > 0 && (size_t)n < sizeof q.reason; r++)
+    if (linked[r] && r != rank) {
+      n += snprintf(q.reason + n, sizeof q.reason - (size_t)n, "%s%s", first ? "" : ", ", names[r]);
+      first = 0;
+    }
+  if (n > 0 && (size_t)n < sizeof q.reason)
+    snprintf(q.reason + n, sizeof q.reason - (size_t)n, ")");
+  free(linked);
+  int e = WAGMA_ENOMEM;
+  if (wagma_key_quarantine(&c->keys, a->name, qkey, sizeof qkey) ||
+      wagma_key_agent(&c->keys, a->name, akey, sizeof akey) || wagma_quarantine_to_json(&q, &json))
+    goto out;
+  wagma_etcd_cmp_t cmps[3] = {
+      fence(p),
+      {.key = akey,
+       .target = WAGMA_ETCD_CMP_CREATE,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = a->create_rev},
+      {.key = qkey,
+       .target = old ? WAGMA_ETCD_CMP_MOD : WAGMA_ETCD_CMP_VERSION,
+       .result = WAGMA_ETCD_EQUAL,
+       .number = old ? old->mod : 0},
+  };
+  wagma_etcd_op_t put = {
+      .type = WAGMA_ETCD_OP_PUT, .key = qkey, .value = json, .value_len = strlen(json)};
+  e = txn(p, cmps, 3, &put, 1, "quarantine unreachable agent");
+  if (e == 0) {
+    wg_logf(c->log, c->log_user, WAGMA_LOG_WARN,
+            "agent %s quarantined until it reaches its peers again (at most %.0f s): %s", a->name,
+            q.until - q.since, q.reason);
+    a->quarantined = 1;
+  }
+out:
+  free(json);
+  return e;
+}
+
+/* The quarantine of an agent cut off from its peers ends when its registration says it reached
+ * every address it had to probe (wagma_agent_info_t.reached = the record's since): the record
+ * stays, with until and reachable set to now (the timeline says "reachable again"). */
+static void end_unreachable_quarantine(pass_t *p, quarantine_rec_t *q, agent_rec_t *a) {
+  char key[256], *json = NULL;
+  wagma_quarantine_t nq = q->q;
+  nq.until = nq.reachable = wg_wall();
+  if (wagma_key_quarantine(&p->c->keys, q->agent, key, sizeof key) ||
+      wagma_quarantine_to_json(&nq, &json))
+    return;
+  wagma_etcd_cmp_t cmps[2] = {
+      fence(p),
+      {.key = key, .target = WAGMA_ETCD_CMP_MOD, .result = WAGMA_ETCD_EQUAL, .number = q->mod}};
+  wagma_etcd_op_t put = {
+      .type = WAGMA_ETCD_OP_PUT, .key = key, .value = json, .value_len = strlen(json)};
+  if (txn(p, cmps, 2, &put, 1, "end quarantine (reachable again)") == 0) {
+    wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_INFO,
+            "agent %s reaches its peers again: its quarantine ends (job %s)", q->agent, nq.job);
+    a->quarantined = 0;
+  }
+  free(json);
+}
+
 /* Quarantines the agents whose refusal of a job another agent ran (leader only; once per
  * refusal), and deletes the quarantine records that no longer apply. */
 static void reconcile_quarantine(pass_t *p) {
@@ -472,6 +600,11 @@ static void reconcile_quarantine(pass_t *p) {
     quarantine_rec_t *q = &s->quarantines[i];
     agent_rec_t *a = wg_snapshot_agent(s, q->agent);
     char key[256];
+    if (a && a->create_rev == q->q.registration && q->q.nprobe > 0 && q->q.reachable == 0 &&
+        a->info.reached > 0 && a->info.reached == q->q.since) {
+      end_unreachable_quarantine(p, q, a);
+      continue;
+    }
     if (q->q.registration && (a ? a->create_rev == q->q.registration : now < q->q.until))
       continue; /* the agent's current registration, or an agent away whose quarantine runs */
     if (wagma_key_quarantine(&p->c->keys, q->agent, key, sizeof key))
@@ -527,7 +660,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
   char(*addrs)[WAGMA_API_ADDR_MAX] = NULL;
   int ncur = 0;
   agent_rec_t **next = NULL;
-  int *joiner = NULL;
+  int *joiner = NULL, *cut = NULL;
   char *plan_json = NULL, *record_json = NULL;
   const char **member_names = NULL;
   wg_plan_member_t *pm = NULL;
@@ -609,6 +742,26 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     goto out;
   }
 
+  /* Members cut off from their peers on the data plane leave (quarantined first, so that
+   * they do not come back as joiners at once). */
+  if (running && nplan > 1) {
+    cut = calloc((size_t)nplan, sizeof *cut);
+    if (!cut)
+      goto out;
+    int ncut = cut_members(s, j, names, addrs, nplan, cut);
+    if (ncut == WG_REACH_NO_MAJORITY && p->leader)
+      wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_WARN,
+              "job %s: its members cannot reach each other and no side is a majority: nobody "
+              "is left out",
+              j->id);
+    for (int r = 0; r < nplan && ncut > 0; r++) {
+      agent_rec_t *a = cut[r] ? wg_snapshot_agent(s, names[r]) : NULL;
+      if (a && !a->quarantined &&
+          (!p->leader || quarantine_unreachable(p, a, j, r, names, addrs, nplan, cut) != 0))
+        goto out; /* (a follower: the leader decides) */
+    }
+  }
+
   /* The next membership: survivors in rank order, cut to target, then joiners. */
   int target = j->spec.workers;
   next = calloc((size_t)target, sizeof *next);
@@ -620,7 +773,7 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     agent_rec_t *a = wg_snapshot_agent(s, names[r]);
     /* same registration address, it did not say it cannot serve the job, and its program did
      * not restart (a rejoiner leaves the survivors and comes back below, as a joiner) */
-    if (a && strcmp(a->info.address, addrs[r]) == 0 && !refusal(j, a)) {
+    if (a && strcmp(a->info.address, addrs[r]) == 0 && !refusal(j, a) && !(cut && cut[r])) {
       if (wants_rejoin(j, a)) {
         rejoining++;
         continue;
@@ -810,6 +963,7 @@ out:
   free(addrs);
   free(next);
   free(joiner);
+  free(cut);
   free(plan_json);
   free(record_json);
   free(member_names);

@@ -279,6 +279,29 @@ static int send_msg(wagma_worker_t *w, json_t *m) {
   return e;
 }
 
+/* The members of the current epoch this one cannot reach on the data plane, the longest
+ * cut off first (the first WAGMA_API_UNREACHABLE_MAX of them; all counted). */
+static void unreachable_peers(wagma_worker_t *w, wagma_progress_t *p) {
+  for (int r = 0; r < w->cur.nranks; r++) {
+    double secs;
+    if (!wagma_comm_peer_unreachable(w->comm, r, &secs))
+      continue;
+    p->unreachable_total++;
+    int at = p->nunreachable;
+    while (at > 0 && p->unreachable[at - 1].seconds < secs)
+      at--;
+    if (at >= WAGMA_API_UNREACHABLE_MAX)
+      continue;
+    int n = p->nunreachable < WAGMA_API_UNREACHABLE_MAX ? p->nunreachable : p->nunreachable - 1;
+    memmove(&p->unreachable[at + 1], &p->unreachable[at],
+            (size_t)(n - at) * sizeof *p->unreachable);
+    p->unreachable[at].rank = r;
+    p->unreachable[at].seconds = secs;
+    if (p->nunreachable < WAGMA_API_UNREACHABLE_MAX)
+      p->nunreachable++;
+  }
+}
+
 /* A progress report (state running/done/failed/unavailable) with what this member knows. */
 static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *error) {
   wagma_progress_t p;
@@ -311,6 +334,8 @@ static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *e
   } else if (state == WAGMA_PROGRESS_DONE && w->params) {
     wg_fingerprint(w->params, w->n, p.fingerprint, &p.nfingerprint);
   }
+  if (w->comm)
+    unreachable_peers(w, &p);
   if (strcmp(w->cfg.algorithm, "wagma") == 0 && w->epoch && w->iteration > w->cur.start_round) {
     p.has_round = 1;
     p.round = w->iteration - 1;

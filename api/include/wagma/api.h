@@ -58,6 +58,7 @@ extern "C" {
 #define WAGMA_API_PROGRESS_GROUP_MAX 64
 /* Numbers of a progress record's parameter fingerprint (4 projections + the L2 norm). */
 #define WAGMA_API_FINGERPRINT_MAX 8
+#define WAGMA_API_UNREACHABLE_MAX 32 /* peers a progress report lists as unreachable */
 
 /* jansson dump flags of every wagma JSON document: compact, fields in order, 15 digits. */
 #define WG_JSON_FLAGS (JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15))
@@ -328,6 +329,18 @@ typedef struct wagma_progress {
   /* a restarted program (docs/programs.md): the member lost its model of this epoch and asks
    * the coordinator for a new epoch in which it is a joiner; 0 = none (absent in JSON) */
   uint64_t rejoin;
+  /* the members of this epoch's plan this one cannot reach on the data plane (never
+   * connected, or the connection went silent: wagma_comm_peer_unreachable), by plan rank,
+   * each with how long it has been so ("for", seconds), at most WAGMA_API_UNREACHABLE_MAX of
+   * them, the longest first; unreachable_total counts them all (>= nunreachable). Absent in
+   * JSON when none. The coordinator plans around a member cut off from its peers (docs/design.md
+   * §7.3). */
+  int nunreachable;
+  int unreachable_total;
+  struct wagma_unreachable {
+    int rank;
+    double seconds;
+  } unreachable[WAGMA_API_UNREACHABLE_MAX];
 } wagma_progress_t;
 #define WAGMA_API_ROLES "worker", "active", "passive", "server"
 
@@ -412,6 +425,9 @@ typedef struct wagma_agent_info {
   int nprograms;                    /* 0..WAGMA_API_AGENT_PROGRAMS_MAX, default 0 */
   /* the programs it can launch (--programs DIR), sorted by strcmp, no duplicates */
   char programs[WAGMA_API_AGENT_PROGRAMS_MAX][WAGMA_API_PROGRAM_NAME_MAX];
+  /* the `since` of the quarantine for being unreachable (wagma_quarantine_t.nprobe > 0) after
+   * which this agent connected to every address it had to probe; 0 = none (absent in JSON) */
+  double reached;
 } wagma_agent_info_t;
 
 /* 1 when the registration lists program name (a binary search of the sorted list). */
@@ -450,6 +466,13 @@ typedef struct wagma_quarantine {
   double since, until;               /* unix seconds, coordinator's clock */
   int64_t registration;              /* create revision of the agent key it applies to (> 0) */
   int64_t refusal; /* mod revision of the agent's "unavailable" progress in job (0 = none) */
+  /* A member cut off from its peers on the data plane (docs/design.md §7.3): nprobe > 0, the
+   * data-plane addresses of job's members it must reach again ("probe"); the quarantine ends
+   * early when the agent's registration says it reached them all (wagma_agent_info_t.reached
+   * = since), and `reachable` is then when (unix seconds; 0 = not yet). */
+  int nprobe;
+  char probe[WAGMA_API_UNREACHABLE_MAX][WAGMA_API_ADDR_MAX];
+  double reachable;
 } wagma_quarantine_t;
 
 json_t *wagma_quarantine_to_value(const wagma_quarantine_t *q);

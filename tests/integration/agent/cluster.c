@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -527,4 +528,83 @@ int cluster_signal_member(const cluster_t *c, int i, const char *job, int sig) {
   if (program > 0)
     kill(-program, sig); /* (gone already: nothing to freeze) */
   return kill(c->agent[i], sig);
+}
+
+/* ---- network namespaces (cluster.h) ---------------------------------------------------- */
+
+int cluster_sh(const char *fmt, ...) {
+  char cmd[512];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof cmd - 16)
+    return -1;
+  strcat(cmd, " >/dev/null 2>&1");
+  int st = system(cmd);
+  return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+static cluster_netns_t *net_to_delete; /* for atexit: the namespace outlives no run */
+
+static void net_close_at_exit(void) {
+  cluster_netns_close(net_to_delete);
+}
+
+void cluster_netns_open(cluster_netns_t *n, const char *tag) {
+  unsigned pid = (unsigned)getpid();
+  n->agent = -1;
+  if (geteuid() != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "not root (network namespaces need root)");
+    return;
+  }
+  if (cluster_sh("ip -V") != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "no ip command (iproute2)");
+    return;
+  }
+  snprintf(n->ns, sizeof n->ns, "%s%u", tag, pid);
+  snprintf(n->link, sizeof n->link, "wgs%un", pid % 10000000u);
+  char here_link[16];
+  snprintf(here_link, sizeof here_link, "wgs%uh", pid % 10000000u);
+  net_to_delete = n;
+  atexit(net_close_at_exit);
+  if (cluster_sh("ip netns add %s", n->ns) != 0) {
+    snprintf(n->why_off, sizeof n->why_off, "cannot create the network namespace %s", n->ns);
+    n->ns[0] = '\0';
+    return;
+  }
+  for (unsigned k = 0; k < 250 && !n->on; k++) {
+    unsigned third = (pid + k) % 250;
+    char probe[64];
+    snprintf(probe, sizeof probe, "10.213.%u.0/30", third);
+    if (cluster_sh("ip -4 addr show to %s | grep -q inet", probe) == 0)
+      continue; /* used here already (another run's veth) */
+    snprintf(n->here, sizeof n->here, "10.213.%u.1", third);
+    snprintf(n->there, sizeof n->there, "10.213.%u.2", third);
+    n->on = cluster_sh("ip link add %s type veth peer name %s", here_link, n->link) == 0 &&
+            cluster_sh("ip link set %s netns %s", n->link, n->ns) == 0 &&
+            cluster_sh("ip addr add %s/30 dev %s", n->here, here_link) == 0 &&
+            cluster_sh("ip link set %s up", here_link) == 0 &&
+            cluster_sh("ip -n %s addr add %s/30 dev %s", n->ns, n->there, n->link) == 0 &&
+            cluster_sh("ip -n %s link set %s up", n->ns, n->link) == 0 &&
+            cluster_sh("ip -n %s link set lo up", n->ns) == 0;
+    if (!n->on) {
+      snprintf(n->why_off, sizeof n->why_off, "cannot set up the veth pair %s/%s", here_link,
+               n->link);
+      break;
+    }
+  }
+  if (!n->on && !n->why_off[0])
+    snprintf(n->why_off, sizeof n->why_off, "no free 10.213.K.0/30");
+  if (!n->on)
+    cluster_netns_close(n);
+}
+
+void cluster_netns_close(cluster_netns_t *n) {
+  if (n && n->ns[0]) {
+    if (cluster_sh("ip netns delete %s", n->ns) != 0)
+      fprintf(stderr, "cluster: cannot delete the network namespace %s\n", n->ns);
+    n->ns[0] = '\0';
+    n->on = 0;
+  }
 }

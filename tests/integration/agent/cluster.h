@@ -43,6 +43,27 @@ typedef struct cluster_net {
   const char *etcd_extra_host; /* etcd's client port listens here too (NULL: none) */
 } cluster_net_t;
 
+/* A network namespace of its own joined to this one by a veth pair (cluster_netns_open): an
+ * agent placed inside (cluster_place_agent, at `there`) reaches etcd and its peers only over
+ * the veth, through `here`. */
+typedef struct cluster_netns {
+  int on;
+  char why_off[160];     /* why on is 0 */
+  char ns[32], link[16]; /* the namespace and the veth end inside it */
+  char here[20], there[20];
+  int agent; /* the index of the agent inside (the caller's), -1 before it is placed */
+} cluster_netns_t;
+
+/* Makes namespace <tag><pid> and the veth pair on a 10.213.K.0/30 no interface of this host
+ * uses yet (10.213.K.1 here, .2 there). Needs root and iproute2; on failure n->on stays 0 and
+ * n->why_off says why. The namespace is deleted at exit if cluster_netns_close was not
+ * called (one namespace per process). */
+void cluster_netns_open(cluster_netns_t *n, const char *tag);
+/* Deletes the namespace (and the veth pair with it). Idempotent. */
+void cluster_netns_close(cluster_netns_t *n);
+/* Runs a shell command (printf format, output discarded): 0 when it exited 0, else -1. */
+int cluster_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Starts etcd, the coordinator and nagents agents (agent-0 ...), each with agent_args (may be
  * NULL) plus its own extra[i] flags (extra may be NULL). Waits until all agents registered. */
 int cluster_start(cluster_t *c, int nagents, const char *const *agent_args);

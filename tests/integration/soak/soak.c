@@ -142,15 +142,6 @@ static void report_lanes(const cluster_t *c) {
 
 enum agent_state { UP = 0, STOPPED, DOWN, CUT };
 
-/* The network namespace of the partitionable agent (net_open). */
-typedef struct soak_net {
-  int on;
-  char why_off[160];
-  char ns[32], link[16]; /* the namespace and the veth end inside it */
-  char here[20], there[20];
-  int agent; /* the index of the agent inside, -1 before it is placed */
-} soak_net_t;
-
 static const char *const kind_names[] = {"kill", "stop",         "restart",     "leave",
                                          "join", "etcd-restart", "leader-kill", "partition"};
 enum {
@@ -171,7 +162,7 @@ typedef struct soak {
   double coord_restart_at[2];
   enum agent_state state[CLUSTER_MAX_AGENTS];
   double cont_at[CLUSTER_MAX_AGENTS]; /* STOPPED: SIGCONT then; CUT: the link restored then */
-  soak_net_t net;
+  cluster_netns_t net;
   long events, by_kind[EV_KINDS];
   double last_event, last_etcd, last_leader_kill;
   double next_event; /* when the next event is due (across jobs) */
@@ -287,85 +278,9 @@ static int leader(soak_t *s) {
 /* ---- the partitionable agent's network namespace -------------------------------------- */
 
 /* Runs the shell command that printf(fmt, ...) makes, its output discarded: 0 when it exited 0. */
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int sh(const char *fmt, ...) {
-  char cmd[512];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  if (n < 0 || (size_t)n >= sizeof cmd - 16)
-    return -1;
-  strcat(cmd, " >/dev/null 2>&1");
-  int st = system(cmd);
-  return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-}
-
-static soak_net_t *net_to_delete; /* for atexit: the namespace outlives no run */
-
-static void net_close(void) {
-  if (net_to_delete && net_to_delete->ns[0]) {
-    if (sh("ip netns delete %s", net_to_delete->ns) != 0)
-      fprintf(stderr, "soak: cannot delete the network namespace %s\n", net_to_delete->ns);
-    net_to_delete->ns[0] = '\0';
-    net_to_delete->on = 0;
-  }
-}
-
-/* Makes the namespace and the veth pair, on a 10.213.K.0/30 no interface of this host uses
- * yet. On failure n->on stays 0 and n->why_off says why. */
-static void net_open(soak_net_t *n) {
-  unsigned pid = (unsigned)getpid();
-  n->agent = -1;
-  if (geteuid() != 0) {
-    snprintf(n->why_off, sizeof n->why_off, "not root (network namespaces need root)");
-    return;
-  }
-  if (sh("ip -V") != 0) {
-    snprintf(n->why_off, sizeof n->why_off, "no ip command (iproute2)");
-    return;
-  }
-  snprintf(n->ns, sizeof n->ns, "wgsoak%u", pid);
-  snprintf(n->link, sizeof n->link, "wgs%un", pid % 10000000u);
-  char here_link[16];
-  snprintf(here_link, sizeof here_link, "wgs%uh", pid % 10000000u);
-  net_to_delete = n;
-  atexit(net_close);
-  if (sh("ip netns add %s", n->ns) != 0) {
-    snprintf(n->why_off, sizeof n->why_off, "cannot create the network namespace %s", n->ns);
-    n->ns[0] = '\0';
-    return;
-  }
-  for (unsigned k = 0; k < 250 && !n->on; k++) {
-    unsigned third = (pid + k) % 250;
-    char probe[64];
-    snprintf(probe, sizeof probe, "10.213.%u.0/30", third);
-    if (sh("ip -4 addr show to %s | grep -q inet", probe) == 0)
-      continue; /* used here already (another run's veth) */
-    snprintf(n->here, sizeof n->here, "10.213.%u.1", third);
-    snprintf(n->there, sizeof n->there, "10.213.%u.2", third);
-    n->on = sh("ip link add %s type veth peer name %s", here_link, n->link) == 0 &&
-            sh("ip link set %s netns %s", n->link, n->ns) == 0 &&
-            sh("ip addr add %s/30 dev %s", n->here, here_link) == 0 &&
-            sh("ip link set %s up", here_link) == 0 &&
-            sh("ip -n %s addr add %s/30 dev %s", n->ns, n->there, n->link) == 0 &&
-            sh("ip -n %s link set %s up", n->ns, n->link) == 0 &&
-            sh("ip -n %s link set lo up", n->ns) == 0;
-    if (!n->on) {
-      snprintf(n->why_off, sizeof n->why_off, "cannot set up the veth pair %s/%s", here_link,
-               n->link);
-      break;
-    }
-  }
-  if (!n->on && !n->why_off[0])
-    snprintf(n->why_off, sizeof n->why_off, "no free 10.213.K.0/30");
-  if (!n->on)
-    net_close();
-}
-
 /* Cuts (up = 0) or restores (up = 1) the partitionable agent's link; 0 or -1. */
 static int net_link(soak_t *s, int up) {
-  return sh("ip -n %s link set %s %s", s->net.ns, s->net.link, up ? "up" : "down");
+  return cluster_sh("ip -n %s link set %s %s", s->net.ns, s->net.link, up ? "up" : "down");
 }
 
 /* ---- events --------------------------------------------------------------------------- */
@@ -669,7 +584,7 @@ int main(int argc, char **argv) {
          "iterations, transport %s\n",
          s.seed, target, duration, iterations, nccl ? "nccl" : "tcp");
   signal(SIGPIPE, SIG_IGN);
-  net_open(&s.net);
+  cluster_netns_open(&s.net, "wgsoak");
   if (s.net.on)
     printf("soak: partitions on: agent-%d in network namespace %s (%s), the others on %s\n",
            NAGENTS - 1, s.net.ns, s.net.there, s.net.here);
@@ -690,7 +605,7 @@ int main(int argc, char **argv) {
   if (!started) {
     cluster_dump_logs(&s.c);
     cluster_stop(&s.c);
-    net_close();
+    cluster_netns_close(&s.net);
     return 1;
   }
   s.coord[0] = s.c.coordinator;
@@ -736,6 +651,6 @@ int main(int argc, char **argv) {
   coordinator_process_stop(&s.coord[1], SIGTERM);
   s.c.coordinator = s.coord[0];
   cluster_stop(&s.c);
-  net_close();
+  cluster_netns_close(&s.net);
   return s.failures || clean < 0 ? 1 : 0;
 }
