@@ -9,6 +9,8 @@
  *                 progress and checkpoint records (the only code that talks to etcd)
  *   jobconf.c     job spec (wagma/api.h) -> wg_job_config_t, progress and checkpoint records
  *   runner.c      the runner thread: the assigned job's program, through the launcher
+ *   probe.c       whether this node reaches its peers' data-plane addresses (probe.h): what an
+ *                 agent quarantined for being cut off checks before it says it can rejoin
  *   launcher.c    a job's program (the user's, or wagma-train for a built-in job) launched,
  *                 supervised and talked to (launcher.h, worker/proto.h)
  * Beside them, linked by wagma-train (agent/trainer/): model_host.c (a model as host memory),

@@ -17,7 +17,10 @@
  *    libwagma aborts its communicator of an older epoch when the plan reaches it, so a round
  *    blocked on a frozen peer gives way at once;
  *  - publishes the runner's progress (at most one put per progress_interval_s, at once for
- *    a final state) and rank 0's checkpoint records.
+ *    a final state) and rank 0's checkpoint records;
+ *  - while it has no job, follows its quarantine for being cut off from its peers: probes
+ *    their addresses (probe.c) and says in its registration when it reaches them all
+ *    (follow_quarantine; docs/design.md §7.3).
  * etcd being down never blocks training: only this thread waits on etcd (every call has the
  * handle's deadline), and the job's program keeps training on the last plan meanwhile.
  *

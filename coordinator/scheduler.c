@@ -61,6 +61,11 @@
  * Every write also compares LEASE(<prefix>/coordinator/leader) == our lease: a coordinator
  * that lost leadership cannot write. A failed compare just schedules another pass.
  *
+ * Members cut off from their peers on the data plane (docs/design.md §7.3): the partition
+ * rule (reach.c) picks them from the members' reports of unreachable peers; each is
+ * quarantined (the addresses it must reach again in the record) before a plan without it is
+ * written, and the quarantine ends when its registration says it reached them all.
+ *
  * Agents: an assignment only tells an agent which plan to watch; it trains in a job only
  * while that job's plan lists it (docs/api.md). */
 #include <math.h>
