@@ -452,6 +452,85 @@ static void test_spec_algorithm_defaults_and_warnings(void **state) {
   assert_int_equal(wagma_job_spec_warnings(&s, w, 0), 0);
 }
 
+/* Progress "unreachable" (issue 27): round trip, the total, and what is refused. */
+static void test_progress_unreachable(void **state) {
+  (void)state;
+  wagma_progress_t a, b;
+  wagma_api_error_t err;
+  char *json = NULL;
+  wagma_progress_init(&a);
+  a.iteration = 7;
+  a.nunreachable = 2;
+  a.unreachable_total = 5;
+  a.unreachable[0] = (struct wagma_unreachable){.rank = 3, .seconds = 4.5};
+  a.unreachable[1] = (struct wagma_unreachable){.rank = 1, .seconds = 2};
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_non_null(strstr(json, "\"unreachable_total\":5"));
+  assert_int_equal(wagma_progress_from_json(json, strlen(json), &b, &err), 0);
+  free(json);
+  assert_int_equal(b.nunreachable, 2);
+  assert_int_equal(b.unreachable_total, 5);
+  assert_int_equal(b.unreachable[0].rank, 3);
+  assert_true(b.unreachable[0].seconds == 4.5);
+  assert_int_equal(b.unreachable[1].rank, 1);
+  /* none: absent */
+  wagma_progress_init(&a);
+  assert_int_equal(wagma_progress_to_json(&a, &json), 0);
+  assert_null(strstr(json, "unreachable"));
+  free(json);
+  /* a total below the list is raised to it */
+  const char *low = "{\"iteration\":1,\"unreachable\":[{\"rank\":2,\"for\":1}]}";
+  assert_int_equal(wagma_progress_from_json(low, strlen(low), &b, &err), 0);
+  assert_int_equal(b.unreachable_total, 1);
+  static const char *const bad[] = {
+      "{\"iteration\":1,\"unreachable\":{}}",
+      "{\"iteration\":1,\"unreachable\":[3]}",
+      "{\"iteration\":1,\"unreachable\":[{\"rank\":2}]}",
+      "{\"iteration\":1,\"unreachable\":[{\"rank\":-1,\"for\":1}]}",
+      "{\"iteration\":1,\"unreachable\":[{\"rank\":1,\"for\":-1}]}",
+      "{\"iteration\":1,\"unreachable_total\":\"x\"}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    if (wagma_progress_from_json(bad[i], strlen(bad[i]), &b, &err) == 0)
+      fail_msg("accepted %s", bad[i]);
+    assert_non_null(strstr(err.field, "unreachable"));
+  }
+  char many[4096];
+  int n = snprintf(many, sizeof many, "{\"iteration\":1,\"unreachable\":[");
+  for (int i = 0; i <= WAGMA_API_UNREACHABLE_MAX; i++)
+    n += snprintf(many + n, sizeof many - (size_t)n, "%s{\"rank\":%d,\"for\":1}", i ? "," : "", i);
+  snprintf(many + n, sizeof many - (size_t)n, "]}");
+  assert_int_not_equal(wagma_progress_from_json(many, strlen(many), &b, &err), 0);
+}
+
+/* The quarantine of a member cut off ("probe", "reachable") and the agent's "reached". */
+static void test_quarantine_probe_codec(void **state) {
+  (void)state;
+  wagma_quarantine_t q = {.since = 100.5, .until = 400.5, .registration = 9, .nprobe = 2}, r;
+  wagma_api_error_t err;
+  char *json = NULL;
+  snprintf(q.probe[0], sizeof q.probe[0], "10.0.0.1:7000");
+  snprintf(q.probe[1], sizeof q.probe[1], "[::1]:7001");
+  assert_int_equal(wagma_quarantine_to_json(&q, &json), 0);
+  assert_int_equal(wagma_quarantine_from_json(json, strlen(json), &r, &err), 0);
+  free(json);
+  assert_int_equal(r.nprobe, 2);
+  assert_string_equal(r.probe[1], "[::1]:7001");
+  assert_true(r.reachable == 0 && r.since == 100.5);
+  const char *bad = "{\"registration\":1,\"probe\":[\"nohostport\"]}";
+  assert_int_not_equal(wagma_quarantine_from_json(bad, strlen(bad), &r, &err), 0);
+  assert_string_equal(err.field, "probe[0]");
+  wagma_agent_info_t a, b;
+  memset(&a, 0, sizeof a);
+  snprintf(a.address, sizeof a.address, "h:1");
+  a.capacity = 1;
+  a.reached = 100.5;
+  assert_int_equal(wagma_agent_info_to_json(&a, &json), 0);
+  assert_int_equal(wagma_agent_info_from_json(json, strlen(json), &b, &err), 0);
+  free(json);
+  assert_true(b.reached == 100.5);
+}
+
 static void test_progress_codec(void **state) {
   (void)state;
   wagma_progress_t a, b;
@@ -1266,6 +1345,8 @@ int main(void) {
       cmocka_unit_test(test_status_summary),
       cmocka_unit_test(test_spec_algorithm_defaults_and_warnings),
       cmocka_unit_test(test_progress_codec),
+      cmocka_unit_test(test_progress_unreachable),
+      cmocka_unit_test(test_quarantine_probe_codec),
       cmocka_unit_test(test_plan_record_codec),
       cmocka_unit_test(test_checkpoint_record_codec),
       cmocka_unit_test(test_agent_and_assignment),
