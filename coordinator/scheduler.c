@@ -420,22 +420,16 @@ static quarantine_rec_t *find_quarantine(snapshot_t *s, const char *name) {
   return NULL;
 }
 
-/* Puts <prefix>/quarantine/<agent>: refusal pe of job (its registration, the refusal's
- * revision, until = now + c->quarantine_s), guarded by the agent's registration (create
- * revision) and the record as read. */
-static void quarantine(pass_t *p, agent_rec_t *a, const char *job, const wg_progress_entry_t *pe) {
+/* Puts <prefix>/quarantine/<agent> = q, guarded by the agent's registration (create
+ * revision) and the record as read; marks a quarantined. 0 or an error. */
+static int put_quarantine(pass_t *p, agent_rec_t *a, const wagma_quarantine_t *q,
+                          const char *what) {
   wg_coord_t *c = p->c;
   char qkey[256], akey[256], *json = NULL;
   quarantine_rec_t *old = find_quarantine(p->s, a->name);
-  const char *why = pe->progress.error[0] ? pe->progress.error : "no detail";
-  wagma_quarantine_t q = {.since = wg_wall(), .registration = a->create_rev, .refusal = pe->mod};
-  q.until = q.since + c->quarantine_s;
-  snprintf(q.job, sizeof q.job, "%s", job);
-  if (snprintf(q.reason, sizeof q.reason, "job %s: %s", job, why) >= (int)sizeof q.reason)
-    q.reason[sizeof q.reason - 1] = '\0'; /* truncated: fine */
   if (wagma_key_quarantine(&c->keys, a->name, qkey, sizeof qkey) ||
-      wagma_key_agent(&c->keys, a->name, akey, sizeof akey) || wagma_quarantine_to_json(&q, &json))
-    goto out;
+      wagma_key_agent(&c->keys, a->name, akey, sizeof akey) || wagma_quarantine_to_json(q, &json))
+    return WAGMA_ENOMEM;
   wagma_etcd_cmp_t cmps[3] = {
       fence(p),
       {.key = akey,
@@ -449,14 +443,26 @@ static void quarantine(pass_t *p, agent_rec_t *a, const char *job, const wg_prog
   };
   wagma_etcd_op_t put = {
       .type = WAGMA_ETCD_OP_PUT, .key = qkey, .value = json, .value_len = strlen(json)};
-  if (txn(p, cmps, 3, &put, 1, "quarantine agent") == 0) {
+  int e = txn(p, cmps, 3, &put, 1, what);
+  if (e == 0)
+    a->quarantined = 1;
+  free(json);
+  return e;
+}
+
+/* Quarantines agent a for its refusal pe of job (until = now + c->quarantine_s). */
+static void quarantine(pass_t *p, agent_rec_t *a, const char *job, const wg_progress_entry_t *pe) {
+  wg_coord_t *c = p->c;
+  const char *why = pe->progress.error[0] ? pe->progress.error : "no detail";
+  wagma_quarantine_t q = {.since = wg_wall(), .registration = a->create_rev, .refusal = pe->mod};
+  q.until = q.since + c->quarantine_s;
+  snprintf(q.job, sizeof q.job, "%s", job);
+  if (snprintf(q.reason, sizeof q.reason, "job %s: %s", job, why) >= (int)sizeof q.reason)
+    q.reason[sizeof q.reason - 1] = '\0'; /* truncated: fine */
+  if (put_quarantine(p, a, &q, "quarantine agent") == 0)
     wg_logf(c->log, c->log_user, WAGMA_LOG_WARN,
             "agent %s quarantined for %d s (or until it registers again): %s", a->name,
             c->quarantine_s, q.reason);
-    a->quarantined = 1;
-  }
-out:
-  free(json);
 }
 
 /* ---- members cut off from their peers (docs/design.md §7.3) -------------------------------- */
@@ -494,8 +500,6 @@ static int quarantine_unreachable(pass_t *p, agent_rec_t *a, const wg_job_record
                                   char (*names)[WAGMA_API_NAME_MAX],
                                   char (*addrs)[WAGMA_API_ADDR_MAX], int nplan, const int *cut) {
   wg_coord_t *c = p->c;
-  char qkey[256], akey[256], *json = NULL;
-  quarantine_rec_t *old = find_quarantine(p->s, a->name);
   const wagma_progress_t *mine = find_progress(j, names[rank]);
   wagma_quarantine_t q = {.since = wg_wall(), .registration = a->create_rev};
   q.until = q.since + (c->quarantine_s > 0 ? c->quarantine_s : 300);
@@ -530,32 +534,11 @@ static int quarantine_unreachable(pass_t *p, agent_rec_t *a, const wg_job_record
   if (n > 0 && (size_t)n < sizeof q.reason)
     snprintf(q.reason + n, sizeof q.reason - (size_t)n, ")");
   free(linked);
-  int e = WAGMA_ENOMEM;
-  if (wagma_key_quarantine(&c->keys, a->name, qkey, sizeof qkey) ||
-      wagma_key_agent(&c->keys, a->name, akey, sizeof akey) || wagma_quarantine_to_json(&q, &json))
-    goto out;
-  wagma_etcd_cmp_t cmps[3] = {
-      fence(p),
-      {.key = akey,
-       .target = WAGMA_ETCD_CMP_CREATE,
-       .result = WAGMA_ETCD_EQUAL,
-       .number = a->create_rev},
-      {.key = qkey,
-       .target = old ? WAGMA_ETCD_CMP_MOD : WAGMA_ETCD_CMP_VERSION,
-       .result = WAGMA_ETCD_EQUAL,
-       .number = old ? old->mod : 0},
-  };
-  wagma_etcd_op_t put = {
-      .type = WAGMA_ETCD_OP_PUT, .key = qkey, .value = json, .value_len = strlen(json)};
-  e = txn(p, cmps, 3, &put, 1, "quarantine unreachable agent");
-  if (e == 0) {
+  int e = put_quarantine(p, a, &q, "quarantine unreachable agent");
+  if (e == 0)
     wg_logf(c->log, c->log_user, WAGMA_LOG_WARN,
             "agent %s quarantined until it reaches its peers again (at most %.0f s): %s", a->name,
             q.until - q.since, q.reason);
-    a->quarantined = 1;
-  }
-out:
-  free(json);
   return e;
 }
 
