@@ -14,23 +14,23 @@
 typedef struct wg_reach_member {
   /* 1: its agent is registered at the plan's address and its report is of the plan's epoch.
    * 0: the member is gone or silent (the lease decides about it): its report and the cut
-   * links to it count for nothing. */
+   * links to it count for nothing, and it does not count among the members present. */
   int present;
-  uint64_t iteration; /* its last report's (a tie-break) */
-  int nunreachable;   /* its report's list (plan ranks, how long); may hold ranks out of range */
+  int nunreachable; /* its report's list (plan ranks, how long); may hold ranks out of range */
   const struct wagma_unreachable *unreachable;
 } wg_reach_member_t;
 
 /* Decides whom of the n members to leave out. A link a-b between present members is cut when
- * a reports b unreachable for at least grace_s, or b reports a. Repeatedly leaves out the
- * member with the most cut links to the members still in, until none remains among them;
- * ties go, in order, to the member more of the others report, the member with the lower
- * iteration, the higher rank. So one member cut off from three is left out whether it or
- * they report it, and a minority that reports everyone else unreachable is left out before
- * anyone it names. When that would leave out half the members or more, nobody is left out
- * and the result is WG_REACH_NO_MAJORITY: with no side a majority, the rule cannot tell the
- * healthy side. Sets out[r] = 1 for each member left out, 0 for the others. Returns how many
- * were left out (0: no cut link), WG_REACH_NO_MAJORITY, or WAGMA_ENOMEM. */
+ * a reports b unreachable for at least grace_s, or b reports a. A member is left out when it
+ * is cut off from more than half of the other present members. So one member cut off from
+ * three is left out whether it or they report it; a minority that reports everyone else
+ * unreachable is left out, and none of those it names (each is cut off from the minority
+ * only); the first reports of a cut, which name one or two links, leave out nobody until the
+ * picture shows who is cut off from most; a single bad link between two members that reach
+ * everyone else leaves both in. When that would leave out half the present members or more,
+ * nobody is left out and the result is WG_REACH_NO_MAJORITY: with no side a majority, the
+ * rule cannot tell the healthy side. Sets out[r] = 1 for each member left out, 0 for the
+ * others. Returns how many were left out (0: none), WG_REACH_NO_MAJORITY, or WAGMA_ENOMEM. */
 #define WG_REACH_NO_MAJORITY WAGMA_ECONFLICT
 int wg_reach_decide(const wg_reach_member_t *m, int n, double grace_s, int *out);
 

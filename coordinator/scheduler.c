@@ -482,7 +482,6 @@ static int cut_members(snapshot_t *s, const wg_job_record_t *j, char (*names)[WA
     m[r].present = a && strcmp(a->info.address, addrs[r]) == 0 && pr &&
                    pr->epoch == j->status.epoch && pr->state == WAGMA_PROGRESS_RUNNING;
     if (m[r].present) {
-      m[r].iteration = pr->iteration;
       m[r].nunreachable = pr->nunreachable;
       m[r].unreachable = pr->unreachable;
     }
