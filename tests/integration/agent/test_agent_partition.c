@@ -186,6 +186,7 @@ static void run(const scenario_t *sc) {
   /* The cut. */
   assert_int_equal(cut(&c, sc, 1), 0);
   double t_cut = cluster_now(), t_detect = -1, slow_since = -1, slow_longest = 0;
+  int reported = 0;
   double last_t = t_cut;
   uint64_t last_it = survivors_iteration(&c, sc, &v);
   while (cluster_now() - t_cut < DETECT_BOUND_S + 6) {
@@ -209,6 +210,11 @@ static void run(const scenario_t *sc) {
     }
     if (t_detect < 0 && v.epoch > epoch0 && inside_members(&c, sc, &v) == 0)
       t_detect = now;
+    for (int i = 0; t_detect < 0 && i < n; i++) { /* a member reports whom it cannot reach */
+      const job_member_t *m = job_member(&v, c.agent_name[i]);
+      if (m && m->has_progress && m->epoch == epoch0 && m->unreachable > 0)
+        reported = 1;
+    }
     if (t_detect > 0 && now - t_detect > 2.0)
       break;
   }
@@ -252,12 +258,14 @@ static void run(const scenario_t *sc) {
          t_back > 0 ? t_back - t_heal : -1, t_step > 0 ? t_step - t_heal : -1);
   fflush(stdout);
   cluster_job_stop(&c, job, 20);
-  int good = t_detect > 0 && t_detect - t_cut <= DETECT_BOUND_S && quarantined && timeline_cut &&
-             slow_longest <= DETECT_BOUND_S && t_back > 0 && t_back - t_heal <= BACK_BOUND_S &&
-             t_step > 0 && t_step - t_back <= STEP_BOUND_S && timeline_back;
+  int good = reported && t_detect > 0 && t_detect - t_cut <= DETECT_BOUND_S &&
+             quarantined && timeline_cut && slow_longest <= DETECT_BOUND_S && t_back > 0 &&
+             t_back - t_heal <= BACK_BOUND_S && t_step > 0 && t_step - t_back <= STEP_BOUND_S &&
+             timeline_back;
   if (!good)
     cluster_dump_logs(&c);
   cluster_stop(&c);
+  assert_true(reported);
   assert_true(t_detect > 0);
   assert_true(t_detect - t_cut <= DETECT_BOUND_S);
   assert_true(quarantined);
