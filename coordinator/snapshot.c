@@ -172,8 +172,13 @@ int wg_job_has_member(const wg_job_record_t *j, const char *agent) {
 
 /* Renders the cluster view for /metrics. Ownership: the caller frees. */
 char *wg_snapshot_render(const snapshot_t *s) {
-  /* Per job: 5 lines of at most ~50 bytes of text + the name + a 20-digit number. */
-  size_t cap = 1024 + s->njobs * 5 * (64 + WAGMA_API_NAME_MAX);
+  /* Per job: 5 lines of at most ~50 bytes of text + the name + a 20-digit number; per
+   * member reporting unreachable peers one line with two names; 256 for that metric's HELP. */
+  size_t cap = 1024 + 256 + s->njobs * 5 * (64 + WAGMA_API_NAME_MAX);
+  for (size_t i = 0; i < s->njobs; i++)
+    for (int k = 0; k < s->jobs[i].nprogress; k++)
+      cap +=
+          s->jobs[i].progress[k].progress.unreachable_total > 0 ? 64 + 2 * WAGMA_API_NAME_MAX : 0;
   char *b = malloc(cap);
   size_t len = 0;
   int counts[5] = {0};
@@ -250,6 +255,21 @@ char *wg_snapshot_render(const snapshot_t *s) {
       }
     if (cnt)
       OUT("wagma_job_staleness{job=\"%s\"} %llu\n", j->id, (unsigned long long)most);
+  }
+  /* Members cut off (docs/design.md §7.3): what each member's report of its job's epoch says;
+   * only agents that report some, so that a large healthy cluster adds no series. */
+  OUT("# HELP wagma_agent_unreachable_peers Peers of its job's epoch an agent's member cannot "
+      "reach on the data plane (absent when none)\n"
+      "# TYPE wagma_agent_unreachable_peers gauge\n");
+  for (size_t i = 0; i < s->njobs; i++) {
+    const wg_job_record_t *j = &s->jobs[i];
+    for (int k = 0; k < j->nprogress; k++) {
+      const wagma_progress_t *pr = &j->progress[k].progress;
+      if (pr->unreachable_total > 0 && pr->epoch == j->status.epoch &&
+          wg_job_has_member(j, j->progress[k].agent))
+        OUT("wagma_agent_unreachable_peers{agent=\"%s\",job=\"%s\"} %d\n", j->progress[k].agent,
+            j->id, pr->unreachable_total);
+    }
   }
 #undef OUT
   return b;

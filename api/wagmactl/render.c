@@ -303,6 +303,37 @@ static int member_table(const json_t *members, FILE *out) {
   return finish_table(t, rc, out);
 }
 
+/* After the member table: one line per member whose progress lists peers it cannot reach on
+ * the data plane ("agent-3 cannot reach 3 peers on the data plane: agent-0 (4.1 s), ..."),
+ * peers named by their rank in the members. */
+static void unreachable_lines(const json_t *members, FILE *out) {
+  size_t i, k;
+  const json_t *m, *u;
+  json_array_foreach(members, i, m) {
+    const json_t *p = json_object_get(m, "progress");
+    const json_t *list = json_object_get(p, "unreachable");
+    if (!json_is_array(list) || json_array_size(list) == 0)
+      continue;
+    const json_t *total = json_object_get(p, "unreachable_total");
+    char name[CELL];
+    fprintf(out, "%s cannot reach %lld peer%s on the data plane:", str_at(m, "name", name),
+            json_is_integer(total) ? (long long)json_integer_value(total)
+                                   : (long long)json_array_size(list),
+            json_array_size(list) == 1 && !json_is_integer(total) ? "" : "s");
+    json_array_foreach(list, k, u) {
+      json_int_t rank = json_integer_value(json_object_get(u, "rank"));
+      const json_t *peer = NULL, *x;
+      size_t j;
+      json_array_foreach(members, j, x) if (json_integer_value(json_object_get(x, "rank")) == rank)
+          peer = x;
+      char pn[CELL];
+      fprintf(out, "%s %s (%.1f s)", k ? "," : "", peer ? str_at(peer, "name", pn) : "?",
+              json_number_value(json_object_get(u, "for")));
+    }
+    fputc('\n', out);
+  }
+}
+
 int wg_ctl_render_job(const json_t *root, FILE *out) {
   if (!json_is_object(root) || !json_is_object(json_object_get(root, "status")))
     return -1;
@@ -313,7 +344,10 @@ int wg_ctl_render_job(const json_t *root, FILE *out) {
     fputs("no members (no plan yet)\n", out);
     return 0;
   }
-  return member_table(members, out);
+  int rc = member_table(members, out);
+  if (rc == 0)
+    unreachable_lines(members, out);
+  return rc;
 }
 
 int wg_ctl_render_groups(const json_t *root, FILE *out) {

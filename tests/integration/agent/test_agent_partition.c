@@ -12,6 +12,8 @@
  * bad switch port or a network policy. (Rules, not nft or iptables: the kernel here has
  * neither, nor tc's drop action.) A full cut: the namespace's veth end down (etcd lost too).
  * Checked:
+ *   - before the plan changes, the members report whom they cannot reach (progress
+ *     "unreachable" in GET /v1/jobs/{id}, wagma_agent_unreachable_peers in /metrics);
  *   - within the lease TTL + 3 s of the cut, a plan without the side cut off; for a
  *     data-plane cut, each of its agents quarantined in GET /v1/agents with a reason naming
  *     the cut, and the timeline saying so;
@@ -186,7 +188,7 @@ static void run(const scenario_t *sc) {
   /* The cut. */
   assert_int_equal(cut(&c, sc, 1), 0);
   double t_cut = cluster_now(), t_detect = -1, slow_since = -1, slow_longest = 0;
-  int reported = 0;
+  int reported = 0, metric = 0;
   double last_t = t_cut;
   uint64_t last_it = survivors_iteration(&c, sc, &v);
   while (cluster_now() - t_cut < DETECT_BOUND_S + 6) {
@@ -214,6 +216,13 @@ static void run(const scenario_t *sc) {
       const job_member_t *m = job_member(&v, c.agent_name[i]);
       if (m && m->has_progress && m->epoch == epoch0 && m->unreachable > 0)
         reported = 1;
+    }
+    if (t_detect < 0 && !metric) { /* ...and /metrics has it, for a survivor (a full cut
+                                      keeps those inside from reporting) */
+      char needle[96];
+      snprintf(needle, sizeof needle, "wagma_agent_unreachable_peers{agent=\"%s\"",
+               c.agent_name[0]);
+      metric = body_has(&c, "/metrics", needle);
     }
     if (t_detect > 0 && now - t_detect > 2.0)
       break;
@@ -258,7 +267,7 @@ static void run(const scenario_t *sc) {
          t_back > 0 ? t_back - t_heal : -1, t_step > 0 ? t_step - t_heal : -1);
   fflush(stdout);
   cluster_job_stop(&c, job, 20);
-  int good = reported && t_detect > 0 && t_detect - t_cut <= DETECT_BOUND_S &&
+  int good = reported && metric && t_detect > 0 && t_detect - t_cut <= DETECT_BOUND_S &&
              quarantined && timeline_cut && slow_longest <= DETECT_BOUND_S && t_back > 0 &&
              t_back - t_heal <= BACK_BOUND_S && t_step > 0 && t_step - t_back <= STEP_BOUND_S &&
              timeline_back;
@@ -266,6 +275,7 @@ static void run(const scenario_t *sc) {
     cluster_dump_logs(&c);
   cluster_stop(&c);
   assert_true(reported);
+  assert_true(metric);
   assert_true(t_detect > 0);
   assert_true(t_detect - t_cut <= DETECT_BOUND_S);
   assert_true(quarantined);

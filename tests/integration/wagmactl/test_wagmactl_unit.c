@@ -407,6 +407,27 @@ static void test_render_job(void **state) {
   json_decref(root);
 }
 
+/* A member that cannot reach peers on the data plane gets a line naming them (issue 27). */
+static void test_render_job_unreachable(void **state) {
+  (void)state;
+  json_t *root = load(job_json);
+  json_t *m0 = json_array_get(json_object_get(root, "members"), 0);
+  json_object_set_new(json_object_get(m0, "progress"), "unreachable",
+                      json_pack("[{s:i,s:f}]", "rank", 1, "for", 4.25));
+  capture_t c;
+  cap_open(&c);
+  assert_int_equal(wg_ctl_render_job(root, c.f), 0);
+  const char *text = cap_text(&c);
+  assert_non_null(strstr(text, "agent-a cannot reach 1 peer on the data plane: agent-b (4.2 s)"));
+  cap_close(&c);
+  json_object_set_new(json_object_get(m0, "progress"), "unreachable_total", json_integer(7));
+  cap_open(&c);
+  assert_int_equal(wg_ctl_render_job(root, c.f), 0);
+  assert_non_null(strstr(cap_text(&c), "agent-a cannot reach 7 peers on the data plane:"));
+  cap_close(&c);
+  json_decref(root);
+}
+
 /* A server that does not report "alive" gets no ALIVE column (and the rest stays aligned). */
 static void test_render_job_without_alive(void **state) {
   (void)state;
@@ -586,6 +607,7 @@ int main(void) {
       cmocka_unit_test(test_render_jobs),
       cmocka_unit_test(test_render_job),
       cmocka_unit_test(test_render_job_without_alive),
+      cmocka_unit_test(test_render_job_unreachable),
       cmocka_unit_test(test_render_groups_plan_agents_health),
       cmocka_unit_test(test_errors_and_exit_codes),
       cmocka_unit_test(test_http_deadline),
