@@ -19,7 +19,8 @@
  * an agent for 0.5-4 s then SIGCONT, restart of an agent (SIGTERM and start again), an agent
  * leaving (SIGTERM), an agent joining (a down one starts again under its name), an etcd restart
  * (SIGKILL and start on the same data dir), a SIGKILL of the coordinator leader (restarted
- * 1-3 s later), and a network partition of one agent (its link cut for 0.5-6 s, then restored).
+ * 1-3 s later), a network partition of one agent (its link cut for 0.5-6 s, then restored),
+ * and a cut of that agent's data plane only for 0.5-8 s (issue 27: it still reaches etcd).
  * The first events take each kind once (as the state allows: a join needs an agent down, a
  * partition the namespaced agent up), so a short run covers every kind; later ones are drawn
  * by weight (pick_event). Rates: one event every GAP_MIN_S..GAP_MAX_S, at most one etcd restart and
@@ -31,7 +32,10 @@
  * in the namespace reaches etcd and its peers only over the veth. A partition sets the link
  * down inside the namespace: its packets go nowhere (its own calls fail, its peers' time out,
  * as with a pulled cable), and its lease expires when the cut outlasts the TTL. The heal sets
- * the link up; it counts as a membership change (the stall bound runs from it). This needs
+ * the link up; it counts as a membership change (the stall bound runs from it). A data-plane
+ * cut adds `ip rule ... blackhole` rules in the namespace for the data-plane ports instead
+ * (docs/design.md §7.3: the coordinator plans around the agent and quarantines it until its
+ * probe reaches its peers again); the heal deletes them. This needs
  * root and iproute2; without them the driver says why and runs without partitions. The
  * namespace (and with it the veth pair) is deleted at exit.
  *
@@ -142,8 +146,9 @@ static void report_lanes(const cluster_t *c) {
 
 enum agent_state { UP = 0, STOPPED, DOWN, CUT };
 
-static const char *const kind_names[] = {"kill", "stop",         "restart",     "leave",
-                                         "join", "etcd-restart", "leader-kill", "partition"};
+static const char *const kind_names[] = {"kill",        "stop",      "restart",
+                                         "leave",       "join",      "etcd-restart",
+                                         "leader-kill", "partition", "data-cut"};
 enum {
   EV_KILL,
   EV_STOP,
@@ -153,6 +158,7 @@ enum {
   EV_ETCD,
   EV_LEADER,
   EV_PARTITION,
+  EV_DATA_CUT,
   EV_KINDS
 };
 
@@ -162,6 +168,7 @@ typedef struct soak {
   double coord_restart_at[2];
   enum agent_state state[CLUSTER_MAX_AGENTS];
   double cont_at[CLUSTER_MAX_AGENTS]; /* STOPPED: SIGCONT then; CUT: the link restored then */
+  int data_cut; /* the CUT agent's cut is of its data plane only (rules, not the link) */
   cluster_netns_t net;
   long events, by_kind[EV_KINDS];
   double last_event, last_etcd, last_leader_kill;
@@ -283,6 +290,18 @@ static int net_link(soak_t *s, int up) {
   return cluster_sh("ip -n %s link set %s %s", s->net.ns, s->net.link, up ? "up" : "down");
 }
 
+/* Cuts (on = 1) or restores the data plane of the partitionable agent only: blackhole rules
+ * in its namespace for what it sends to the other agents' data-plane ports and from its own
+ * (test_agent_partition does the same); etcd and the coordinators stay reachable. */
+static int net_data_cut(soak_t *s, int on) {
+  int rc = 0;
+  for (int k = 0; k < s->c.nagents; k++)
+    rc |= cluster_sh("ip -n %s rule %s to %s ipproto tcp %s %d blackhole", s->net.ns,
+                     on ? "add" : "del", s->net.here, k == s->net.agent ? "sport" : "dport",
+                     s->c.agent_port[k]);
+  return rc;
+}
+
 /* ---- events --------------------------------------------------------------------------- */
 
 static void note_event(soak_t *s, int kind, const char *what) {
@@ -371,9 +390,25 @@ static int inject(soak_t *s, int kind) {
       return 0;
     }
     s->state[i] = CUT;
+    s->data_cut = 0;
     s->cont_at[i] = now + uniform(s, 0.5, 6.0);
     snprintf(what, sizeof what, "%s pid %d for %.1f s", s->c.agent_name[i], (int)s->c.agent[i],
              s->cont_at[i] - now);
+    break;
+  case EV_DATA_CUT:
+    i = s->net.agent;
+    if (!s->net.on || i < 0 || s->state[i] != UP || live_agents(s) <= MIN_LIVE)
+      return 0;
+    if (net_data_cut(s, 1) != 0) {
+      net_data_cut(s, 0);
+      failure(s, "cannot cut the data plane of %s", s->c.agent_name[i]);
+      return 0;
+    }
+    s->state[i] = CUT;
+    s->data_cut = 1;
+    s->cont_at[i] = now + uniform(s, 0.5, 8.0);
+    snprintf(what, sizeof what, "%s pid %d, data plane only, for %.1f s", s->c.agent_name[i],
+             (int)s->c.agent[i], s->cont_at[i] - now);
     break;
   default: return 0;
   }
@@ -382,7 +417,7 @@ static int inject(soak_t *s, int kind) {
 }
 
 static int pick_event(soak_t *s) {
-  static const int weights[EV_KINDS] = {3, 3, 2, 1, 3, 1, 1, 2};
+  static const int weights[EV_KINDS] = {3, 3, 2, 1, 3, 1, 1, 2, 2};
   int total = 0, r;
   for (int k = 0; k < EV_KINDS; k++)
     total += weights[k];
@@ -401,7 +436,7 @@ static void housekeeping(soak_t *s) {
       kill(s->c.agent[i], SIGCONT);
       s->state[i] = UP;
     } else if (s->state[i] == CUT && now >= s->cont_at[i]) {
-      if (net_link(s, 1) != 0)
+      if ((s->data_cut ? net_data_cut(s, 0) : net_link(s, 1)) != 0)
         failure(s, "cannot restore the link of %s", s->c.agent_name[i]);
       s->state[i] = UP;
       s->last_event = now; /* it rejoins: a membership change like a join */
@@ -646,6 +681,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < s.c.nagents; i++)
     if (s.state[i] == STOPPED)
       kill(s.c.agent[i], SIGCONT);
+    else if (s.state[i] == CUT && s.data_cut)
+      net_data_cut(&s, 0);
     else if (s.state[i] == CUT)
       net_link(&s, 1);
   coordinator_process_stop(&s.coord[1], SIGTERM);
