@@ -161,6 +161,13 @@ int wg_etcd_map_status(grpc_status_code code, const char *details) {
         strstr(details, "user name is empty") != NULL ||
         strstr(details, "revision of auth store is old") != NULL)
       return WAGMA_EPERM;
+    /* etcd's election service returns the server context's error as it is, which gRPC-Go
+     * sends as UNKNOWN with Go's text: the call's deadline passed there first (seen under
+     * ASan, a Campaign with a 700 ms deadline), or it was cancelled. */
+    if (code == GRPC_STATUS_UNKNOWN && strstr(details, "context deadline exceeded") != NULL)
+      return WAGMA_ETIMEDOUT;
+    if (code == GRPC_STATUS_UNKNOWN && strstr(details, "context canceled") != NULL)
+      return WAGMA_ECANCELED;
   }
   switch (code) {
   case GRPC_STATUS_OK: return WAGMA_OK;
