@@ -190,6 +190,7 @@ int wg_comm_create_with(const wagma_comm_options_t *o, const wg_transport_ops_t 
   /* The epoch starts from a global mean (the agents' weighted average): the model counts as
    * containing a global mean of the round before start_round. */
   c->model_global = c->plan.start_round;
+  c->mixed_round = c->plan.start_round;
   atomic_store(&c->cur_round, c->plan.start_round);
   snprintf(c->err, sizeof(c->err), "no error");
   c->global_mean = calloc(c->count, sizeof(float));
@@ -493,6 +494,7 @@ done:
   st.rounds_skipped = next - r - 1;
   c->counters.rounds_skipped += st.rounds_skipped;
   st.global_age = c->model_global > 0 && next > c->model_global ? next - c->model_global : 0;
+  st.alone_rounds = c->nranks > 1 && next > c->mixed_round ? next - c->mixed_round : 0;
   pthread_mutex_unlock(&c->mu);
   c->ops->stats(c->tp, &ts1);
   st.next_round = next;

@@ -197,6 +197,8 @@ int wg_global_barrier(wagma_comm_t *c, float *model, uint64_t g, wagma_round_sta
   pthread_mutex_lock(&c->mu);
   wg_engine_store_global(c, g, model);
   c->model_global = g + 1;
+  if (nlive >= 2 && g + 1 > c->mixed_round)
+    c->mixed_round = g + 1;
   if (c->jump_global <= c->model_global)
     c->jump_global = 0; /* the model holds a global mean as new as the jump claimed */
   pthread_mutex_unlock(&c->mu);
@@ -265,6 +267,8 @@ int wg_global_catch_up(wagma_comm_t *c, float *model, uint64_t r, uint64_t *next
     pthread_mutex_lock(&c->mu);
     wg_engine_store_global(c, g, model);
     c->model_global = g + 1;
+    if (g + 1 > c->mixed_round)
+      c->mixed_round = g + 1; /* a peer's global mean */
     if (c->jump_global <= c->model_global)
       c->jump_global = 0; /* the model holds a global mean as new as the jump claimed */
     pthread_mutex_unlock(&c->mu);

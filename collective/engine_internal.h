@@ -213,6 +213,9 @@ struct wagma_comm {
   uint64_t global_round;
   int have_global;
   uint64_t model_global; /* (mu) newest global round whose mean the model includes, +1 */
+  /* (mu) newest round whose average mixed my model with another member's, +1 (the epoch's
+   * start counts): wagma_round_stats_t.alone_rounds */
+  uint64_t mixed_round;
   /* (mu) A wait-avoiding step that jumped over global round G raised model_global to G + 1
    * before G's correction came: jump_global = G + 1 and model_global_before_jump what it was
    * (0: no such jump pending). If G becomes void for me, model_global goes back, so that the

@@ -68,8 +68,11 @@ float *wg_snapshot_take(wagma_comm_t *c, int *n_out) {
   s->acc = s->spare;
   s->spare = NULL;
   for (wg_entry_t *e = c->entries; e; e = e->next)
-    if (e->state == WG_ENTRY_RESOLVED)
+    if (e->state == WG_ENTRY_RESOLVED) {
       e->state = WG_ENTRY_APPLIED;
+      if (e->ncontrib >= 2 && e->round + 1 > c->mixed_round)
+        c->mixed_round = e->round + 1; /* a mean with another member's model */
+    }
   if (s->acc_global > c->model_global)
     c->model_global = s->acc_global;
   s->acc_n = 0;

@@ -316,7 +316,9 @@ static int report(wagma_worker_t *w, wagma_progress_state_t state, const char *e
   p.loss = w->loss;
   p.accuracy = w->accuracy;
   p.step_time = isfinite(w->step_ema) ? w->step_ema : 0;
-  p.staleness = w->staleness;
+  /* wagma: a member that averages alone (its peers cut off or gone) falls behind the others'
+   * models by the rounds since it last averaged with one of them */
+  p.staleness = w->staleness > w->alone ? w->staleness : w->alone;
   p.rounds_activated = w->base.rounds_activated + cc.rounds_activated;
   p.rounds_joined = w->base.rounds_joined + cc.rounds_joined;
   p.rounds_left_out = w->base.rounds_left_out + cc.rounds_left_out;
@@ -575,6 +577,7 @@ static int enter_epoch(wagma_worker_t *w) {
       continue;
     }
     w->iteration = w->cur.start_round;
+    w->alone = 0;
     if (w->fresh && !restored && w->iteration > 0 && w->total && w->iteration >= w->total) {
       /* nothing left to train: the "result" would be the seed's model */
       wg_worker_fail(w, WAGMA_ENOTFOUND,
@@ -793,6 +796,7 @@ int wagma_worker_step(wagma_worker_t *w) {
     int out = wg_worker_params_out(w); /* what the engine wrote, whatever it said */
     if (out)
       return out;
+    w->alone = st.alone_rounds;
     if (e == 0) {
       w->staleness = st.max_staleness;
       w->round_global = st.kind == WAGMA_ROUND_GLOBAL;

@@ -73,6 +73,7 @@ struct wagma_worker {
   int done;
   double loss, accuracy, step_ema, last_step_at, last_report;
   uint64_t staleness;
+  uint64_t alone; /* wagma: the last step's alone_rounds (wagma_round_stats_t) */
   int round_global, ngroup, group[64];
   wagma_comm_counters_t base;
   double last_warn;

@@ -244,6 +244,10 @@ typedef struct wagma_round_stats {
   int caught_up;           /* 1 if this step adopted a global mean from a peer (catch-up) */
   uint64_t global_age;     /* after this step: next_round - 1 - the newest global round whose
                               mean the model contains (the epoch's start counts as one) */
+  uint64_t alone_rounds;   /* after this step: next_round - 1 - the newest round whose mean
+                              mixed my model with another member's (the epoch's start counts;
+                              0 in a plan of one): grows by one a round for a member whose peers
+                              are cut off or gone */
   double wait_s;           /* wall time spent inside wagma_comm_step */
   uint64_t bytes_sent;     /* by this rank for this round */
   uint64_t bytes_received;

@@ -330,6 +330,7 @@ int cluster_job_get(const cluster_t *c, const char *job, job_view_t *v) {
       jm->rounds_joined = uint_of(p, "rounds_joined");
       jm->rounds_skipped = uint_of(p, "rounds_skipped");
       jm->unreachable = (int)json_array_size(json_object_get(p, "unreachable"));
+      jm->staleness = uint_of(p, "staleness");
       jm->has_round = json_is_integer(json_object_get(p, "round"));
       jm->round = uint_of(p, "round");
       jm->round_global =

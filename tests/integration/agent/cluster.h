@@ -123,7 +123,8 @@ typedef struct job_member {
   double loss, accuracy;
   uint64_t rounds_activated, rounds_joined, rounds_skipped;
   int unreachable; /* peers its progress lists as unreachable */
-  int has_round;   /* wagma: the round last averaged in, its kind and my group there */
+  uint64_t staleness;
+  int has_round; /* wagma: the round last averaged in, its kind and my group there */
   uint64_t round;
   int round_global;
   int ngroup;

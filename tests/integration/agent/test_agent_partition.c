@@ -183,12 +183,17 @@ static void run(const scenario_t *sc) {
   cluster_sleep(3.0);
   assert_int_equal(cluster_job_get(&c, job, &v), 0);
   double calm = (double)(survivors_iteration(&c, sc, &v) - it0) / 3.0;
+  uint64_t stale_calm = 0;
+  for (int i = 0; i < v.nmembers; i++)
+    if (v.members[i].has_progress && v.members[i].staleness > stale_calm)
+      stale_calm = v.members[i].staleness;
   assert_true(calm > 0);
 
   /* The cut. */
   assert_int_equal(cut(&c, sc, 1), 0);
   double t_cut = cluster_now(), t_detect = -1, slow_since = -1, slow_longest = 0;
   int reported = 0, metric = 0;
+  uint64_t stale_inside = 0;
   double last_t = t_cut;
   uint64_t last_it = survivors_iteration(&c, sc, &v);
   while (cluster_now() - t_cut < DETECT_BOUND_S + 6) {
@@ -216,6 +221,9 @@ static void run(const scenario_t *sc) {
       const job_member_t *m = job_member(&v, c.agent_name[i]);
       if (m && m->has_progress && m->epoch == epoch0 && m->unreachable > 0)
         reported = 1;
+      if (m && m->has_progress && m->epoch == epoch0 && i >= sc->nhere &&
+          m->staleness > stale_inside)
+        stale_inside = m->staleness;
     }
     if (t_detect < 0 && !metric) { /* ...and /metrics has it, for a survivor (a full cut
                                       keeps those inside from reporting) */
@@ -242,9 +250,11 @@ static void run(const scenario_t *sc) {
     }
     timeline_cut = body_has(&c, path, "cut off on the data plane");
   }
-  printf("partition (%s): calm %.0f it/s; a plan without the cut side %.2f s after the cut; "
-         "survivors below a quarter of calm for at most %.2f s\n",
-         sc->name, calm, t_detect > 0 ? t_detect - t_cut : -1, slow_longest);
+  printf("partition (%s): calm %.0f it/s (staleness up to %llu); a plan without the cut side "
+         "%.2f s after the cut; survivors below a quarter of calm for at most %.2f s; the side "
+         "cut off reported staleness up to %llu\n",
+         sc->name, calm, (unsigned long long)stale_calm, t_detect > 0 ? t_detect - t_cut : -1,
+         slow_longest, (unsigned long long)stale_inside);
   fflush(stdout);
 
   /* The heal. */

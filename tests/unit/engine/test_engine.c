@@ -45,6 +45,7 @@ struct rank_ctx {
   double added[COUNT];   /* sum of local "gradients" */
   double initial[COUNT]; /* model before the first step */
   uint64_t max_staleness;
+  uint64_t max_alone, last_alone; /* alone_rounds: the largest, the last step's */
   int bad_staleness;
   int caught_up;
   uint64_t skipped;
@@ -123,6 +124,9 @@ static void note(rank_ctx_t *rc, const wagma_round_stats_t *st) {
     rc->max_staleness = st->max_staleness;
   if (st->max_staleness > (uint64_t)rc->cfg->tau)
     rc->bad_staleness++;
+  if (st->alone_rounds > rc->max_alone)
+    rc->max_alone = st->alone_rounds;
+  rc->last_alone = st->alone_rounds;
   rc->caught_up |= st->caught_up;
   rc->skipped += st->rounds_skipped;
   if (st->wait_s > rc->max_wait)
@@ -416,6 +420,36 @@ static void check_dead(wagma_global_sync_t mode) {
   }
 }
 
+/* alone_rounds: a member whose only peer died averages alone from then on, and the count
+ * grows by one a round; while both live it stays small (a result comes a round or two after
+ * its round, a global mean every tau). */
+static void check_alone(wagma_global_sync_t mode) {
+  world_cfg_t cfg = {.P = 2,
+                     .S = 2,
+                     .tau = 4,
+                     .mode = mode,
+                     .floor_s = 0.3,
+                     .rounds = 40,
+                     .body = body_dead,
+                     .dead_rank = 1};
+  rank_ctx_t ranks[MAXP];
+  run_world(&cfg, ranks);
+  /* rank 1: both alive until round 6 */
+  assert_true(ranks[1].max_alone <= (uint64_t)cfg.tau);
+  /* rank 0: alone from about round 6 (its death is seen within a round or two) to 40 */
+  assert_true(ranks[0].final_round >= 40);
+  assert_true(ranks[0].last_alone >= 40 - 6 - 4);
+}
+
+static void test_alone_rounds_wait_avoiding(void **s) {
+  (void)s;
+  check_alone(WAGMA_GLOBAL_WAIT_AVOIDING);
+}
+static void test_alone_rounds_barrier(void **s) {
+  (void)s;
+  check_alone(WAGMA_GLOBAL_BARRIER);
+}
+
 static void test_dead_rank_wait_avoiding(void **s) {
   (void)s;
   check_dead(WAGMA_GLOBAL_WAIT_AVOIDING);
@@ -679,6 +713,8 @@ int main(void) {
       cmocka_unit_test(test_conservation_barrier),
       cmocka_unit_test(test_conservation_wait_avoiding),
       cmocka_unit_test(test_dead_rank_wait_avoiding),
+      cmocka_unit_test(test_alone_rounds_wait_avoiding),
+      cmocka_unit_test(test_alone_rounds_barrier),
       cmocka_unit_test(test_dead_rank_barrier),
       cmocka_unit_test(test_frozen_rank_catches_up),
       cmocka_unit_test(test_destroy_in_flight),
