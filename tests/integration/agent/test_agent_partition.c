@@ -19,6 +19,8 @@
  *     the cut, and the timeline saying so;
  *   - the longest time the survivors ran below a quarter of their calm rate (printed) is
  *     within the same bound;
+ *   - after the heal, the survivors' rate over 3 s once all are in step is at least a
+ *     quarter of the calm rate (printed as a share of it);
  *   - after the heal, the agents inside are back in a plan within BACK_BOUND_S (the timeline
  *     says "reachable again" after a data-plane cut) and in step within 3 s of that (its
  *     report of the new epoch at most 0.5 s of calm-rate training behind the slowest here).
@@ -273,14 +275,24 @@ static void run(const scenario_t *sc) {
     }
   }
   int timeline_back = sc->full || body_has(&c, path, "reachable again");
-  printf("partition (%s): after the heal, back in a plan %.2f s, in step %.2f s\n", sc->name,
-         t_back > 0 ? t_back - t_heal : -1, t_step > 0 ? t_step - t_heal : -1);
+  /* After: the survivors' rate over 3 s once all are back in step, against the calm one. */
+  double after = -1;
+  if (t_step > 0 && cluster_job_get(&c, job, &v) == 0) {
+    uint64_t it1 = survivors_iteration(&c, sc, &v);
+    cluster_sleep(3.0);
+    if (cluster_job_get(&c, job, &v) == 0)
+      after = (double)(survivors_iteration(&c, sc, &v) - it1) / 3.0;
+  }
+  printf("partition (%s): after the heal, back in a plan %.2f s, in step %.2f s; then %.0f it/s "
+         "(%.0f%% of calm)\n",
+         sc->name, t_back > 0 ? t_back - t_heal : -1, t_step > 0 ? t_step - t_heal : -1, after,
+         100 * after / calm);
   fflush(stdout);
   cluster_job_stop(&c, job, 20);
   int good = reported && metric && t_detect > 0 && t_detect - t_cut <= DETECT_BOUND_S &&
              quarantined && timeline_cut && slow_longest <= DETECT_BOUND_S && t_back > 0 &&
              t_back - t_heal <= BACK_BOUND_S && t_step > 0 && t_step - t_back <= STEP_BOUND_S &&
-             timeline_back;
+             timeline_back && after >= calm / 4;
   if (!good)
     cluster_dump_logs(&c);
   cluster_stop(&c);
@@ -294,6 +306,7 @@ static void run(const scenario_t *sc) {
   assert_true(t_back > 0 && t_back - t_heal <= BACK_BOUND_S);
   assert_true(t_step > 0 && t_step - t_back <= STEP_BOUND_S);
   assert_true(timeline_back);
+  assert_true(after >= calm / 4);
 }
 
 static void test_data_plane_cut_wait_avoiding(void **state) {
