@@ -55,6 +55,8 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
@@ -74,6 +76,7 @@
  * takes them back with no epoll change and finds its peers' early frames still in the
  * kernel, with no progress-thread wake-up; frames for other threads wait at most this. */
 #define LINGER_S 2e-3
+#define SILENCE_CHECK_S 0.5 /* how often the progress thread looks for silent peers */
 #define SCRATCH_SIZE                                                                               \
   ((size_t)64 << 10)                  /* read buffer of a reader: frames up to this in one         \
                                          read */
@@ -172,13 +175,15 @@ static void peer_kill(struct wg_transport *t, int rank, int level, const char *w
   peer_kill_as(t, rank, level, why, 0);
 }
 
-/* The socket of rank failed with errno err: silent (tcp_peer_unreachable) when its kernel
- * acknowledged nothing for WG_TCP_SILENCE_S (ETIMEDOUT) or no route leads there; closed
- * otherwise (reset, broken pipe: its process is gone). */
-static void peer_lost(struct wg_transport *t, int rank, int level, int err) {
+/* The socket of rank failed with errno err (what: where, or NULL): silent
+ * (tcp_peer_unreachable) when keepalive probes went unanswered (ETIMEDOUT) or no route leads
+ * there; closed otherwise (reset, broken pipe: its process is gone). */
+static void peer_lost(struct wg_transport *t, int rank, int level, int err, const char *what) {
   int silent = err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
                err == ENETDOWN;
-  peer_kill_as(t, rank, level, strerror(err), silent);
+  char why[160];
+  snprintf(why, sizeof why, "%s%s%s", what ? what : "", what ? ": " : "", strerror(err));
+  peer_kill_as(t, rank, level, why, silent);
 }
 
 /* A bad frame from rank (any reader). */
@@ -368,14 +373,17 @@ static int read_peer(struct wg_transport *t, wg_tcp_peer_t *p, rd_ctx_t *ctx) {
     if (n <= 0) {
       if (p->in_msg != NULL || p->in_hdr_got > 0) {
         atomic_fetch_add(&t->frames_rejected, 1);
-        peer_kill(t, p->rank, WAGMA_LOG_WARN, "connection lost inside a frame (truncated)");
+        if (n < 0)
+          peer_lost(t, p->rank, WAGMA_LOG_WARN, errno, "connection lost inside a frame");
+        else
+          peer_kill(t, p->rank, WAGMA_LOG_WARN, "connection lost inside a frame (truncated)");
       } else {
         /* While closing, a peer that got our BYE shuts down its side: that is expected. */
         int level = atomic_load(&t->bye_sent) ? WAGMA_LOG_DEBUG : WAGMA_LOG_WARN;
         if (n == 0)
           peer_kill(t, p->rank, level, "connection closed");
         else
-          peer_lost(t, p->rank, level, errno);
+          peer_lost(t, p->rank, level, errno, NULL);
       }
       return 0;
     }
@@ -499,6 +507,31 @@ static void on_timer(struct wg_transport *t) {
     linger_arm(t, next, 0);
 }
 
+/* Progress thread, every SILENCE_CHECK_S: a live peer whose kernel has acknowledged nothing
+ * for WG_TCP_SILENCE_S while data of ours waits for its acknowledgement (retransmissions into
+ * a cut link) is unreachable: killed as silent. tcp(7) TCP_INFO: tcpi_last_ack_recv is the
+ * time since the last ACK of any kind, the answers to zero-window probes included, so a
+ * stopped peer whose receive buffer is full is not silent (TCP_USER_TIMEOUT is not used for
+ * this: since Linux 5.11 it also ends a connection whose peer answers those probes with a
+ * zero window, which made a SIGSTOPped member look cut off). An idle connection is watched by
+ * keepalive (tcp_mesh.c): unanswered probes fail it with ETIMEDOUT (peer_lost). */
+static void check_silence(struct wg_transport *t) {
+  for (int r = 0; r < t->nranks; r++) {
+    wg_tcp_peer_t *p = &t->peers[r];
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (r == t->rank || p->fd < 0 || atomic_load(&p->dead) ||
+        getsockopt(p->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+      continue;
+    if (ti.tcpi_unacked > 0 && ti.tcpi_last_ack_recv >= WG_TCP_SILENCE_S * 1000u) {
+      char why[128];
+      snprintf(why, sizeof why, "no acknowledgement for %.1f s with data in flight (cut off)",
+               ti.tcpi_last_ack_recv / 1000.0);
+      peer_kill_as(t, r, WAGMA_LOG_WARN, why, 1);
+    }
+  }
+}
+
 /* Writes as much of iov as the socket takes now. Returns bytes written or -1 (errno). */
 static ssize_t write_nonblocking(int fd, struct iovec *iov, int iovcnt) {
   struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
@@ -547,7 +580,7 @@ static int flush_queue(struct wg_transport *t, wg_tcp_peer_t *p) {
   }
   pthread_mutex_unlock(&p->out_lock);
   if (rc == -2) {
-    peer_lost(t, p->rank, WAGMA_LOG_WARN, err);
+    peer_lost(t, p->rank, WAGMA_LOG_WARN, err, NULL);
     rc = -1;
   }
   return rc;
@@ -613,8 +646,9 @@ static void *progress_main(void *arg) {
   struct wg_transport *t = arg;
   double linger_deadline = 0;
   const uint32_t wake_id = (uint32_t)t->nranks, timer_id = wake_id + 1;
+  double next_check = wg_now() + SILENCE_CHECK_S;
   for (;;) {
-    int timeout_ms = -1;
+    int timeout_ms = (int)(SILENCE_CHECK_S * 1000);
     if (atomic_load(&t->closing)) {
       /* Flush the queues, then wait until peers acknowledged everything, for at most the
        * linger time; a frozen peer costs at most that. */
@@ -630,6 +664,10 @@ static void *progress_main(void *arg) {
     }
     struct epoll_event events[64];
     int n = epoll_wait(t->epfd, events, 64, timeout_ms);
+    if (!atomic_load(&t->closing) && wg_now() >= next_check) {
+      check_silence(t);
+      next_check = wg_now() + SILENCE_CHECK_S;
+    }
     for (int i = 0; i < n; i++) {
       uint32_t id = events[i].data.u32;
       if (id == timer_id) {
@@ -779,8 +817,12 @@ static int tcp_open(const wg_transport_config_t *cfg, wg_transport_t **out) {
     wg_tcp_peer_t *p = &t->peers[r];
     if (r == t->rank)
       continue;
-    if (p->fd < 0) { /* never reached: a silent death (tcp_peer_unreachable) */
-      atomic_store(&p->silent, 1);
+    if (p->fd < 0) {
+      /* Never connected. Unreachable (tcp_peer_unreachable) only when I dialed it and no
+       * dial got a TCP connection (no route, SYNs unanswered); a rank that connects to me, or
+       * answered but did not complete the handshake (late, frozen, another secret), may be
+       * anything. */
+      atomic_store(&p->silent, r < t->rank && !p->dialed_tcp);
       atomic_store(&p->dead_ns, (uint_fast64_t)(wg_now() * 1e9));
       atomic_store(&p->dead, 1);
       missing++;
@@ -879,6 +921,7 @@ static int tcp_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const
   size_t written = 0;
   uint8_t *sealed = NULL; /* sealed: the encrypted payload and its tag, sent in its place */
   int nonce_used = 0;     /* a frame was sealed: it must go out, or the stream is broken */
+  int send_err = 0;       /* the socket's errno when the direct write failed */
   pthread_mutex_lock(&p->out_lock);
   if (atomic_load(&p->dead)) {
     rc = WAGMA_EPEER;
@@ -906,6 +949,7 @@ static int tcp_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const
                            {.iov_base = (void *)payload, .iov_len = length}};
     ssize_t n = write_nonblocking(p->fd, iov, length > 0 ? 2 : 1);
     if (n < 0) {
+      send_err = errno;
       rc = WAGMA_EPEER;
       goto unlock;
     }
@@ -919,7 +963,9 @@ static int tcp_send(wg_transport_t *t, int dst, wg_frame_header_t *header, const
 unlock:
   pthread_mutex_unlock(&p->out_lock);
   wg_buf_free(sealed);
-  if (rc == WAGMA_EPEER && !atomic_load(&p->dead))
+  if (rc == WAGMA_EPEER && send_err && !atomic_load(&p->dead))
+    peer_lost(t, dst, WAGMA_LOG_WARN, send_err, "send failed");
+  else if (rc == WAGMA_EPEER && !atomic_load(&p->dead))
     peer_kill(t, dst, WAGMA_LOG_WARN,
               written > 0 ? "outbound queue overflow" : "send failed or queue overflow");
   else if (rc != 0 && (written > 0 || nonce_used))

@@ -17,11 +17,11 @@
 #define WG_TCP_DEFAULT_CONNECT_S 10.0                  /* connect_timeout_s <= 0 means this */
 #define WG_TCP_CLOSE_LINGER_S 2.0     /* close flushes queued frames for at most this long */
 #define WG_TCP_RCVBUF_BYTES (4 << 20) /* SO_RCVBUF of every data-plane socket (tcp_mesh.c) */
-/* A connection whose peer's kernel acknowledges nothing for this long fails (TCP_USER_TIMEOUT
- * while data is in flight, keepalive probes every second while it is idle; tcp_mesh.c): a
- * dropped link is seen within seconds, not after minutes of retransmission back-off. A
- * stopped (SIGSTOP) peer's kernel still acknowledges, zero-window probes included, so a frozen
- * member is not taken for a cut one. */
+/* A connection whose peer's kernel acknowledges nothing for about this long fails as silent
+ * (tcp.c check_silence while data is in flight, keepalive probes every second while it is
+ * idle; tcp_mesh.c): a dropped link is seen within seconds, not after minutes of
+ * retransmission back-off. A stopped (SIGSTOP) peer's kernel still acknowledges, zero-window
+ * probes included, so a frozen member is not taken for a cut one. */
 #define WG_TCP_SILENCE_S 3
 /* A dialer drops a handshake that takes longer than this; an acceptor allows 1 s more. */
 #define WG_TCP_HELLO_TIMEOUT_S 3.0
@@ -90,6 +90,7 @@ typedef struct wg_tcp_peer {
    * dead_ns: CLOCK_MONOTONIC ns of the death (tcp_peer_unreachable). */
   atomic_int silent;
   atomic_uint_fast64_t dead_ns;
+  int dialed_tcp; /* tcp_mesh.c: a dial of mine to this rank got a TCP connection once */
   /* fd >= 0 only for a connection that completed the handshake as this rank; every frame
    * read from it must carry src == rank (tcp.c), so a BYE or bad frame only ends this rank */
 

@@ -205,10 +205,11 @@ typedef struct wg_transport_ops {
   /* 1 if rank is connected and not declared dead, else 0. */
   int (*peer_alive)(wg_transport_t *t, int rank);
 
-  /* Optional (NULL: never). 1 if rank is dead because it could not be reached: never
-   * connected, or its connection went silent (no acknowledgement for WG_TCP_SILENCE_S, no
-   * route), with *since (may be NULL) the wg_now() time of that death; 0 if it is alive or
-   * closed its side (its process is gone: the lease's business, not the network's). */
+  /* Optional (NULL: never). 1 if rank is dead because it could not be reached: its
+   * connection went silent (no acknowledgement for WG_TCP_SILENCE_S, no route), or at setup
+   * no dial of mine reached it at the TCP level, with *since (may be NULL) the wg_now() time
+   * of that death; 0 if it is alive, closed its side (its process is gone: the lease's
+   * business, not the network's) or answered without finishing the handshake. */
   int (*peer_unreachable)(wg_transport_t *t, int rank, double *since);
 
   /* Wakes every recv waiter with WAGMA_ECLOSED, now and for every later recv. Used by the

@@ -91,10 +91,10 @@
 /* How long a job whose members all left at its last iteration waits for their final reports
  * (after the newest report of its epoch) before it fails. */
 #define FINAL_REPORT_WAIT_S 30.0
-/* A report that a peer is unreachable counts once it says so for this long (reach.h): both
- * sides of a cut see it within about a second of each other (WG_TCP_SILENCE_S each), so by
- * then the side cut off is usually named by all its peers. */
-#define REACH_GRACE_S 1.0
+/* A report that a peer is unreachable counts once it says so for this long (reach.h): the
+ * silence behind it lasted WG_TCP_SILENCE_S already; the rule itself waits until one side
+ * is cut off from most (the first reports of a cut leave out nobody). */
+#define REACH_GRACE_S 0.5
 
 struct wg_scheduler {
   wg_coord_t *c;
@@ -518,10 +518,10 @@ static int quarantine_unreachable(pass_t *p, agent_rec_t *a, const wg_job_record
   }
   for (int pass = 1; pass >= 0; pass--) /* the cut links first, then the other members kept */
     for (int r = 0; r < nplan && q.nprobe < WAGMA_API_UNREACHABLE_MAX; r++)
-      if (r != rank && !cut[r] && linked[r] == pass) {
+      if (r != rank && !cut[r] && linked[r] == pass)
         snprintf(q.probe[q.nprobe++], sizeof q.probe[0], "%s", addrs[r]);
-        ncut += pass;
-      }
+  for (int r = 0; r < nplan; r++)
+    ncut += r != rank && linked[r];
   int n = snprintf(q.reason, sizeof q.reason,
                    "job %s: cut off on the data plane from %d of its %d peers (", j->id, ncut,
                    nplan - 1);
@@ -577,9 +577,9 @@ static void reconcile_quarantine(pass_t *p) {
       if (!a || a->quarantined || refusal(j, a) != pe || !ran_without(j, pe))
         continue;
       quarantine_rec_t *q = find_quarantine(s, a->name);
-      if (q && q->q.registration == a->create_rev && q->q.refusal == pe->mod &&
-          strcmp(q->q.job, j->id) == 0)
-        continue; /* this refusal's quarantine is over */
+      if (q && q->q.registration == a->create_rev &&
+          ((q->q.refusal == pe->mod && strcmp(q->q.job, j->id) == 0) || q->mod > pe->mod))
+        continue; /* this refusal's quarantine is over, or a newer one (a cut) replaced it */
       quarantine(p, a, j->id, pe);
     }
   }
@@ -736,11 +736,14 @@ static void reconcile_job(pass_t *p, wg_job_record_t *j) {
     if (!cut)
       goto out;
     int ncut = cut_members(s, j, names, addrs, nplan, cut);
-    if (ncut == WG_REACH_NO_MAJORITY && p->leader)
+    static double last_split_log; /* (the scheduler thread's): at most one line a minute */
+    if (ncut == WG_REACH_NO_MAJORITY && p->leader && wg_mono() - last_split_log > 60) {
+      last_split_log = wg_mono();
       wg_logf(p->c->log, p->c->log_user, WAGMA_LOG_WARN,
               "job %s: its members cannot reach each other and no side is a majority: nobody "
               "is left out",
               j->id);
+    }
     for (int r = 0; r < nplan && ncut > 0; r++) {
       agent_rec_t *a = cut[r] ? wg_snapshot_agent(s, names[r]) : NULL;
       if (a && !a->quarantined &&

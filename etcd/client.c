@@ -163,11 +163,9 @@ int wg_etcd_map_status(grpc_status_code code, const char *details) {
       return WAGMA_EPERM;
     /* etcd's election service returns the server context's error as it is, which gRPC-Go
      * sends as UNKNOWN with Go's text: the call's deadline passed there first (seen under
-     * ASan, a Campaign with a 700 ms deadline), or it was cancelled. */
+     * ASan, a Campaign with a 700 ms deadline). */
     if (code == GRPC_STATUS_UNKNOWN && strstr(details, "context deadline exceeded") != NULL)
       return WAGMA_ETIMEDOUT;
-    if (code == GRPC_STATUS_UNKNOWN && strstr(details, "context canceled") != NULL)
-      return WAGMA_ECANCELED;
   }
   switch (code) {
   case GRPC_STATUS_OK: return WAGMA_OK;

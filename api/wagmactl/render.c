@@ -306,14 +306,15 @@ static int member_table(const json_t *members, FILE *out) {
 /* After the member table: one line per member whose progress lists peers it cannot reach on
  * the data plane ("agent-3 cannot reach 3 peers on the data plane: agent-0 (4.1 s), ..."),
  * peers named by their rank in the members. */
-static void unreachable_lines(const json_t *members, FILE *out) {
+static void unreachable_lines(const json_t *members, json_int_t epoch, FILE *out) {
   size_t i, k;
   const json_t *m, *u;
   json_array_foreach(members, i, m) {
     const json_t *p = json_object_get(m, "progress");
     const json_t *list = json_object_get(p, "unreachable");
-    if (!json_is_array(list) || json_array_size(list) == 0)
-      continue;
+    if (!json_is_array(list) || json_array_size(list) == 0 ||
+        json_integer_value(json_object_get(p, "epoch")) != epoch)
+      continue; /* (ranks of another epoch's plan name other members) */
     const json_t *total = json_object_get(p, "unreachable_total");
     char name[CELL];
     fprintf(out, "%s cannot reach %lld peer%s on the data plane:", str_at(m, "name", name),
@@ -346,7 +347,9 @@ int wg_ctl_render_job(const json_t *root, FILE *out) {
   }
   int rc = member_table(members, out);
   if (rc == 0)
-    unreachable_lines(members, out);
+    unreachable_lines(members,
+                      json_integer_value(json_object_get(json_object_get(root, "status"), "epoch")),
+                      out);
   return rc;
 }
 

@@ -288,10 +288,12 @@ void wagma_comm_counters(const wagma_comm_t *comm, wagma_comm_counters_t *counte
  * rank == my own rank: 1), 0 when it is dead, never connected or out of range. Any thread. */
 int wagma_comm_peer_alive(const wagma_comm_t *comm, int rank);
 /* 1 when the member of plan rank `rank` is dead in this communicator because it could not be
- * reached on the data plane: it never connected, or its connection went silent (its host
- * acknowledged nothing for 3 s, or no route led there), as a cut link does; *seconds (may be
- * NULL) is how long ago that was. 0 when it is alive, when it closed its side (its process
- * ended: a death, not a partition), for my own rank and out of range. Any thread. */
+ * reached on the data plane: its connection went silent (its host acknowledged nothing for
+ * 3 s with data in flight, or keepalive probes went unanswered, or no route led there), or at
+ * setup no dial of mine reached it, as a cut link does; *seconds (may be NULL) is how long ago
+ * that was. 0 when it is alive, when it closed its side (its process ended: a death, not a
+ * partition), when it is only stopped (its host still acknowledges), for my own rank and out
+ * of range. Any thread. */
 int wagma_comm_peer_unreachable(const wagma_comm_t *comm, int rank, double *seconds);
 
 typedef enum wagma_reduce_op {

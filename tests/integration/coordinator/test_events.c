@@ -470,6 +470,23 @@ static int run_watch(fixture_t *f, const char *job, const char *log) {
   return proc_spawn(argv, log, NULL);
 }
 
+/* Waits (up to timeout_s) until file path has a whole line: the watch's first event (its
+ * snapshot) came, so it follows the stream. 1 when it did. */
+static int wait_first_line(const char *path, double timeout_s) {
+  for (double waited = 0; waited < timeout_s; waited += 0.05) {
+    FILE *fp = fopen(path, "r");
+    int c, has = 0;
+    while (fp && !has && (c = fgetc(fp)) != EOF)
+      has = c == '\n';
+    if (fp)
+      fclose(fp);
+    if (has)
+      return 1;
+    usleep(50 * 1000);
+  }
+  return 0;
+}
+
 static void test_watch(void **state) {
   fixture_t *f = *state;
   wagma_etcd_t *etcd = f->env->etcd;
@@ -486,6 +503,9 @@ static void test_watch(void **state) {
   fake_agent_t a;
   harness_agent_start(etcd, &a, "wa", 7200, 2);
   assert_true(harness_wait_epoch(f->coord.base, "w1", 1, 10) >= 0);
+  /* the watch must follow the stream before the reports: a report written before it connected
+   * is in its snapshot, not an event (a loaded machine starts it late) */
+  assert_true(wait_first_line(log, 10));
   harness_progress(etcd, "w1", "wa", 5, "running", 0.5);
   harness_progress(etcd, "w1", "wa", 10, "done", 0.1);
   int st = proc_wait(p1, 15);

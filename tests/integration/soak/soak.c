@@ -169,6 +169,13 @@ typedef struct soak {
   enum agent_state state[CLUSTER_MAX_AGENTS];
   double cont_at[CLUSTER_MAX_AGENTS]; /* STOPPED: SIGCONT then; CUT: the link restored then */
   int data_cut; /* the CUT agent's cut is of its data plane only (rules, not the link) */
+  /* the rules of that cut as added ("sport"/"dport" and the port): an agent that restarts
+   * meanwhile may listen on another port, so the heal deletes these, not the ports of now */
+  int ncut_rules;
+  struct {
+    const char *dir;
+    int port;
+  } cut_rules[CLUSTER_MAX_AGENTS];
   cluster_netns_t net;
   long events, by_kind[EV_KINDS];
   double last_event, last_etcd, last_leader_kill;
@@ -295,10 +302,18 @@ static int net_link(soak_t *s, int up) {
  * (test_agent_partition does the same); etcd and the coordinators stay reachable. */
 static int net_data_cut(soak_t *s, int on) {
   int rc = 0;
-  for (int k = 0; k < s->c.nagents; k++)
+  if (on) {
+    s->ncut_rules = 0;
+    for (int k = 0; k < s->c.nagents; k++) {
+      s->cut_rules[s->ncut_rules].dir = k == s->net.agent ? "sport" : "dport";
+      s->cut_rules[s->ncut_rules++].port = s->c.agent_port[k];
+    }
+  }
+  for (int k = 0; k < s->ncut_rules; k++)
     rc |= cluster_sh("ip -n %s rule %s to %s ipproto tcp %s %d blackhole", s->net.ns,
-                     on ? "add" : "del", s->net.here, k == s->net.agent ? "sport" : "dport",
-                     s->c.agent_port[k]);
+                     on ? "add" : "del", s->net.here, s->cut_rules[k].dir, s->cut_rules[k].port);
+  if (!on)
+    s->ncut_rules = 0;
   return rc;
 }
 

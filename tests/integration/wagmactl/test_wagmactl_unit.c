@@ -414,6 +414,7 @@ static void test_render_job_unreachable(void **state) {
   json_t *m0 = json_array_get(json_object_get(root, "members"), 0);
   json_object_set_new(json_object_get(m0, "progress"), "unreachable",
                       json_pack("[{s:i,s:f}]", "rank", 1, "for", 4.25));
+  json_object_set_new(json_object_get(m0, "progress"), "epoch", json_integer(3));
   capture_t c;
   cap_open(&c);
   assert_int_equal(wg_ctl_render_job(root, c.f), 0);
@@ -424,6 +425,12 @@ static void test_render_job_unreachable(void **state) {
   cap_open(&c);
   assert_int_equal(wg_ctl_render_job(root, c.f), 0);
   assert_non_null(strstr(cap_text(&c), "agent-a cannot reach 7 peers on the data plane:"));
+  cap_close(&c);
+  /* a report of an older epoch: its ranks name another plan's members, no line */
+  json_object_set_new(json_object_get(m0, "progress"), "epoch", json_integer(2));
+  cap_open(&c);
+  assert_int_equal(wg_ctl_render_job(root, c.f), 0);
+  assert_null(strstr(cap_text(&c), "cannot reach"));
   cap_close(&c);
   json_decref(root);
 }
