@@ -164,22 +164,27 @@ static int body_has(const cluster_t *c, const char *path, const char *needle) {
   return has;
 }
 
+/* Starts etcd, the coordinator, sc->nhere agents here and sc->nns in the namespace. */
+static void start(cluster_t *c, const scenario_t *sc) {
+  cluster_net_t cn = {.agent_host = net.here, .etcd_extra_host = net.here};
+  int n = sc->nhere + sc->nns, ok = cluster_start_net(c, sc->nhere, agent_args, NULL, &cn) == 0;
+  for (int i = sc->nhere; ok && i < n; i++)
+    ok = cluster_place_agent(c, i, net.ns, net.there,
+                             etcd_fixture_endpoints_on_extra_host(c->etcd)) == 0 &&
+         cluster_add_agent(c, NULL) == i;
+  if (!ok || cluster_wait_agents(c, n, 30) != 0) {
+    cluster_dump_logs(c);
+    cluster_stop(c);
+    fail_msg("the cluster did not start");
+  }
+}
+
 static void run(const scenario_t *sc) {
   if (!net.on)
     skip();
   cluster_t c;
-  cluster_net_t cn = {.agent_host = net.here, .etcd_extra_host = net.here};
-  int n = sc->nhere + sc->nns, ok = cluster_start_net(&c, sc->nhere, agent_args, NULL, &cn) == 0;
-  for (int i = sc->nhere; ok && i < n; i++)
-    ok = cluster_place_agent(&c, i, net.ns, net.there,
-                             etcd_fixture_endpoints_on_extra_host(c.etcd)) == 0 &&
-         cluster_add_agent(&c, NULL) == i;
-  ok = ok && cluster_wait_agents(&c, n, 30) == 0;
-  if (!ok) {
-    cluster_dump_logs(&c);
-    cluster_stop(&c);
-    fail_msg("the cluster did not start");
-  }
+  int n = sc->nhere + sc->nns;
+  start(&c, sc);
   const char *job = "part";
   assert_int_equal(cluster_job_submit(&c,
                                       "{\"name\":\"%s\",\"model\":\"softmax\",\"dataset\":"
@@ -350,16 +355,7 @@ static void test_no_majority(void **state) {
     skip();
   const scenario_t sc = {"no majority: 1 | 1, data plane", 1, 1, 0, "wait-avoiding"};
   cluster_t c;
-  cluster_net_t cn = {.agent_host = net.here, .etcd_extra_host = net.here};
-  int ok = cluster_start_net(&c, 1, agent_args, NULL, &cn) == 0 &&
-           cluster_place_agent(&c, 1, net.ns, net.there,
-                               etcd_fixture_endpoints_on_extra_host(c.etcd)) == 0 &&
-           cluster_add_agent(&c, NULL) == 1 && cluster_wait_agents(&c, 2, 30) == 0;
-  if (!ok) {
-    cluster_dump_logs(&c);
-    cluster_stop(&c);
-    fail_msg("the cluster did not start");
-  }
+  start(&c, &sc);
   assert_int_equal(cluster_job_submit(&c,
                                       "{\"name\":\"pair\",\"model\":\"softmax\",\"dataset\":"
                                       "\"synthetic\",\"algorithm\":\"wagma\",\"workers\":2,"
