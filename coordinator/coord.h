@@ -388,36 +388,14 @@ void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r
 int wg_route_uses_etcd(wg_route_id_t id);
 
 /* Handlers (handlers_jobs.c, handlers_misc.c). */
-void wg_h_jobs_list(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
 void wg_h_jobs_submit(wg_coord_t *c, const wg_request_t *req, wg_response_t *res);
-void wg_h_job_get(wg_coord_t *c, const char *job, wg_response_t *res);
 void wg_h_job_patch(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
 void wg_h_job_delete(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
-void wg_h_job_groups(wg_coord_t *c, const char *job, const wg_request_t *req, wg_response_t *res);
-void wg_h_job_plan(wg_coord_t *c, const char *job, wg_response_t *res);
-void wg_h_agents(wg_coord_t *c, wg_response_t *res);
 void wg_h_healthz(wg_coord_t *c, wg_response_t *res);
 void wg_h_readyz(wg_coord_t *c, wg_response_t *res);
 /* The /readyz answer for a ping that returned e (0: revision rev; else detail says why). */
 void wg_h_readyz_answer(wg_coord_t *c, int e, int64_t rev, const char *detail, wg_response_t *res);
 void wg_h_metrics(wg_coord_t *c, wg_response_t *res);
-
-/* Shared by the etcd handlers and the cache (cache_serve.c). A decimal uint64 <= INT64_MAX:
- * 0 or -1. */
-int wg_parse_u64(const char *s, uint64_t *out);
-struct wagma_plan;
-/* The answer of GET .../groups for round t of plan. */
-void wg_groups_answer(const char *job, const struct wagma_plan *plan, uint64_t t,
-                      wg_response_t *res);
-/* The plan in effect at t from the history entries kvs (<prefix>/jobs/<job>/plans/..., n of
- * them, in key order): see docs/api.md "Groups of a round"; answers 404 no_plan or 500 itself.
- * Ownership: on 0, *plan is the caller's (wagma_plan_free). */
-int wg_plan_from_history_kvs(wg_coord_t *c, const char *job, uint64_t t, const wagma_etcd_kv_t *kvs,
-                             size_t n, struct wagma_plan *plan, wg_response_t *res);
-/* The answer of GET /v1/agents from the three ranges (sorted by key) at wall time now. */
-void wg_agents_answer(wg_coord_t *c, const wagma_etcd_range_t *agents,
-                      const wagma_etcd_range_t *assign, const wagma_etcd_range_t *quar, double now,
-                      wg_response_t *res);
 
 /* Maps an etcd failure onto a response (503 unavailable, 500 otherwise). */
 void wg_response_etcd_error(wg_coord_t *c, wg_response_t *res, int status);

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "coord.h"
+#include "reads.h"
 
 const char *wg_request_query(const wg_request_t *req, const char *key, int *present) {
   if (present)
@@ -140,29 +141,22 @@ int wg_route_uses_etcd(wg_route_id_t id) {
 
 void wg_handle_route(wg_coord_t *c, const wg_request_t *req, const wg_route_t *r,
                      wg_response_t *res) {
+  wg_read_t rd;
   switch (r->id) {
-  case WG_ROUTE_JOBS_LIST: wg_h_jobs_list(c, req, res); break;
   case WG_ROUTE_JOBS_SUBMIT: wg_h_jobs_submit(c, req, res); break;
-  case WG_ROUTE_JOB_GET: wg_h_job_get(c, r->job, res); break;
   case WG_ROUTE_JOB_PATCH: wg_h_job_patch(c, r->job, req, res); break;
   case WG_ROUTE_JOB_DELETE: wg_h_job_delete(c, r->job, req, res); break;
-  case WG_ROUTE_JOB_GROUPS: wg_h_job_groups(c, r->job, req, res); break;
-  case WG_ROUTE_JOB_PLAN: wg_h_job_plan(c, r->job, res); break;
-  case WG_ROUTE_AGENTS: wg_h_agents(c, res); break;
   case WG_ROUTE_HEALTHZ: wg_h_healthz(c, res); break;
   case WG_ROUTE_READYZ: wg_h_readyz(c, res); break;
   case WG_ROUTE_METRICS: wg_h_metrics(c, res); break;
   case WG_ROUTE_UI: wg_h_ui(r, res); break;
-  case WG_ROUTE_EVENTS: /* not asked as a stream (http.c opens those) */
-    wg_response_error(res, 400, "bad_request", NULL,
-                      "/v1/events is a stream: ask with Accept: text/event-stream");
+  default: /* the reads; a timeline from the cache (streams are http.c's), which etcd lacks */
+    if (r->id == WG_ROUTE_JOB_EVENTS && wg_cache_serve(c->cache, req, r, res) == 0)
+      break;
+    wg_read_etcd_init(&rd, c, req);
+    if (wg_reads_answer(&rd, r, res) != 0)
+      wg_response_error(res, 500, "internal", NULL, "unrouted");
     break;
-  case WG_ROUTE_JOB_EVENTS: /* the timeline (a stream is opened by http.c): the cache has it */
-    if (!c->cache || wg_cache_serve(c->cache, req, r, res) != 0)
-      wg_response_error(res, 503, "unavailable", NULL,
-                        "the events need the read cache, which is not current; retry");
-    break;
-  default: wg_response_error(res, 500, "internal", NULL, "unrouted"); break;
   }
 }
 
