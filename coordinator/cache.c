@@ -51,7 +51,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
+#include "store.h"
+#include "sse.h"
+#include "pages.h"
+#include "metrics.h"
+#include "cache_view.h"
 #include "wagma/log_internal.h"
 
 #define SYNC_IDLE_S 1.0 /* syncs without waiting reads (--read-staleness-ms 0) */

@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cache.h"
+#include "sse.h"
+#include "cache_view.h"
 #include "reads.h"
 
 int wg_cache_route(wg_route_id_t id) {

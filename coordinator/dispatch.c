@@ -8,7 +8,13 @@
 #include <string.h>
 #include <strings.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "handlers.h"
+#include "reads.h"
+#include "request.h"
+#include "router.h"
+#include "ui.h"
 #include "reads.h"
 
 const char *wg_request_query(const wg_request_t *req, const char *key, int *present) {

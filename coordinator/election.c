@@ -19,8 +19,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "coord.h"
+#include "election.h"
 #include "wagma/log_internal.h"
+#include "wagma/clock_internal.h"
 
 struct wg_election {
   wagma_etcd_t *etcd;

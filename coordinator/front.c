@@ -54,7 +54,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "front.h"
+#include "http.h"
+#include "http_head.h"
+#include "metrics.h"
+#include "request.h"
 #include "wagma/log_internal.h"
 
 #define IN_CAP (WG_HTTP_MAX_LINE + WG_HTTP_MAX_HEAD + 64)

@@ -23,7 +23,11 @@
 #include <strings.h>
 #include <time.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "front.h"
+#include "request.h"
+#include "router.h"
 
 /* The end of the line that starts at p (its CR or LF), within end. */
 static const char *line_end(const char *p, const char *end) {

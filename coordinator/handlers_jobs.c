@@ -13,7 +13,13 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "handlers.h"
+#include "reads.h"
+#include "request.h"
+#include "scheduler.h"
+#include "store.h"
 #include "reads.h"
 
 #define WG_TXN_RETRIES 5 /* guarded writes tried before 409 conflict */

@@ -6,6 +6,10 @@
 #include <string.h>
 
 #include "coord.h"
+#include "election.h"
+#include "handlers.h"
+#include "metrics.h"
+#include "request.h"
 
 void wg_h_healthz(wg_coord_t *c, wg_response_t *res) {
   json_t *o = json_pack("{s:s,s:s,s:b}", "status", "ok", "id", c->id, "leader",

@@ -55,7 +55,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "front.h"
+#include "handlers.h"
+#include "http.h"
+#include "hub.h"
+#include "metrics.h"
+#include "request.h"
+#include "router.h"
 #include "wagma/log_internal.h"
 
 /* CTX_CACHED: resumed by the cache waiter after a sync: answer from the read cache. */

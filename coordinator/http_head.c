@@ -16,7 +16,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "coord.h"
+#include "http.h"
+#include "http_head.h"
 
 /* RFC 9110 tchar: the characters of a method or a field name. */
 static int tchar(uint8_t c) {

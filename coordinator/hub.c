@@ -41,6 +41,9 @@
 #include <time.h>
 
 #include "coord.h"
+#include "hub.h"
+#include "metrics.h"
+#include "sse.h"
 #include "wagma/log_internal.h"
 
 struct wg_sse_client {

@@ -17,7 +17,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "coord.h"
+#include "election.h"
+#include "http.h"
+#include "hub.h"
+#include "metrics.h"
+#include "scheduler.h"
 #include "wagma/log_internal.h"
 
 static int g_log_level = WAGMA_LOG_INFO;

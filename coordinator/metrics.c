@@ -10,11 +10,13 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "metrics.h"
+#include "wagma/status.h"
 
 #define NBUCKETS 12
 static const double http_buckets[NBUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "pages.h"
 
 /* The bytes that follow a prefix inside the jobs prefix: the characters of names and the '/'
  * that ends one, in increasing byte order. */

@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "planner.h"
 #include "wagma/collective.h"
+#include "wagma/clock_internal.h"
 
 /* FNV-1a 64 over one int, byte by byte (little-endian order, whatever the host). */
 static uint64_t fnv_int(uint64_t h, int64_t v) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner.h"
 #include "reads.h"
 #include "wagma/collective.h"
 #include "wagma/log_internal.h"

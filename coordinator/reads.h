@@ -18,6 +18,9 @@
 #include <stdint.h>
 
 #include "coord.h"
+#include "pages.h"
+#include "request.h"
+#include "router.h"
 
 struct wagma_plan;
 

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "store.h"
+#include "handlers.h"
 #include "reads.h"
 #include "wagma/collective.h"
 

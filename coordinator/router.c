@@ -10,7 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "coord.h"
+#include "router.h"
+#include "ui.h"
 
 static int method_is(const char *m, const char *want) {
   return strcmp(m, want) == 0;

@@ -80,6 +80,13 @@
 #include <openssl/rand.h>
 
 #include "coord.h"
+#include "election.h"
+#include "metrics.h"
+#include "planner.h"
+#include "reach.h"
+#include "scheduler.h"
+#include "snapshot.h"
+#include "store.h"
 #include "reach.h"
 #include "snapshot.h"
 #include "wagma/log_internal.h"

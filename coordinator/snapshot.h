@@ -5,6 +5,7 @@
 #define WAGMA_COORD_SNAPSHOT_H
 
 #include "coord.h"
+#include "store.h"
 
 typedef struct agent_rec {
   char name[WAGMA_API_NAME_MAX];

@@ -15,7 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "sse.h"
+#include "wagma/status.h"
 
 /* Copies a one-line field value: CR/LF become spaces. Returns its length. */
 static size_t put_line(char *out, size_t at, size_t cap, const char *s) {

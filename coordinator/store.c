@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "store.h"
 #include "wagma/log_internal.h"
 
 void wg_job_record_free(wg_job_record_t *rec) {

@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "request.h"
+#include "router.h"
+#include "ui.h"
 
 int wg_ui_asset(const char *name) {
   if (!name)

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "planner.h"
 #include "coord.h"
 #include "wagma/collective.h"
 

@@ -10,6 +10,8 @@
 #include <string.h>
 
 #include "coord.h"
+#include "http_head.h"
+#include "pages.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static const wg_http_limits_t lim = {.max_line = 96, .max_head = 512, .max_fields = 8};

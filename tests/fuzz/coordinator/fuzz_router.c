@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "coord.h"
+#include "router.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char buf[1024];

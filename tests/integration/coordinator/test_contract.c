@@ -19,6 +19,7 @@
 #include <curl/curl.h>
 #include <yaml.h>
 
+#include "router.h"
 #include "coord.h"
 #include "etcd_fixture.h"
 #include "harness.h"

@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "http.h"
 #include "coord.h"
 #include "harness.h"
 #include "raw_http.h"

@@ -15,6 +15,7 @@
 
 #include <cmocka.h>
 
+#include "pages.h"
 #include "coord.h"
 #include "harness.h"
 

@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "pages.h"
+#include "http_head.h"
 #include "coord.h"
 
 /* ---- request heads ------------------------------------------------------------------------- */

@@ -13,6 +13,11 @@
 
 #include <cmocka.h>
 
+#include "router.h"
+#include "request.h"
+#include "planner.h"
+#include "metrics.h"
+#include "handlers.h"
 #include "coord.h"
 #include "wagma/collective.h"
 

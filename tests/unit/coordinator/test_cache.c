@@ -13,6 +13,8 @@
 
 #include <cmocka.h>
 
+#include "planner.h"
+#include "cache_view.h"
 #include "cache.h"
 #include "wagma/collective.h"
 

@@ -11,6 +11,10 @@
 
 #include <cmocka.h>
 
+#include "router.h"
+#include "request.h"
+#include "front.h"
+#include "cache.h"
 #include "coord.h"
 
 static wg_coord_t coord;

@@ -7,6 +7,7 @@
 
 #include <cmocka.h>
 
+#include "sse.h"
 #include "coord.h"
 
 static void expect_event(const char *id, const char *event, const char *data, const char *want) {
