@@ -4,6 +4,7 @@
 #define WAGMA_COORD_ELECTION_H
 
 #include <stdint.h>
+
 #include "wagma/api.h"
 #include "wagma/etcd.h"
 #include "wagma/status.h"

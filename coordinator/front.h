@@ -4,6 +4,7 @@
 #define WAGMA_COORD_FRONT_H
 
 #include <stddef.h>
+
 #include "coord.h"
 #include "request.h"
 #include "router.h"

@@ -5,6 +5,7 @@
 #define WAGMA_COORD_HANDLERS_H
 
 #include <stdint.h>
+
 #include "coord.h"
 #include "request.h"
 #include "router.h"

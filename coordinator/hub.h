@@ -4,6 +4,7 @@
 #define WAGMA_COORD_HUB_H
 
 #include <stddef.h>
+
 #include "coord.h"
 
 typedef struct wg_hub wg_hub_t;

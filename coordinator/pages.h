@@ -4,6 +4,7 @@
 #define WAGMA_COORD_PAGES_H
 
 #include <stddef.h>
+
 #include "wagma/api.h"
 
 #define WG_LIST_LIMIT_DEFAULT 100 /* jobs per page without ?limit */

@@ -4,6 +4,7 @@
 #define WAGMA_COORD_PLANNER_H
 
 #include <stdint.h>
+
 #include "wagma/api.h"
 
 typedef struct wg_plan_member {

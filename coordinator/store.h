@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
 #include "coord.h"
 #include "wagma/api.h"
 #include "wagma/etcd.h"

@@ -3,6 +3,7 @@
 #define WAGMA_COORD_UI_H
 
 #include <stddef.h>
+
 #include "request.h"
 #include "router.h"
 
