@@ -10,7 +10,8 @@
 # scheduling latency at P = 100, 1000, 5000 agents (bench_schedule; SCHED_SIZES overrides),
 # the plan computation time (bench_plan), and GET /healthz latency while LOAD_CONNS (default
 # 1000) connections list jobs (at least 1070 jobs in etcd by then), against the unloaded
-# baseline (bench_healthz_load; LOAD_S seconds, default DURATION_S).
+# baseline (bench_healthz_load; LOAD_S seconds, default DURATION_S). COORD_ARGS adds flags to
+# the coordinator's ("--read-cache off": every read through etcd).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-coord}
@@ -37,8 +38,9 @@ pids+=($!)
 export ETCDCTL_API=3
 E="etcdctl --endpoints=127.0.0.1:$cport"
 for _ in $(seq 100); do $E endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
+# shellcheck disable=SC2086 # COORD_ARGS: extra flags, word-split (e.g. "--read-cache off")
 "$coord" --etcd "127.0.0.1:$cport" --listen "127.0.0.1:$hport" --log-level warn \
-  --threads 4 >"$tmp/coord.log" 2>&1 &
+  --threads 4 ${COORD_ARGS:-} >"$tmp/coord.log" 2>&1 &
 pids+=($!)
 base="http://127.0.0.1:$hport"
 for _ in $(seq 100); do curl -sf "$base/healthz" >/dev/null && break; sleep 0.1; done
@@ -51,7 +53,7 @@ curl -sf -XPOST -H 'Content-Type: application/json' \
 for _ in $(seq 100); do
   curl -sf "$base/v1/jobs/bench" | grep -q '"state":"running"' && break; sleep 0.1
 done
-echo "cpu: $(nproc) cores; wrk -t2 -c$conns -d${dur}s; coordinator --threads 4; etcd on loopback"
+echo "cpu: $(nproc) cores; wrk -t2 -c$conns -d${dur}s; coordinator --threads 4 ${COORD_ARGS:-}; etcd on loopback"
 run() { # label, wrk args...
   local label=$1; shift
   local out; out=$(wrk -t2 -c"$conns" -d"${dur}s" --latency "$@")
