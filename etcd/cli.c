@@ -19,7 +19,8 @@ void wagma_etcd_cli_init(wagma_etcd_cli_t *cli) {
   cli->startup_timeout_s = 30;
 }
 
-/* A decimal number (strtod: a fraction or an exponent is taken) within lo..hi. */
+/* A number as strtod reads it (a fraction or an exponent is taken), within lo..hi; NaN
+ * never is. 0 or -1. */
 static int parse_number(const char *s, double lo, double hi, double *out) {
   char *end;
   double v = strtod(s, &end);

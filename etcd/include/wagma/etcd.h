@@ -144,8 +144,9 @@ void wagma_etcd_cli_init(wagma_etcd_cli_t *cli);
 /* Applies one getopt_long result: opt one of WAGMA_ETCD_CLI_*, arg its argument (kept by
  * pointer). Returns 1 when applied, 0 when opt is not one of them (nothing changed), or
  * WAGMA_EINVAL with the message for the user in err (without the program's name), e.g.
- * "--etcd-timeout-ms must be 100..600000". Numbers are decimal (a fraction or an exponent
- * is taken; --etcd-timeout-ms drops the fraction). */
+ * "--etcd-timeout-ms must be 100..600000". Numbers are read as strtod reads them (a
+ * fraction or an exponent is taken; --etcd-timeout-ms drops the fraction), as wagma-agent
+ * always did. */
 int wagma_etcd_cli_option(wagma_etcd_cli_t *cli, int opt, const char *arg, char *err,
                           size_t err_len);
 
