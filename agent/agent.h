@@ -35,6 +35,7 @@
 #include "wagma/api.h"
 #include "wagma/clock_internal.h"
 #include "wagma/collective.h"
+#include "wagma/etcd.h"
 #include "wagma/status.h"
 
 #define WG_AGENT_VERSION "0.1.0"
@@ -44,7 +45,7 @@
 /* ---- options ----------------------------------------------------------------------------- */
 
 typedef struct wg_agent_options {
-  char endpoints[512];
+  wagma_etcd_cli_t etcd; /* --etcd and the --etcd-* options (the etcd library parses them) */
   char name[WAGMA_NAME_MAX];
   char listen[WAGMA_ADDRESS_MAX];    /* "host:port" the collective binds */
   char advertise[WAGMA_ADDRESS_MAX]; /* "host:port" peers dial (registered, in plans); default
@@ -57,12 +58,6 @@ typedef struct wg_agent_options {
   int encrypt_data_plane; /* --encrypt-data-plane: TCP frames sealed (AES-256-GCM) */
   int capacity;
   int lease_ttl_s;
-  int etcd_timeout_ms;
-  double etcd_startup_timeout_s; /* give up when etcd does not answer at startup; 0 = never */
-  /* etcd TLS and user (NULL = none): --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user,
-   * --etcd-password-file or $WAGMA_ETCD_PASSWORD (strings of argv / the environment) */
-  const char *etcd_ca_file, *etcd_cert_file, *etcd_key_file;
-  const char *etcd_user, *etcd_password_file, *etcd_password;
   double listen_timeout_s; /* a program retries a plan's communicator this long (libwagma),
                               then reports unavailable */
   double slow_factor;      /* >= 1: compute takes F x longer */
@@ -200,7 +195,7 @@ int wg_shared_stopping(wg_shared_t *s);
 
 typedef struct wg_control wg_control_t;
 /* Opens the etcd handle and starts the control thread, which first waits for etcd (up to
- * opt->etcd_startup_timeout_s) and registers, then follows assignments and plans (and
+ * opt->etcd.startup_timeout_s) and registers, then follows assignments and plans (and
  * registers again whenever the lease is lost, retrying while etcd is down). The registration
  * creates <prefix>/agents/<name> only if it is absent (one Txn): when another process holds
  * the name, its lease is watched for one keepalive period; a lease that is kept alive is a

@@ -89,6 +89,8 @@ int wg_shared_stopping(wg_shared_t *s) {
 }
 
 static void usage(FILE *f) {
+  char etcd[2048]; /* the etcd options' lines, shared with wagma-coordinator */
+  wagma_etcd_cli_usage(26, etcd, sizeof etcd);
   fprintf(f,
           "usage: wagma-agent --etcd HOST:PORT[,...] --name NAME --listen HOST:PORT [options]\n"
           "\n"
@@ -120,16 +122,7 @@ static void usage(FILE *f) {
           "                          every agent of a job must use the same setting\n"
           "  --capacity N            workers this agent can host (default 1)\n"
           "  --lease-ttl SECONDS     TTL of the agent's lease (default 5)\n"
-          "  --etcd-timeout-ms MS    deadline of each etcd call (default 3000)\n"
-          "  --etcd-startup-timeout S  give up (exit 4) when etcd does not answer at startup\n"
-          "                          within S seconds (default 30; 0 = wait for ever); once\n"
-          "                          running, etcd outages are survived\n"
-          "  --etcd-cacert FILE      TLS to etcd: CA bundle (PEM) that signs etcd's certificate\n"
-          "  --etcd-cert FILE        client certificate for etcd --client-cert-auth (PEM)\n"
-          "  --etcd-key FILE         its private key (PEM)\n"
-          "  --etcd-user NAME        etcd user (etcd auth enabled); its password from\n"
-          "  --etcd-password-file FILE  (re-read at each authentication), else from\n"
-          "                          $WAGMA_ETCD_PASSWORD; never on the command line\n"
+          "%s"
           "  --listen-timeout S      how long a job's program retries a plan's communicator\n"
           "                          before it reports this agent unavailable for the job\n"
           "                          (default 10)\n"
@@ -170,7 +163,7 @@ static void usage(FILE *f) {
           "address); 3 --device cuda unusable; 4 etcd did not answer within\n"
           "--etcd-startup-timeout, or refused us (TLS, user or password); 5 the --name is\n"
           "held by a live agent.\n",
-          WAGMA_FASHION_MNIST_DIR);
+          etcd, WAGMA_FASHION_MNIST_DIR);
 }
 
 static int parse_double(const char *s, double lo, double hi, double *out) {
@@ -328,56 +321,56 @@ static int bind_listen(wg_agent_options_t *o, char *why, size_t len) {
   } while (0)
 
 static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
-  static const struct option longs[] = {{"etcd", required_argument, 0, 'e'},
-                                        {"name", required_argument, 0, 'n'},
-                                        {"listen", required_argument, 0, 'l'},
-                                        {"advertise", required_argument, 0, 'A'},
-                                        {"prefix", required_argument, 0, 'p'},
-                                        {"device", required_argument, 0, 'D'},
-                                        {"transport", required_argument, 0, 'X'},
-                                        {"gpu", required_argument, 0, 1011},
-                                        {"encrypt-data-plane", no_argument, 0, 1006},
-                                        {"capacity", required_argument, 0, 'c'},
-                                        {"lease-ttl", required_argument, 0, 'L'},
-                                        {"etcd-timeout-ms", required_argument, 0, 'E'},
-                                        {"etcd-startup-timeout", required_argument, 0, 'U'},
-                                        {"etcd-cacert", required_argument, 0, 1001},
-                                        {"etcd-cert", required_argument, 0, 1002},
-                                        {"etcd-key", required_argument, 0, 1003},
-                                        {"etcd-user", required_argument, 0, 1004},
-                                        {"etcd-password-file", required_argument, 0, 1005},
-                                        {"listen-timeout", required_argument, 0, 'B'},
-                                        {"data-dir", required_argument, 0, 'd'},
-                                        {"checkpoint-root", required_argument, 0, 'K'},
-                                        {"synthetic-train", required_argument, 0, 'S'},
-                                        {"synthetic-test", required_argument, 0, 'T'},
-                                        {"eval-samples", required_argument, 0, 'V'},
-                                        {"threads", required_argument, 0, 't'},
-                                        {"connect-timeout", required_argument, 0, 'C'},
-                                        {"collective-timeout", required_argument, 0, 'G'},
-                                        {"round-deadline", required_argument, 0, 'R'},
-                                        {"progress-interval", required_argument, 0, 'P'},
-                                        {"linger", required_argument, 0, 'g'},
-                                        {"slow-factor", required_argument, 0, 'f'},
-                                        {"sleep-prob", required_argument, 0, 'b'},
-                                        {"sleep-ms", required_argument, 0, 'm'},
-                                        {"log-level", required_argument, 0, 'v'},
-                                        {"programs", required_argument, 0, 1007},
-                                        {"program-env", required_argument, 0, 1008},
-                                        {"program-grace", required_argument, 0, 1009},
-                                        {"program-connect-timeout", required_argument, 0, 1010},
-                                        {"help", no_argument, 0, 'h'},
-                                        {0, 0, 0, 0}};
+  static const struct option longs[] = {
+      {"etcd", required_argument, 0, WAGMA_ETCD_CLI_ENDPOINTS},
+      {"name", required_argument, 0, 'n'},
+      {"listen", required_argument, 0, 'l'},
+      {"advertise", required_argument, 0, 'A'},
+      {"prefix", required_argument, 0, 'p'},
+      {"device", required_argument, 0, 'D'},
+      {"transport", required_argument, 0, 'X'},
+      {"gpu", required_argument, 0, 1011},
+      {"encrypt-data-plane", no_argument, 0, 1006},
+      {"capacity", required_argument, 0, 'c'},
+      {"lease-ttl", required_argument, 0, 'L'},
+      {"etcd-timeout-ms", required_argument, 0, WAGMA_ETCD_CLI_TIMEOUT_MS},
+      {"etcd-startup-timeout", required_argument, 0, WAGMA_ETCD_CLI_STARTUP_TIMEOUT},
+      {"etcd-cacert", required_argument, 0, WAGMA_ETCD_CLI_CACERT},
+      {"etcd-cert", required_argument, 0, WAGMA_ETCD_CLI_CERT},
+      {"etcd-key", required_argument, 0, WAGMA_ETCD_CLI_KEY},
+      {"etcd-user", required_argument, 0, WAGMA_ETCD_CLI_USER},
+      {"etcd-password-file", required_argument, 0, WAGMA_ETCD_CLI_PASSWORD_FILE},
+      {"listen-timeout", required_argument, 0, 'B'},
+      {"data-dir", required_argument, 0, 'd'},
+      {"checkpoint-root", required_argument, 0, 'K'},
+      {"synthetic-train", required_argument, 0, 'S'},
+      {"synthetic-test", required_argument, 0, 'T'},
+      {"eval-samples", required_argument, 0, 'V'},
+      {"threads", required_argument, 0, 't'},
+      {"connect-timeout", required_argument, 0, 'C'},
+      {"collective-timeout", required_argument, 0, 'G'},
+      {"round-deadline", required_argument, 0, 'R'},
+      {"progress-interval", required_argument, 0, 'P'},
+      {"linger", required_argument, 0, 'g'},
+      {"slow-factor", required_argument, 0, 'f'},
+      {"sleep-prob", required_argument, 0, 'b'},
+      {"sleep-ms", required_argument, 0, 'm'},
+      {"log-level", required_argument, 0, 'v'},
+      {"programs", required_argument, 0, 1007},
+      {"program-env", required_argument, 0, 1008},
+      {"program-grace", required_argument, 0, 1009},
+      {"program-connect-timeout", required_argument, 0, 1010},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
   double v;
   int c;
   memset(o, 0, sizeof *o);
+  wagma_etcd_cli_init(&o->etcd);
   o->checkpoint_root.fd = -1;
   snprintf(o->prefix, sizeof o->prefix, "/wagma");
   o->capacity = 1;
   o->gpu = -1;
   o->lease_ttl_s = 5;
-  o->etcd_timeout_ms = 3000;
-  o->etcd_startup_timeout_s = 30;
   o->listen_timeout_s = 10;
   o->slow_factor = 1.0;
   o->synthetic_train = 8192;
@@ -395,15 +388,6 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   o->listen_fd = -1;
   while ((c = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
     switch (c) {
-    case 'e': {
-      char why[256];
-      if (strlen(optarg) >= sizeof o->endpoints)
-        FAIL("--etcd is longer than %zu characters", sizeof o->endpoints - 1);
-      if (wagma_etcd_endpoints_check(optarg, why, sizeof why) != 0)
-        FAIL("bad --etcd '%s': %s", optarg, why);
-      snprintf(o->endpoints, sizeof o->endpoints, "%s", optarg);
-      break;
-    }
     case 'n':
       if (!optarg[0] || strlen(optarg) >= sizeof o->name || strpbrk(optarg, "/ \t"))
         FAIL("--name must be 1-63 characters of [A-Za-z0-9._-]");
@@ -456,20 +440,6 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
         FAIL("--lease-ttl must be 1..3600 seconds");
       o->lease_ttl_s = (int)v;
       break;
-    case 'E':
-      if (parse_double(optarg, 100, 600000, &v))
-        FAIL("--etcd-timeout-ms must be 100..600000");
-      o->etcd_timeout_ms = (int)v;
-      break;
-    case 'U':
-      if (parse_double(optarg, 0, 86400, &o->etcd_startup_timeout_s))
-        FAIL("--etcd-startup-timeout must be 0..86400 seconds");
-      break;
-    case 1001: o->etcd_ca_file = optarg; break;
-    case 1002: o->etcd_cert_file = optarg; break;
-    case 1003: o->etcd_key_file = optarg; break;
-    case 1004: o->etcd_user = optarg; break;
-    case 1005: o->etcd_password_file = optarg; break;
     case 'B':
       if (parse_double(optarg, 0, 3600, &o->listen_timeout_s))
         FAIL("--listen-timeout must be 0..3600 seconds");
@@ -572,7 +542,16 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
         FAIL("--program-connect-timeout must be 0.1..3600 seconds");
       break;
     case 'h': usage(stdout); return 1;
-    default: usage(stderr); return 2;
+    default: {
+      char why[512];
+      int r = wagma_etcd_cli_option(&o->etcd, c, optarg, why, sizeof why);
+      if (r < 0)
+        FAIL("%s", why);
+      if (r == 0) { /* getopt said why */
+        usage(stderr);
+        return 2;
+      }
+    }
     }
   }
   if (optind < argc)
@@ -580,7 +559,7 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   if (o->listen[0] && advertise_address(o) != 0)
     FAIL("--advertise must be HOST, HOST:PORT, [V6]:PORT or a bare IPv6 address (got '%s')",
          o->advertise);
-  if (!o->endpoints[0] || !o->name[0] || !o->listen[0]) {
+  if (!o->etcd.endpoints || !o->name[0] || !o->listen[0]) {
     usage(stderr);
     FAIL("--etcd, --name and --listen are required");
   }
@@ -603,19 +582,10 @@ static int parse_options(int argc, char **argv, wg_agent_options_t *o) {
   }
   if (o->transport_nccl && o->encrypt_data_plane)
     FAIL("--encrypt-data-plane needs --transport tcp (NCCL moves payloads unencrypted)");
-  if (o->etcd_user && !o->etcd_password_file)
-    o->etcd_password = getenv("WAGMA_ETCD_PASSWORD");
   {
-    char why[512];
-    wagma_etcd_options_t eo = {.endpoints = o->endpoints,
-                               .ca_file = o->etcd_ca_file,
-                               .cert_file = o->etcd_cert_file,
-                               .key_file = o->etcd_key_file,
-                               .username = o->etcd_user,
-                               .password = o->etcd_password,
-                               .password_file = o->etcd_password_file};
-    if (wagma_etcd_options_check(&eo, why, sizeof why) != 0)
-      FAIL("bad etcd options: %s", why);
+    char why[1024];
+    if (wagma_etcd_cli_finish(&o->etcd, why, sizeof why) != 0)
+      FAIL("%s", why);
   }
   {
     char why[PATH_MAX + 128];
@@ -692,10 +662,9 @@ int main(int argc, char **argv) {
   wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
           "started: pid %d, listen %s, etcd %s (tls %s, user %s), prefix %s, checkpoint root %s, "
           "slow factor %.2f, sleep %.2f x %.0f ms",
-          (int)getpid(), opt.listen, opt.endpoints,
-          opt.etcd_ca_file || opt.etcd_cert_file || strstr(opt.endpoints, "https://") ? "on"
-                                                                                      : "off",
-          opt.etcd_user ? opt.etcd_user : "none", opt.prefix, opt.checkpoint_root.path,
+          (int)getpid(), opt.listen, opt.etcd.endpoints,
+          wagma_etcd_cli_tls(&opt.etcd) ? "on" : "off",
+          opt.etcd.username ? opt.etcd.username : "none", opt.prefix, opt.checkpoint_root.path,
           opt.slow_factor, opt.sleep_prob, opt.sleep_ms);
   if (opt.gpu >= 0)
     wg_logf(wg_agent_log, opt.name, WAGMA_LOG_INFO,
@@ -716,9 +685,10 @@ int main(int argc, char **argv) {
       break;
     }
     if (starting && (starting = wg_control_state(control, why, sizeof why)) < 0) {
-      rc = starting == WAGMA_EUNAVAIL || starting == WAGMA_ETIMEDOUT || starting == WAGMA_EPERM ? 4
-           : starting == WAGMA_EEXIST                                                           ? 5
-                                                                                                : 1;
+      rc = starting == WAGMA_EUNAVAIL || starting == WAGMA_ETIMEDOUT || starting == WAGMA_EPERM
+               ? WAGMA_ETCD_EXIT_STARTUP
+           : starting == WAGMA_EEXIST ? 5
+                                      : 1;
       fprintf(stderr, "wagma-agent[%s]: %s\n", opt.name, why);
       goto out;
     }

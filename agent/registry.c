@@ -3,11 +3,12 @@
  * Owns the etcd handle, the lease and its keepalive, the watch on <prefix>/assignments/<me>
  * and the watch on the plan of the job assigned to me. It:
  *  - at startup (the control thread's first task; the main thread polls wg_control_state):
- *    waits for etcd up to --etcd-startup-timeout, then registers: creates <prefix>/agents/<me>
- *    (address, device, capacity, version, started) under a lease kept alive by the etcd
- *    library, only if the key is absent (one Txn). A name held by another lease is watched
- *    for one keepalive period: a refreshed lease is a live agent of that name (refused:
- *    WAGMA_EEXIST), an unrefreshed one a crashed previous run (revoked, the name taken);
+ *    waits for etcd up to --etcd-startup-timeout (wagma_etcd_wait_ready), then registers:
+ *    creates <prefix>/agents/<me> (address, device, capacity, version, started) under a lease
+ *    kept alive by the etcd library, only if the key is absent (one Txn). A name held by
+ *    another lease is watched for one keepalive period: a refreshed lease is a live agent of
+ *    that name (refused: WAGMA_EEXIST), an unrefreshed one a crashed previous run (revoked,
+ *    the name taken);
  *  - when the lease is lost (etcd was away longer than the TTL) registers again the same way
  *    (create only if absent; never over another process's key), retrying every second;
  *  - follows the assignment: on a new job it reads the spec, the plan and the checkpoint
@@ -347,37 +348,9 @@ static void ensure_registered(wg_control_t *c) {
   c->next_register = wg_mono() + 1.0;
 }
 
-/* Waits until etcd answers, up to --etcd-startup-timeout (0 = for ever). */
-static int wait_for_etcd(wg_control_t *c, char *err, size_t err_len) {
-  double t0 = wg_mono(), limit = c->opt->etcd_startup_timeout_s, next_log = t0 + 5;
-  for (;;) {
-    int e = wagma_etcd_ping(c->etcd, NULL);
-    if (e == 0)
-      return 0;
-    double now = wg_mono();
-    if (e != WAGMA_EUNAVAIL && e != WAGMA_ETIMEDOUT) {
-      snprintf(err, err_len, "etcd %.200s refused us: %s (%s)", c->opt->endpoints,
-               wagma_strerror(e), wagma_etcd_errmsg(c->etcd));
-      return e;
-    }
-    if (limit > 0 && now - t0 >= limit) {
-      snprintf(err, err_len,
-               "etcd %.200s did not answer within %.0f s (--etcd-startup-timeout): %s; giving up",
-               c->opt->endpoints, limit, wagma_etcd_errmsg(c->etcd));
-      return WAGMA_EUNAVAIL;
-    }
-    if (stopping(c)) {
-      snprintf(err, err_len, "stopped while waiting for etcd");
-      return WAGMA_ECANCELED;
-    }
-    if (now >= next_log) {
-      LOG(c, WAGMA_LOG_WARN, "waiting for etcd %s (%.0f s so far): %s", c->opt->endpoints, now - t0,
-          wagma_etcd_errmsg(c->etcd));
-      next_log = now + 5;
-    }
-    double left = limit > 0 ? t0 + limit - now : 0.5;
-    wg_sleep_s(left < 0.5 ? left : 0.5);
-  }
+/* Asked by the start-up wait (wagma_etcd_wait_ready) between its tries. */
+static int stop_asked(void *c) {
+  return stopping(c);
 }
 
 /* ---- assignment and plan ----------------------------------------------------------------- */
@@ -766,7 +739,8 @@ out:
 /* Startup: wait for etcd, register; the outcome goes to c->startup for wg_control_state. */
 static int startup(wg_control_t *c) {
   char err[sizeof c->startup_error] = "";
-  int e = wait_for_etcd(c, err, sizeof err);
+  int e = wagma_etcd_wait_ready(c->etcd, c->opt->etcd.endpoints, c->opt->etcd.startup_timeout_s,
+                                stop_asked, c, err, sizeof err);
   if (e == 0)
     e = register_at_start(c, err, sizeof err);
   pthread_mutex_lock(&c->mu);
@@ -829,19 +803,11 @@ int wg_control_start(const wg_agent_options_t *opt, wg_shared_t *shared, wg_cont
   }
   char ping_key[sizeof c->keys.prefix + 2];
   snprintf(ping_key, sizeof ping_key, "%s/", c->keys.prefix); /* a user's role may read it */
-  wagma_etcd_options_t eo = {.endpoints = opt->endpoints,
-                             .call_timeout_ms = opt->etcd_timeout_ms,
-                             .log_fn = wg_agent_log,
-                             .log_user = (void *)opt->name,
-                             .ca_file = opt->etcd_ca_file,
-                             .cert_file = opt->etcd_cert_file,
-                             .key_file = opt->etcd_key_file,
-                             .username = opt->etcd_user,
-                             .password = opt->etcd_password,
-                             .password_file = opt->etcd_password_file,
-                             .ping_key = ping_key};
+  wagma_etcd_options_t eo = {
+      .log_fn = wg_agent_log, .log_user = (void *)opt->name, .ping_key = ping_key};
+  wagma_etcd_cli_options(&opt->etcd, &eo);
   if ((e = wagma_etcd_open(&eo, &c->etcd))) {
-    snprintf(err, err_len, "cannot open etcd %s: %s", opt->endpoints, wagma_strerror(e));
+    snprintf(err, err_len, "cannot open etcd %s: %s", opt->etcd.endpoints, wagma_strerror(e));
     goto fail;
   }
   c->startup = 1;

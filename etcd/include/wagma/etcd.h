@@ -100,6 +100,91 @@ const char *wagma_etcd_errmsg(wagma_etcd_t *etcd);
  * On success *revision (may be NULL) is the cluster's current revision. */
 int wagma_etcd_ping(wagma_etcd_t *etcd, int64_t *revision);
 
+/* ---- the daemons' etcd options and their start-up wait ------------------------------ */
+
+/* The etcd options wagma-coordinator and wagma-agent share, parsed once here. Each program
+ * lists them in its own getopt_long table with these values (its docs test reads the table
+ * there), passes every option to wagma_etcd_cli_option, calls wagma_etcd_cli_finish after
+ * the loop, wagma_etcd_cli_options to fill the handle's options, and wagma_etcd_wait_ready
+ * once the handle is open:
+ *   {"etcd", required_argument, 0, WAGMA_ETCD_CLI_ENDPOINTS},
+ *   {"etcd-timeout-ms", required_argument, 0, WAGMA_ETCD_CLI_TIMEOUT_MS}, ... */
+enum {
+  WAGMA_ETCD_CLI_ENDPOINTS = 0x4500, /* --etcd ENDPOINTS */
+  WAGMA_ETCD_CLI_TIMEOUT_MS,         /* --etcd-timeout-ms MS */
+  WAGMA_ETCD_CLI_STARTUP_TIMEOUT,    /* --etcd-startup-timeout S */
+  WAGMA_ETCD_CLI_CACERT,             /* --etcd-cacert FILE */
+  WAGMA_ETCD_CLI_CERT,               /* --etcd-cert FILE */
+  WAGMA_ETCD_CLI_KEY,                /* --etcd-key FILE */
+  WAGMA_ETCD_CLI_USER,               /* --etcd-user NAME */
+  WAGMA_ETCD_CLI_PASSWORD_FILE,      /* --etcd-password-file FILE */
+};
+
+/* The exit status of a daemon whose etcd did not answer within --etcd-startup-timeout, or
+ * refused it (TLS, user or password). */
+#define WAGMA_ETCD_EXIT_STARTUP 4
+
+/* The parsed options. Strings point into argv or the environment: not owned, not copied. */
+typedef struct wagma_etcd_cli {
+  const char *endpoints;     /* --etcd (checked as wagma_etcd_endpoints_check); NULL = none */
+  int call_timeout_ms;       /* --etcd-timeout-ms, 100..600000 (default 3000) */
+  double startup_timeout_s;  /* --etcd-startup-timeout, 0..86400 (default 30; 0 = for ever) */
+  const char *ca_file;       /* --etcd-cacert */
+  const char *cert_file;     /* --etcd-cert */
+  const char *key_file;      /* --etcd-key */
+  const char *username;      /* --etcd-user */
+  const char *password_file; /* --etcd-password-file */
+  const char *password;      /* set by wagma_etcd_cli_finish: $WAGMA_ETCD_PASSWORD when a
+                                user is given without a password file; else NULL */
+} wagma_etcd_cli_t;
+
+/* Sets the defaults: no endpoints, 3000 ms per call, 30 s at start-up, no TLS, no user. */
+void wagma_etcd_cli_init(wagma_etcd_cli_t *cli);
+
+/* Applies one getopt_long result: opt one of WAGMA_ETCD_CLI_*, arg its argument (kept by
+ * pointer). Returns 1 when applied, 0 when opt is not one of them (nothing changed), or
+ * WAGMA_EINVAL with the message for the user in err (without the program's name), e.g.
+ * "--etcd-timeout-ms must be 100..600000". Numbers are read as strtod reads them (a
+ * fraction or an exponent is taken; --etcd-timeout-ms drops the fraction), as wagma-agent
+ * always did. */
+int wagma_etcd_cli_option(wagma_etcd_cli_t *cli, int opt, const char *arg, char *err,
+                          size_t err_len);
+
+/* After the options: takes the password from $WAGMA_ETCD_PASSWORD when a user is given
+ * without --etcd-password-file, then checks everything as wagma_etcd_open would
+ * (wagma_etcd_options_check). 0, or WAGMA_EINVAL with "bad etcd options: <why>" in err.
+ * Whether --etcd was given is the caller's check (each program words it its own way). */
+int wagma_etcd_cli_finish(wagma_etcd_cli_t *cli, char *err, size_t err_len);
+
+/* Fills endpoints, call_timeout_ms, the TLS files and the user of *out from cli; the other
+ * fields (log_fn, log_user, ping_key) are left as they are. The strings stay cli's. */
+void wagma_etcd_cli_options(const wagma_etcd_cli_t *cli, wagma_etcd_options_t *out);
+
+/* Whether the handle will use TLS, as the daemons log it: a CA, a client certificate or an
+ * https:// endpoint. */
+int wagma_etcd_cli_tls(const wagma_etcd_cli_t *cli);
+
+/* The usage lines of --etcd-timeout-ms ... --etcd-password-file, each description starting
+ * at column (0-based; a longer flag gets two spaces), into out (len bytes, truncated).
+ * Returns the length of the whole text, as snprintf does. */
+int wagma_etcd_cli_usage(int column, char *out, size_t len);
+
+/* Asked between two tries of wagma_etcd_wait_ready: nonzero = stop waiting. */
+typedef int (*wagma_etcd_stop_fn)(void *user);
+
+/* The start-up wait: pings etcd (wagma_etcd_ping) until it answers, at most limit_s
+ * seconds (0 = for ever; each try may take one call_timeout_ms more), a try every 0.5 s,
+ * with a warning through the handle's log_fn every 5 s ("waiting for etcd ENDPOINTS (N s so
+ * far): ..."). endpoints is only named in the messages. stop (may be NULL) is asked after
+ * each failed try. Returns 0 when etcd answered; WAGMA_EUNAVAIL when limit_s passed ("etcd
+ * ENDPOINTS did not answer within N s (--etcd-startup-timeout): ...; giving up" in err);
+ * the ping's error when etcd refused us, i.e. any error but WAGMA_EUNAVAIL and
+ * WAGMA_ETIMEDOUT, e.g. WAGMA_EPERM for TLS or a user ("etcd ENDPOINTS refused us: ...");
+ * WAGMA_ECANCELED when stop said so ("stopped while waiting for etcd"). Runs on the
+ * calling thread. */
+int wagma_etcd_wait_ready(wagma_etcd_t *etcd, const char *endpoints, double limit_s,
+                          wagma_etcd_stop_fn stop, void *stop_user, char *err, size_t err_len);
+
 /* ---- KV ----------------------------------------------------------------------------- */
 
 typedef struct wagma_etcd_kv {
