@@ -218,6 +218,16 @@ static const case_t cases[] = {
                .workers = 2},
               {.id = "j2", .created = 2, .workers = 2, .min_workers = 1}},
      .want = "plan j2 e1 sr0 [c] assign=c \"running with 1 of 2 workers; waiting for agents\""},
+    {.name = "members of a running job are not free for an older job either",
+     .agents = {{"a"}, {"b"}, {"c"}},
+     .jobs = {{.id = "j1", .created = 1, .workers = 2, .min_workers = 1},
+              {.id = "j2",
+               .created = 2,
+               .state = "running",
+               .epoch = 1,
+               .members = "a,b",
+               .workers = 2}},
+     .want = "plan j1 e1 sr0 [c] assign=c \"running with 1 of 2 workers; waiting for agents\""},
 
     /* completion and failure */
     {.name = "every member done: succeeded",
