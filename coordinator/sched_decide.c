@@ -475,32 +475,18 @@ out:
   free(joiners);
 }
 
-/* Decides job j (not terminal; its own members are not busy): completion or failure, its cut
- * members' quarantine, then its next membership (marking the agents it keeps or takes busy),
- * and its plan, pending or waiting status when that changes. */
-static void decide_job(pass_t *p, wg_job_record_t *j) {
+/* Completion and failure of job j from the progress of its last plan's members (nplan, names
+ * and addresses in rank order; a pending job: only reports of that plan's epoch): refused by
+ * too many agents and run by none, or a member failed -> failed; every member done, or done
+ * and the others died before the end -> succeeded. 1 when the job's pass ends here (it ended,
+ * or a member at the last iteration is finishing: no plan meanwhile), 0 to go on. */
+static int decide_completion(pass_t *p, wg_job_record_t *j, char (*names)[WAGMA_API_NAME_MAX],
+                             char (*addrs)[WAGMA_API_ADDR_MAX], int nplan, int running) {
   snapshot_t *s = p->s;
-  char(*names)[WAGMA_API_NAME_MAX] = NULL;
-  char(*addrs)[WAGMA_API_ADDR_MAX] = NULL;
-  int ncur = 0;
-  agent_rec_t **next = NULL;
-  int *joiner = NULL, *cut = NULL;
   char reason[WAGMA_API_REASON_MAX];
-
-  /* The members of the last plan decide completion even when the job is pending: they may
-   * have finished while their agent keys were gone (an etcd outage longer than their lease
-   * TTL at the job's end, their "done" written after they registered again). A pending job
-   * has no live membership (ncur 0), even if an old plan exists. */
-  int nplan = 0;
-  if (plan_members(j, &names, &addrs, &nplan))
-    return;
-  int running = j->status.state == WAGMA_JOB_RUNNING;
-  ncur = running ? nplan : 0;
-
-  /* Completion and failure, from the members' progress. */
   if (refused_by_all(s, j, reason, sizeof reason)) {
     finish_job(p, j, WAGMA_JOB_FAILED, reason);
-    goto out;
+    return 1;
   }
   int done = 0, gone = 0, done_alive = 0, finishing = 0;
   for (int r = 0; r < nplan; r++) {
@@ -514,7 +500,7 @@ static void decide_job(pass_t *p, wg_job_record_t *j) {
       snprintf(reason, sizeof reason, "agent %s failed: %.160s", names[r],
                pr->error[0] ? pr->error : "no detail");
       finish_job(p, j, WAGMA_JOB_FAILED, reason);
-      goto out;
+      return 1;
     }
     /* A live member is done when it says so: between its last iteration and its "done" it
      * averages the final model and evaluates it, and its final report carries the result
@@ -533,13 +519,13 @@ static void decide_job(pass_t *p, wg_job_record_t *j) {
    * on their way. No plan is made at the last iteration meanwhile (a finishing member's
    * frozen agent loses its lease and counts as gone). */
   if (running && finishing > 0 && done + gone + finishing == nplan)
-    goto out;
+    return 1;
   /* Finished: every member of the plan reported the last iteration, or every one that did
    * not is gone (its agent key expired: it died before the end, its model with it) while one
    * that finished is still here. Those that finished hold the job's final model; planning
    * again would only put a joiner at the last iteration next to them (or alone, once they
    * left: "the job's model is lost"). When every key is gone (an etcd outage outlived the
-   * leases), the final reports may still come: the wait below. */
+   * leases), the final reports may still come: decide_final_wait. */
   if (running && done_alive > 0 && gone > 0 && done + gone == nplan && j->spec.iterations &&
       wg_job_record_iteration(j) >= j->spec.iterations) {
     snprintf(reason, sizeof reason,
@@ -547,32 +533,122 @@ static void decide_job(pass_t *p, wg_job_record_t *j) {
              (unsigned long long)wg_job_record_iteration(j), gone);
     append_refusal(s, j, reason, sizeof reason);
     finish_job(p, j, WAGMA_JOB_SUCCEEDED, reason);
-    goto out;
+    return 1;
   }
   if (nplan > 0 && done == nplan) {
     snprintf(reason, sizeof reason, "all %d members finished at iteration %llu", nplan,
              (unsigned long long)wg_job_record_iteration(j));
     append_refusal(s, j, reason, sizeof reason); /* who could not serve it, if anyone */
     finish_job(p, j, WAGMA_JOB_SUCCEEDED, reason);
-    goto out;
+    return 1;
   }
+  return 0;
+}
 
-  /* Members cut off from their peers on the data plane leave (quarantined first, so that
-   * they do not come back as joiners at once). */
+/* Members of running job j (nplan > 1 in its plan) cut off from their peers on the data plane
+ * leave: the partition rule (reach.c) marks them in cut[] (nplan entries), and each is
+ * quarantined (unless it is already) before a plan without it, so that it does not come back
+ * as a joiner at once. 0 to go on, else a quarantine was not written (a follower: the leader
+ * decides): no plan in this pass. */
+static int decide_cut(pass_t *p, wg_job_record_t *j, char (*names)[WAGMA_API_NAME_MAX],
+                      char (*addrs)[WAGMA_API_ADDR_MAX], int nplan, int *cut) {
+  snapshot_t *s = p->s;
+  int ncut = cut_members(s, j, names, addrs, nplan, cut);
+  if (ncut == WG_REACH_NO_MAJORITY) {
+    wg_sched_write_t w = {.kind = WG_SCHED_NO_MAJORITY, .what = "no majority", .job = j};
+    apply(p, &w);
+  }
+  for (int r = 0; r < nplan && ncut > 0; r++) {
+    agent_rec_t *a = cut[r] ? wg_snapshot_agent(s, names[r]) : NULL;
+    if (a && !a->quarantined && quarantine_unreachable(p, a, j, r, names, addrs, nplan, cut) != 0)
+      return 1;
+  }
+  return 0;
+}
+
+/* Nobody survived job j's plan (no survivors), it has no checkpoint, and the epoch reached
+ * the job's last iteration: a fresh plan would start there from the seed and report an
+ * untrained model as the result. The members' final reports are on their way (an etcd outage
+ * at the job's end outlived their leases; they register again, keep their assignments and the
+ * job) or lost: the job keeps its plan and state (completed above when the reports come), up
+ * to WG_SCHED_FINAL_REPORT_WAIT_S after the job's newest report, then fails. The newest of
+ * any epoch: an epoch planned at the last iteration may have no report at all (its members
+ * were done with the one before and lost their keys while setting it up), and counting from
+ * none failed such a job at once (the soak's soak-72, its members' final reports still on
+ * their way). 1 when so (the job waits, or failed), 0 otherwise. */
+static int decide_final_wait(pass_t *p, wg_job_record_t *j) {
+  char reason[WAGMA_API_REASON_MAX];
+  uint64_t reached = wg_job_record_iteration(j);
+  if (j->has_checkpoint || !j->spec.iterations || reached < j->spec.iterations)
+    return 0;
+  double newest = 0;
+  for (int r = 0; r < j->nprogress; r++)
+    if (j->progress[r].progress.time > newest)
+      newest = j->progress[r].progress.time;
+  if (p->o->now - newest > WG_SCHED_FINAL_REPORT_WAIT_S) {
+    snprintf(reason, sizeof reason,
+             "its members left at the last iteration %llu without all reporting the final "
+             "model, and no checkpoint holds it",
+             (unsigned long long)reached);
+    finish_job(p, j, WAGMA_JOB_FAILED, reason);
+    return 1;
+  }
+  snprintf(reason, sizeof reason,
+           "its members left at the last iteration %llu; waiting for their final reports",
+           (unsigned long long)reached);
+  if (strcmp(j->status.reason, reason) != 0) {
+    wagma_job_status_t st = j->status; /* shallow: members shared, not freed here */
+    snprintf(st.reason, sizeof st.reason, "%s", reason);
+    st.iteration = reached;
+    write_status(p, j, &st, "job waits for final reports");
+  }
+  return 1;
+}
+
+/* Job j cannot start (or restart) for want of free agents: it stays or becomes pending, its
+ * reason constant per situation (no free count), so that pending jobs are not rewritten at
+ * every pass. */
+static void decide_pending(pass_t *p, wg_job_record_t *j) {
+  char reason[WAGMA_API_REASON_MAX];
+  waiting_reason(p->s, j, reason, sizeof reason);
+  append_refusal(p->s, j, reason, sizeof reason);
+  if (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
+      strcmp(j->status.reason, reason) != 0) {
+    wagma_job_status_t st = j->status;
+    st.members = NULL;
+    st.nmembers = 0;
+    st.state = WAGMA_JOB_PENDING;
+    st.iteration = wg_job_record_iteration(j);
+    snprintf(st.reason, sizeof st.reason, "%s", reason);
+    write_status(p, j, &st, "job pending");
+  }
+}
+
+/* Decides job j (not terminal; its own members are not busy): completion or failure, its cut
+ * members' quarantine, then its next membership (marking the agents it keeps or takes busy),
+ * and its plan, pending or waiting status when that changes. */
+static void decide_job(pass_t *p, wg_job_record_t *j) {
+  snapshot_t *s = p->s;
+  char(*names)[WAGMA_API_NAME_MAX] = NULL;
+  char(*addrs)[WAGMA_API_ADDR_MAX] = NULL;
+  agent_rec_t **next = NULL;
+  int *joiner = NULL, *cut = NULL;
+
+  /* The members of the last plan decide completion even when the job is pending: they may
+   * have finished while their agent keys were gone (an etcd outage longer than their lease
+   * TTL at the job's end, their "done" written after they registered again). A pending job
+   * has no live membership (ncur 0), even if an old plan exists. */
+  int nplan = 0;
+  if (plan_members(j, &names, &addrs, &nplan))
+    return;
+  int running = j->status.state == WAGMA_JOB_RUNNING;
+  int ncur = running ? nplan : 0;
+  if (decide_completion(p, j, names, addrs, nplan, running))
+    goto out;
   if (running && nplan > 1) {
     cut = calloc((size_t)nplan, sizeof *cut);
-    if (!cut)
+    if (!cut || decide_cut(p, j, names, addrs, nplan, cut))
       goto out;
-    int ncut = cut_members(s, j, names, addrs, nplan, cut);
-    if (ncut == WG_REACH_NO_MAJORITY) {
-      wg_sched_write_t w = {.kind = WG_SCHED_NO_MAJORITY, .what = "no majority", .job = j};
-      apply(p, &w);
-    }
-    for (int r = 0; r < nplan && ncut > 0; r++) {
-      agent_rec_t *a = cut[r] ? wg_snapshot_agent(s, names[r]) : NULL;
-      if (a && !a->quarantined && quarantine_unreachable(p, a, j, r, names, addrs, nplan, cut) != 0)
-        goto out; /* (a follower: the leader decides) */
-    }
   }
 
   /* The next membership: survivors in rank order, cut to target, then joiners. */
@@ -599,56 +675,10 @@ static void decide_job(pass_t *p, wg_job_record_t *j) {
   int nfree = 0;
   for (size_t i = 0; i < s->nagents; i++)
     nfree += !s->agents[i].busy && eligible(j, &s->agents[i]);
-  /* Nobody survived, no checkpoint, and the epoch reached the job's last iteration: a fresh
-   * plan would start there from the seed and report an untrained model as the result. The
-   * members' final reports are on their way (an etcd outage at the job's end outlived their
-   * leases; they register again, keep their assignments and the job) or lost: the job keeps
-   * its plan and state (completed above when the reports come), up to
-   * WG_SCHED_FINAL_REPORT_WAIT_S after the job's newest report, then fails. The newest of any
-   * epoch: an epoch planned at the last iteration may have no report at all (its members were
-   * done with the one before and lost their keys while setting it up), and counting from none
-   * failed such a job at once (the soak's soak-72, its members' final reports still on their
-   * way). */
-  uint64_t reached = wg_job_record_iteration(j);
-  if (survivors == 0 && !j->has_checkpoint && j->spec.iterations && reached >= j->spec.iterations) {
-    double newest = 0;
-    for (int r = 0; r < j->nprogress; r++)
-      if (j->progress[r].progress.time > newest)
-        newest = j->progress[r].progress.time;
-    if (p->o->now - newest > WG_SCHED_FINAL_REPORT_WAIT_S) {
-      snprintf(reason, sizeof reason,
-               "its members left at the last iteration %llu without all reporting the final "
-               "model, and no checkpoint holds it",
-               (unsigned long long)reached);
-      finish_job(p, j, WAGMA_JOB_FAILED, reason);
-      goto out;
-    }
-    snprintf(reason, sizeof reason,
-             "its members left at the last iteration %llu; waiting for their final reports",
-             (unsigned long long)reached);
-    if (strcmp(j->status.reason, reason) != 0) {
-      wagma_job_status_t st = j->status; /* shallow: members shared, not freed here */
-      snprintf(st.reason, sizeof st.reason, "%s", reason);
-      st.iteration = reached;
-      write_status(p, j, &st, "job waits for final reports");
-    }
+  if (survivors == 0 && decide_final_wait(p, j))
     goto out;
-  }
   if (survivors == 0 && nfree < j->spec.min_workers) {
-    /* Cannot start (or restart): stay or become pending. */
-    /* Constant per job (no free count): pending jobs are not rewritten at every pass. */
-    waiting_reason(s, j, reason, sizeof reason);
-    append_refusal(s, j, reason, sizeof reason);
-    if (j->status.state != WAGMA_JOB_PENDING || j->status.nmembers > 0 ||
-        strcmp(j->status.reason, reason) != 0) {
-      wagma_job_status_t st = j->status;
-      st.members = NULL;
-      st.nmembers = 0;
-      st.state = WAGMA_JOB_PENDING;
-      st.iteration = wg_job_record_iteration(j);
-      snprintf(st.reason, sizeof st.reason, "%s", reason);
-      write_status(p, j, &st, "job pending");
-    }
+    decide_pending(p, j);
     goto out;
   }
   for (size_t i = 0; i < s->nagents && n < target; i++) {
