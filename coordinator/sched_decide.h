@@ -1,4 +1,4 @@
-/* coordinator/sched_decide.h — the scheduler's decisions (docs/design.md §5): from one
+/* coordinator/sched_decide.h — the scheduler's decisions (docs/design.md §7.1): from one
  * snapshot of the key tree (snapshot.h, one etcd revision) and the wall clock, the writes a
  * reconcile pass wants: quarantine records put, ended or dropped; per job (oldest first) its
  * completion or failure, its pending or waiting status, or its next plan with the joiners'
