@@ -18,10 +18,9 @@
  * registration, the refusal and an end --quarantine seconds on, and no job gets it until then
  * or until it registers anew (records of an older registration, or expired ones of agents
  * that are gone, are deleted; an expired one of a present agent stays, so that the same
- * refusal does not quarantine it again). A job that
- * nobody has run and that WG_SCHED_MAX_REFUSALS agents (or every registered agent of its device,
- * and program if it has one) refused fails: the fault is the job's, and no agent is quarantined for
- * it.
+ * refusal does not quarantine it again). A job that nobody has run and that
+ * WG_SCHED_MAX_REFUSALS agents (or every registered agent of its device, and program if it has
+ * one) refused fails: the fault is the job's, and no agent is quarantined for it.
  *
  * Per job, oldest first (free agents go to the oldest jobs first):
  *   - terminal: nothing (its assignments are cleaned up below).
@@ -36,8 +35,8 @@
  *     finished while their agent keys were gone, e.g. an etcd outage at the job's end).
  *   - nobody survived, no checkpoint, and an agent reported the last iteration: no new plan
  *     (it would start there from the seed); the job waits for the final reports with its plan,
- *     and fails WG_SCHED_FINAL_REPORT_WAIT_S after the job's newest report. A finished job is never
- *     planned again.
+ *     and fails WG_SCHED_FINAL_REPORT_WAIT_S after the job's newest report. A finished job is
+ *     never planned again.
  *   - else the next membership: the live members in rank order (dead ones - agent key gone,
  *     i.e. lease expired - and those that refused the job drop out), cut to spec.workers
  *     (highest ranks leave), then free agents (name order, same device as the job, listing
