@@ -21,7 +21,9 @@
  *   hub.h         event-stream clients: bounded queues, publishing, heartbeats, drops
  *   sse.h         the text/event-stream encoder and the bounded byte queue (pure)
  *   ui.h          the web view: HTML, JS and CSS compiled in (coordinator/ui/)
- *   scheduler.h   membership and lifecycle: the reconcile loop (leader writes, all observe)
+ *   scheduler.h   membership and lifecycle: the reconcile loop (leader writes, all observe),
+ *                 which reads the tree and applies what sched_decide.h decides
+ *   sched_decide.h the scheduler's rules, pure: a snapshot and the clock -> the writes it wants
  *   reach.h       the partition rule: whom a job leaves out when members cannot reach each
  *                 other (pure)
  *   snapshot.h    the scheduler's view of the cluster as metrics lines
