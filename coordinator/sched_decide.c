@@ -5,7 +5,6 @@
  * caller's sink, whose answer (written or not) later decisions of the pass depend on. No
  * threads of its own: it runs on the scheduler thread. Cost per pass: O(n log n) in the
  * members and agents of a large job. */
-#include "planner.h"
 #include "sched_decide.h"
 
 #include <stdlib.h>

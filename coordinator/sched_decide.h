@@ -11,8 +11,8 @@
 #ifndef WAGMA_COORD_SCHED_DECIDE_H
 #define WAGMA_COORD_SCHED_DECIDE_H
 
-#include "planner.h"
 #include "coord.h"
+#include "planner.h"
 #include "snapshot.h"
 
 /* A job that this many agents refused ("unavailable") and none ran fails: it is the job that
