@@ -14,7 +14,6 @@
 #include <stdatomic.h>
 
 #include "cache.h"
-#include "cache.h"
 #include "coord.h"
 #include "wagma/collective.h"
 

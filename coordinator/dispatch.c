@@ -15,7 +15,6 @@
 #include "request.h"
 #include "router.h"
 #include "ui.h"
-#include "reads.h"
 
 const char *wg_request_query(const wg_request_t *req, const char *key, int *present) {
   if (present)

@@ -20,7 +20,6 @@
 #include "request.h"
 #include "scheduler.h"
 #include "store.h"
-#include "reads.h"
 
 #define WG_TXN_RETRIES 5 /* guarded writes tried before 409 conflict */
 

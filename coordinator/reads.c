@@ -64,12 +64,12 @@ static void answer_text(wg_response_t *res, int status, wg_text_t *t) {
   res->content_type = "application/json";
 }
 
-/* Answers an error of the source's: the common ones here, the rest by the source. */
+/* Answers an error of the source's: a read whose client left (nobody reads the answer), or
+ * what the source says of its own errors. */
 static void answer_failure(wg_read_t *rd, int e, wg_response_t *res) {
-  if (e == WAGMA_ECANCELED) /* the client left: nobody reads this */
+  const wg_request_t *req = rd->req;
+  if (e == WAGMA_ECANCELED && req && req->gone && req->gone(req->gone_user))
     wg_response_error(res, 503, "unavailable", NULL, "the client left");
-  else if (e == WAGMA_ENOMEM)
-    wg_response_error(res, 500, "internal", NULL, "out of memory");
   else
     rd->ops->fail(rd, e, res);
 }

@@ -8,9 +8,9 @@
  *     lock, never etcd; it hands out what the view holds (pre-rendered job bodies, the decoded
  *     plan) and keeps answers it rendered for the next reads (the memo ops);
  *   - etcd (reads_etcd.c): linearizable reads, each a round trip or a Txn.
- * Both give the same bytes for the same state (tests/integration/coordinator/test_front_reads
- * and test_cache compare them). Adding a read endpoint: a route (router.c), its handler here,
- * and the ops it needs in both sources. */
+ * Both give the same bytes for the same state (test_coordinator_read_sources compares a
+ * coordinator with the cache and one with --read-cache off). Adding a read endpoint: a route
+ * (router.c), its handler here, and the ops it needs in both sources. */
 #ifndef WAGMA_COORD_READS_H
 #define WAGMA_COORD_READS_H
 

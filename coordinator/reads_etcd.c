@@ -259,7 +259,11 @@ static int plan(wg_read_t *rd, const char *id, int decode, wg_read_plan_t *out, 
   if (e)
     return e;
   out->mod = kv->mod_revision;
-  out->json.own = strndup(kv->value, kv->value_len);
+  out->json.own = malloc(kv->value_len + 1); /* the stored bytes, as the cache gives them */
+  if (out->json.own) {
+    memcpy(out->json.own, kv->value, kv->value_len);
+    out->json.own[kv->value_len] = '\0';
+  }
   out->json.p = out->json.own;
   out->json.len = kv->value_len;
   if (decode && out->json.own) {
