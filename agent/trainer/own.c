@@ -211,6 +211,7 @@ static int shard_iteration(wg_trainer_t *t) {
   wg_sleep_s(0.002);
   wg_ps_shard_stats(t->ps, &ps);
   wg_own_note_staleness(t, ps.max_delay);
+  t->ps_pushed = ps.pushes;
   if (isfinite(ps.loss))
     t->loss_ema = ps.loss;
   wagma_worker_status(t->w, &st);
@@ -274,6 +275,8 @@ static int worker_iteration(wg_trainer_t *t) {
     return e;
   }
   wg_own_note_staleness(t, delay);
+  if (g)
+    t->ps_pushed++;
   if (ev.n && isfinite(ev.loss))
     t->loss_ema = isfinite(t->loss_ema) ? 0.95 * t->loss_ema + 0.05 * ev.loss : ev.loss;
   uint64_t epoch = t->epoch;
@@ -304,7 +307,12 @@ void wg_own_report(wg_trainer_t *t) {
     s.served = gc.served;
     s.skipped = gc.skipped;
   } else if (t->ps) {
-    s.role = t->rank >= 0 && t->rank < t->ps_shards ? "server" : "worker";
+    int shard = t->rank >= 0 && t->rank < t->ps_shards;
+    s.role = shard ? "server" : "worker";
+    if (shard)
+      s.served = t->ps_pushed; /* the pushes this shard applied */
+    else
+      s.averaged = t->ps_pushed; /* the pushes of this worker its shards applied */
   }
   wg_own_note_staleness(t, 0);
   s.staleness = t->staleness_shown > t->staleness_max ? t->staleness_shown : t->staleness_max;

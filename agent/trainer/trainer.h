@@ -52,6 +52,7 @@ typedef struct wg_trainer {
   wagma_rng_t gossip_rng;
   wg_ps_t *ps;
   int ps_shards, ps_done_sent;
+  uint64_t ps_pushed;     /* a worker's pushes its shards applied; a shard's pushes applied */
   double entered_at;      /* when the epoch was entered (wg_mono) */
   uint64_t staleness_max; /* the largest staleness in the current 1 s window, and the last */
   uint64_t staleness_shown;
