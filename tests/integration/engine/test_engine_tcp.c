@@ -165,13 +165,15 @@ static void check_kill(wagma_global_sync_t mode) {
 static void test_random_conservation(void **s) {
   (void)s;
   const char *env = getenv("WAGMA_TCP_PROPERTY_SEEDS");
-  int seeds = env ? atoi(env) : 4;
-  for (unsigned seed = 1; seed <= (unsigned)seeds; seed++) {
+  int seeds = env ? atoi(env) : 6;
+  const char *first_env = getenv("WAGMA_TCP_PROPERTY_FIRST_SEED");
+  unsigned first = first_env ? (unsigned)atoi(first_env) : 1;
+  for (unsigned seed = first; seed < first + (unsigned)seeds; seed++) {
     unsigned r = seed * 2654435761u + 1u;
 #define NEXT() (r ^= r << 13, r ^= r >> 17, r ^= r << 5, r % 32768u)
     ew_scenario_t sc;
-    int P = 3 + (int)(NEXT() % 4);
-    int S = 2 + (int)(NEXT() % 2);
+    int P = 2 + (int)(NEXT() % 7);                 /* 2..8 ranks */
+    int S = 2 + (int)(NEXT() % (unsigned)(P - 1)); /* groups of 2..P */
     int tau = 2 + (int)(NEXT() % 4);
     int wait_avoiding = NEXT() % 2;
     ew_scenario_init(&sc, P, S, tau,

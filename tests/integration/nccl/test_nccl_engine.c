@@ -1,5 +1,6 @@
 /* The engine over the NCCL transport between real processes (fork per rank on 127.0.0.1):
- * groups of 2, 3 and 4 with changing contributors (the sum of the models is conserved and
+ * 2, 3 and 4 ranks in groups of 2, and groups of 2..P over 2..8 ranks drawn per seed, with
+ * changing contributors (the sum of the models is conserved and
  * every contribution's staleness is <= tau), the synchronous allreduce baseline, a peer
  * SIGKILLed or SIGSTOPped mid-run, and the fake's faults (an operation that never completes,
  * ncclRemoteError, an initialisation in progress for ever): the lane is revoked and the rounds
@@ -44,7 +45,9 @@ static void need_gpus(int P) {
   }
 }
 
-static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
+/* seed 0: rank 0 slow, the others' pace in rank order; else each rank's pace and the
+ * stragglers' pauses drawn from the seed (random arrival orders). */
+static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode, unsigned seed) {
   need_gpus(P);
   ew_scenario_t sc;
   ew_scenario_init(&sc, P, S, tau, mode);
@@ -54,6 +57,16 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
   sc.base_ms[0] = 10;          /* slow: its round thread contributes for it */
   sc.slow_p = 0.2;
   sc.slow_ms = 6;
+  if (seed) {
+    unsigned x = seed * 2654435761u + 7u;
+#define NEXT() (x ^= x << 13, x ^= x >> 17, x ^= x << 5, x % 32768u)
+    for (int r = 0; r < P; r++)
+      sc.base_ms[r] = 0.5 + (double)(NEXT() % 100) / 10.0;
+    sc.slow_p = (double)(NEXT() % 30) / 100.0;
+    sc.slow_ms = 2 + (double)(NEXT() % 20);
+#undef NEXT
+    sc.seed = seed;
+  }
   sc.settle_s = 1.5;
   sc.track_catchup = 1;
   nw_reset();
@@ -66,7 +79,7 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
     }
     assert_float_equal(have, want, 1e-2 + 1e-4 * fabs(want));
   }
-  uint64_t corrections = 0, collectives = 0;
+  uint64_t corrections = 0, collectives = 0, failed = 0;
   for (int r = 0; r < P; r++) {
     assert_int_equal(res[r].errors, 0);
     assert_int_equal(res[r].bad_staleness, 0);
@@ -74,11 +87,23 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
     assert_true(nw_lanes[r].recorded);
     assert_int_equal(nw_lanes[r].state, NC_LANE_UP);
     assert_true(nw_lanes[r].transfers + nw_lanes[r].collectives > 0);
-    assert_int_equal(nw_lanes[r].failures, 0);
-    assert_int_equal(nw_lanes[r].collective_failures, 0);
+    if (nw_lanes[r].failures || nw_lanes[r].collective_failures)
+      printf("  rank %d: %llu lane transfers failed, %llu of %llu collectives\n", r,
+             (unsigned long long)nw_lanes[r].failures,
+             (unsigned long long)nw_lanes[r].collective_failures,
+             (unsigned long long)nw_lanes[r].collectives);
+    /* a drawn scenario of up to 8 ranks on a loaded 2-core machine may miss a data deadline
+     * (0.5 s) now and then: the round is void for all its contributors, and the sums above
+     * still hold; a fixed one never does */
+    if (!seed) {
+      assert_int_equal(nw_lanes[r].failures, 0);
+      assert_int_equal(nw_lanes[r].collective_failures, 0);
+    }
+    failed += nw_lanes[r].failures + nw_lanes[r].collective_failures;
     collectives += nw_lanes[r].collectives;
   }
   assert_true(corrections > (uint64_t)(5 * P));
+  assert_true(10 * failed <= collectives + corrections);
   /* rounds as one allreduce on the group's communicator (the default over NCCL), or, in the
    * star variant, none */
   if (star_rounds())
@@ -89,17 +114,41 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode) {
 
 static void test_groups_p2(void **s) {
   (void)s;
-  run_conservation(2, 2, 4, WAGMA_GLOBAL_BARRIER);
+  run_conservation(2, 2, 4, WAGMA_GLOBAL_BARRIER, 0);
 }
 
 static void test_groups_p3(void **s) {
   (void)s;
-  run_conservation(3, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  run_conservation(3, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING, 0);
 }
 
 static void test_groups_p4(void **s) {
   (void)s;
-  run_conservation(4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING);
+  run_conservation(4, 2, 4, WAGMA_GLOBAL_WAIT_AVOIDING, 0);
+}
+
+/* Groups of 2..P over P = 2..8 ranks, both global modes, tau 2..5, each rank's pace and its
+ * stragglers drawn per seed ($WAGMA_NCCL_PROPERTY_SEEDS, default 4, from
+ * $WAGMA_NCCL_PROPERTY_FIRST_SEED, default 1): conservation, staleness, the group collectives. */
+static void test_groups_random(void **s) {
+  (void)s;
+  const char *env = getenv("WAGMA_NCCL_PROPERTY_SEEDS");
+  const char *first_env = getenv("WAGMA_NCCL_PROPERTY_FIRST_SEED");
+  unsigned seeds = env ? (unsigned)atoi(env) : 4, first = first_env ? (unsigned)atoi(first_env) : 1;
+  for (unsigned seed = first; seed < first + seeds; seed++) {
+    unsigned x = seed * 40503u + 11u;
+#define NEXT() (x ^= x << 13, x ^= x >> 17, x ^= x << 5, x % 32768u)
+    int P = 2 + (int)(NEXT() % 7);
+    int S = 2 + (int)(NEXT() % (unsigned)(P - 1));
+    int tau = 2 + (int)(NEXT() % 4);
+    wagma_global_sync_t mode = NEXT() % 2 ? WAGMA_GLOBAL_WAIT_AVOIDING : WAGMA_GLOBAL_BARRIER;
+#undef NEXT
+    printf("  seed %u: P %d S %d tau %d %s\n", seed, P, S, tau,
+           mode == WAGMA_GLOBAL_BARRIER ? "barrier" : "wait-avoiding");
+    if (gpus < P)
+      continue; /* the real build on fewer GPUs */
+    run_conservation(P, S, tau, mode, seed);
+  }
 }
 
 /* The synchronous baseline: wagma_comm_allreduce(MEAN) every iteration on NCCL. */
@@ -262,6 +311,7 @@ int main(void) {
       cmocka_unit_test(test_groups_p2),
       cmocka_unit_test(test_groups_p3),
       cmocka_unit_test(test_groups_p4),
+      cmocka_unit_test(test_groups_random),
       cmocka_unit_test(test_allreduce_mean),
       cmocka_unit_test(test_sigkill_mid_run),
       cmocka_unit_test(test_sigkill_mid_run_barrier),
