@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Allreduce: wagma's TCP transport against MPI_Allreduce over TCP, same sizes, same host, at
-# several P in one run; the engine's group round and a 4 KiB latency table beside it.
+# several P in one run; the engine's group round beside an allreduce among S ranks of the
+# same buffer (the P/S groups' concurrent allreduces), their ratio in the column
+# round/allreduce(S), and a 4 KiB latency table.
 #   bench/allreduce/run.sh [BUILD_DIR] [P ...]        (defaults: build, 4 8)
 # Env: OLD=DIR   a second build (e.g. the version before a change, with this bench source
 #                copied in: docs/benchmarks.md) measured in the same run, alternating;
@@ -45,7 +47,7 @@ run_one() { # tag P args...
   local tag=$1 p=$2
   shift 2
   case ${tag%eng} in
-    new) "$WAGMA" -P "$p" -S "$S" "$@" ;;
+    new) "$WAGMA" -P "$p" -S "$S" --group 1 "$@" ;;
     old) "$OLD/bench/allreduce/bench_allreduce" -P "$p" -S "$S" "$@" ;;
     mpi) OMPI_MCA_btl=tcp,self OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include=lo \
            mpirun --allow-run-as-root --oversubscribe -np "$p" "$MPIB" "$@" 2>/dev/null || true ;;
@@ -86,10 +88,11 @@ done
 
 echo "allreduce (MEAN) on $(nproc) cores, REPEAT=$REPEAT, S=$S; GB/s = bus bandwidth, best of $REPEAT; CPU = process CPU time (all threads) per operation, median"
 cat "$tmp/loads" | sed 's/^/load average (1, 5, 15 min): /'
-python3 - "$tmp/raw" "$ENGINE" <<'EOF'
+python3 - "$tmp/raw" "$ENGINE" "$S" <<'EOF'
 import sys, statistics as st
 raw, engine = sys.argv[1], sys.argv[2] == "1"
-bw, cpu, eng, engcpu, lat = {}, {}, {}, {}, {}
+S = int(sys.argv[3])
+bw, cpu, eng, engcpu, lat, grp = {}, {}, {}, {}, {}, {}
 for line in open(raw):
     f = line.split()
     if len(f) < 4:
@@ -104,6 +107,8 @@ for line in open(raw):
             eng.setdefault((tag[:-3], p, size), []).append(float(f[6]))
             engcpu.setdefault((tag[:-3], p, size), []).append(float(f[7]))
         continue
+    if tag == "new" and len(f) >= 6 and f[5] != "-":  # the groups' busbw -> µs of one
+        grp.setdefault((p, size), []).append(size * 2 * (S - 1) / S / (float(f[5]) * 1e9) * 1e6)
     if f[3] != "-":
         bw.setdefault((tag, p, size), []).append(float(f[3]))
         cpu.setdefault((tag, p, size), []).append(float(f[4]))
@@ -117,7 +122,7 @@ for p in sorted({k[1] for k in bw}):
     sizes = sorted({k[2] for k in bw if k[1] == p})
     cols = ["size", "wagma GB/s"] + (["before GB/s"] if has_old else []) + ["MPI tcp GB/s", "wagma/MPI"] \
         + (["before/MPI"] if has_old else []) + ["CPU µs/op wagma"] + (["before"] if has_old else []) + ["MPI"] \
-        + (["engine round µs", "engine CPU µs/round"] if engine else []) \
+        + (["engine round µs", "engine CPU µs/round", "allreduce(S) µs", "round/allreduce(S)"] if engine else []) \
         + (["before: engine µs", "CPU"] if engine and has_old else [])
     print(f"\nP = {p}\n")
     print("| " + " | ".join(cols) + " |")
@@ -129,7 +134,9 @@ for p in sorted({k[1] for k in bw}):
         row += [fmt(med(cpu, ("new", p, s)), ".1f")] + ([fmt(med(cpu, ("old", p, s)), ".1f")] if has_old else []) \
             + [fmt(med(cpu, ("mpi", p, s)), ".1f")]
         if engine:
-            row += [fmt(med(eng, ("new", p, s)), ".1f"), fmt(med(engcpu, ("new", p, s)), ".1f")]
+            e, g = med(eng, ("new", p, s)), med(grp, (p, s))
+            row += [fmt(e, ".1f"), fmt(med(engcpu, ("new", p, s)), ".1f"), fmt(g, ".1f"),
+                    fmt(e / g if e and g else None, ".2f")]
             if has_old:
                 row += [fmt(med(eng, ("old", p, s)), ".1f"), fmt(med(engcpu, ("old", p, s)), ".1f")]
         print("| " + " | ".join(row) + " |")
