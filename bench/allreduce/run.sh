@@ -88,7 +88,7 @@ done
 
 echo "allreduce (MEAN) on $(nproc) cores, REPEAT=$REPEAT, S=$S; GB/s = bus bandwidth, best of $REPEAT; CPU = process CPU time (all threads) per operation, median"
 cat "$tmp/loads" | sed 's/^/load average (1, 5, 15 min): /'
-python3 - "$tmp/raw" "$ENGINE" "$S" <<'EOF'
+/usr/bin/python3 - "$tmp/raw" "$ENGINE" "$S" <<'EOF'
 import sys, statistics as st
 raw, engine = sys.argv[1], sys.argv[2] == "1"
 S = int(sys.argv[3])
