@@ -71,6 +71,14 @@ extern const uint8_t ew_secret[32];
 int ew_run(const ew_scenario_t *sc, ew_result_t *results);
 
 /* Scenario defaults: kill/stop/leave none, floor 0.5 s, hard timeout 90 s. */
+/* The scenario draws of the property tests: xorshift32 on *x, in [0, 32768). */
+static inline unsigned ew_draw(unsigned *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 17;
+  *x ^= *x << 5;
+  return *x % 32768u;
+}
+
 void ew_scenario_init(ew_scenario_t *sc, int P, int S, int tau, wagma_global_sync_t mode);
 
 #endif

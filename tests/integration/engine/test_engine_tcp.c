@@ -170,7 +170,7 @@ static void test_random_conservation(void **s) {
   unsigned first = first_env ? (unsigned)atoi(first_env) : 1;
   for (unsigned seed = first; seed < first + (unsigned)seeds; seed++) {
     unsigned r = seed * 2654435761u + 1u;
-#define NEXT() (r ^= r << 13, r ^= r >> 17, r ^= r << 5, r % 32768u)
+#define NEXT() ew_draw(&r)
     ew_scenario_t sc;
     int P = 2 + (int)(NEXT() % 7);                 /* 2..8 ranks */
     int S = 2 + (int)(NEXT() % (unsigned)(P - 1)); /* groups of 2..P */

@@ -59,12 +59,10 @@ static void run_conservation(int P, int S, int tau, wagma_global_sync_t mode, un
   sc.slow_ms = 6;
   if (seed) {
     unsigned x = seed * 2654435761u + 7u;
-#define NEXT() (x ^= x << 13, x ^= x >> 17, x ^= x << 5, x % 32768u)
     for (int r = 0; r < P; r++)
-      sc.base_ms[r] = 0.5 + (double)(NEXT() % 100) / 10.0;
-    sc.slow_p = (double)(NEXT() % 30) / 100.0;
-    sc.slow_ms = 2 + (double)(NEXT() % 20);
-#undef NEXT
+      sc.base_ms[r] = 0.5 + (double)(ew_draw(&x) % 100) / 10.0;
+    sc.slow_p = (double)(ew_draw(&x) % 30) / 100.0;
+    sc.slow_ms = 2 + (double)(ew_draw(&x) % 20);
     sc.seed = seed;
   }
   sc.settle_s = 1.5;
@@ -137,12 +135,10 @@ static void test_groups_random(void **s) {
   unsigned seeds = env ? (unsigned)atoi(env) : 4, first = first_env ? (unsigned)atoi(first_env) : 1;
   for (unsigned seed = first; seed < first + seeds; seed++) {
     unsigned x = seed * 40503u + 11u;
-#define NEXT() (x ^= x << 13, x ^= x >> 17, x ^= x << 5, x % 32768u)
-    int P = 2 + (int)(NEXT() % 7);
-    int S = 2 + (int)(NEXT() % (unsigned)(P - 1));
-    int tau = 2 + (int)(NEXT() % 4);
-    wagma_global_sync_t mode = NEXT() % 2 ? WAGMA_GLOBAL_WAIT_AVOIDING : WAGMA_GLOBAL_BARRIER;
-#undef NEXT
+    int P = 2 + (int)(ew_draw(&x) % 7);
+    int S = 2 + (int)(ew_draw(&x) % (unsigned)(P - 1));
+    int tau = 2 + (int)(ew_draw(&x) % 4);
+    wagma_global_sync_t mode = ew_draw(&x) % 2 ? WAGMA_GLOBAL_WAIT_AVOIDING : WAGMA_GLOBAL_BARRIER;
     printf("  seed %u: P %d S %d tau %d %s\n", seed, P, S, tau,
            mode == WAGMA_GLOBAL_BARRIER ? "barrier" : "wait-avoiding");
     if (gpus < P)
